@@ -1,0 +1,11 @@
+/* Umbrella header for the Cython layer. */
+#ifndef KTCY_H
+#define KTCY_H
+#include "cpu.h"
+#include "numeric.h"
+#include "pack.h"
+#include "quantize.h"
+#include "registry.h"
+#include "tile_emu.h"
+#include "types.h"
+#endif

@@ -1,0 +1,63 @@
+/* Scalar number formats: bfloat16 and float8 E4M3 (the "fn" variant: no infinities,
+ * 0x7F/0xFF are NaN, subnormals kept).  These are the bit-exact definitions that every
+ * vector path must reproduce. */
+#ifndef KTCY_NUMERIC_H
+#define KTCY_NUMERIC_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline uint32_t ktcy_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float ktcy_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+static inline float ktcy_bf16_to_f32(uint16_t h) { return ktcy_bits_f32((uint32_t)h << 16); }
+
+/* Round to nearest even; NaN stays NaN (quieted), infinities stay infinite. */
+static inline uint16_t ktcy_f32_to_bf16(float f) {
+    uint32_t u = ktcy_f32_bits(f);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* E4M3 magnitude (low 7 bits) -> bf16 bits, as a constant expression so the table below is
+ * read-only data.  Normal: exponent bias 7 -> 127, mantissa 3 -> 7 bits.  Subnormal m*2^-9
+ * is renormalised by hand; every E4M3 value is exactly a bf16 value. */
+#define KTCY_E4M3_MAG_BF16(b)                                                           \
+    ((b) == 0x7F ? 0x7FC0                                                               \
+     : ((b) >> 3) ? (((((b) >> 3) + 120) << 7) | (((b) & 7) << 4))                      \
+     : ((b) & 7) == 0 ? 0                                                               \
+     : ((b) & 7) == 1 ? (118 << 7)                                                      \
+     : ((b) & 7) < 4 ? ((119 << 7) | (((b) & 1) << 6))                                  \
+                     : ((120 << 7) | (((b) & 3) << 5)))
+#define KTCY_E4M3_X4(b) KTCY_E4M3_MAG_BF16(b), KTCY_E4M3_MAG_BF16(b + 1), \
+    KTCY_E4M3_MAG_BF16(b + 2), KTCY_E4M3_MAG_BF16(b + 3)
+#define KTCY_E4M3_X16(b) KTCY_E4M3_X4(b), KTCY_E4M3_X4(b + 4), KTCY_E4M3_X4(b + 8), KTCY_E4M3_X4(b + 12)
+
+static const uint16_t KTCY_E4M3_TO_BF16[128] = {
+    KTCY_E4M3_X16(0), KTCY_E4M3_X16(16), KTCY_E4M3_X16(32), KTCY_E4M3_X16(48),
+    KTCY_E4M3_X16(64), KTCY_E4M3_X16(80), KTCY_E4M3_X16(96), KTCY_E4M3_X16(112)};
+
+static inline uint16_t ktcy_e4m3_to_bf16(uint8_t b) {
+    return (uint16_t)(((uint16_t)(b & 0x80) << 8) | KTCY_E4M3_TO_BF16[b & 0x7F]);
+}
+
+#define KTCY_E4M3_MAX 448.0f
+
+/* float32 -> E4M3, round to nearest even, saturating to +-448 (no code means infinity). */
+static inline uint8_t ktcy_f32_to_e4m3(float f) {
+    uint32_t u = ktcy_f32_bits(f);
+    uint8_t sign = (uint8_t)((u >> 24) & 0x80);
+    float a = fabsf(f);
+    if (a != a) return sign | 0x7F;
+    if (a >= KTCY_E4M3_MAX) return sign | 0x7E;
+    if (a < 0.015625f) /* below 2^-6: subnormal grid of step 2^-9; code 8 is the first normal */
+        return sign | (uint8_t)nearbyintf(a * 512.0f);
+    uint32_t v = ktcy_f32_bits(a);
+    v += 0x7FFFFu + ((v >> 20) & 1u);           /* round the 23-bit mantissa to 3 bits */
+    uint32_t code = (((v >> 23) - 120u) << 3) | ((v >> 20) & 7u);
+    return sign | (uint8_t)(code > 0x7E ? 0x7E : code);
+}
+
+#endif

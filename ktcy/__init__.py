@@ -1,0 +1,18 @@
+"""ktcy: Mixture-of-Experts expert layers on x86 CPUs (AMX, AVX-512, AVX2) from numpy.
+
+At import the CPU is probed (cpuid/xgetbv, Linux AMX permission) and the best kernel per weight
+format is chosen: AMX > AVX-512 > AVX2 > portable C.  CPUINFER_ENABLE_AMX=OFF skips AMX;
+KTCY_ISA=amx|amx_emu|avx512|avx2|ref forces one ISA.
+"""
+from ktcy import _native, kernels
+from ktcy._native import available_isas, build_info, cpu_features, kernel_table
+from ktcy.errors import TileError, UnsupportedISAError
+from ktcy.formats import FORMATS
+from ktcy.threads import default_num_threads, get_num_threads, set_num_threads
+
+__version__ = "0.1.0"
+
+set_num_threads(default_num_threads())
+
+__all__ = ["FORMATS", "TileError", "UnsupportedISAError", "available_isas", "build_info", "cpu_features",
+           "get_num_threads", "kernel_table", "kernels", "set_num_threads"]

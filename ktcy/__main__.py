@@ -1,0 +1,3 @@
+from ktcy.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,85 @@
+# C declarations of include/ktcy/*.h used by the Cython layer.
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t
+
+cdef extern from "ktcy/ktcy.h" nogil:
+    ctypedef struct ktcy_cpu:
+        int avx2, fma, f16c, avx512f, avx512bw, avx512vl, avx512dq
+        int avx512_vnni, avx512_bf16, avx512_vbmi
+        int amx_tile, amx_int8, amx_bf16
+        int os_avx, os_avx512, os_amx, amx_permitted
+        char model_name[49]
+    void ktcy_cpu_probe(ktcy_cpu *cpu)
+
+    enum:
+        KTCY_BF16, KTCY_INT8, KTCY_INT4, KTCY_FP8_PERCHANNEL, KTCY_FP8_BLOCK, KTCY_NUM_FORMATS
+        KTCY_REF, KTCY_AVX2, KTCY_AVX512, KTCY_AMX, KTCY_AMX_EMU, KTCY_NUM_ISAS
+        KTCY_OK, KTCY_ERR_TILE
+        KTCY_PANEL, KTCY_FP8_SCALE_BLOCK
+        KTCY_ENABLE_AMX, KTCY_ENABLE_AVX512_VBMI, KTCY_ENABLE_AVX512_BF16
+        KTCY_NEED_AVX2, KTCY_NEED_AVX512, KTCY_NEED_VNNI, KTCY_NEED_BF16, KTCY_NEED_VBMI
+        KTCY_NEED_AMX_INT8, KTCY_NEED_AMX_BF16
+
+    ctypedef struct ktcy_weight:
+        int32_t format, group
+        int64_t n, k, n_pad, k_pad
+        const uint8_t *data
+        const float *scale
+        const int32_t *colsum
+
+    ctypedef struct ktcy_act:
+        int64_t m, m_pad, k_pad
+        const int8_t *q
+        const uint16_t *bf16
+        const float *scale
+        const int32_t *group_sum
+        int32_t group
+
+    ctypedef int (*ktcy_gemm_fn)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy,
+                                 int64_t panel_begin, int64_t panel_end, void *scratch)
+
+    ctypedef struct ktcy_variant:
+        const char *name
+        int formats, isa, needs
+        ktcy_gemm_fn fn
+    const ktcy_variant KTCY_VARIANTS[]
+    int KTCY_NUM_VARIANTS
+    int ktcy_satisfied_needs(const ktcy_cpu *c)
+
+    int ktcy_block_k(int format)
+    int ktcy_block_bytes(int format)
+    int64_t ktcy_k_pad(int format, int64_t k, int group)
+    int64_t ktcy_n_pad(int64_t n)
+    int64_t ktcy_gemm_scratch_bytes(int64_t k_pad)
+
+    uint16_t ktcy_f32_to_bf16(float f)
+    uint16_t ktcy_e4m3_to_bf16(uint8_t b)
+    uint8_t ktcy_f32_to_e4m3(float f)
+
+    int64_t ktcy_quantize_int8_rows(const float *w, int64_t ldw, int64_t k, int64_t n0, int64_t n1,
+                                    int8_t *q, int64_t ldq, float *scale)
+    int64_t ktcy_quantize_int4_rows(const float *w, int64_t ldw, int64_t k, int group, int64_t n0,
+                                    int64_t n1, int8_t *q, int64_t ldq, float *scale, int64_t ld_scale)
+    int64_t ktcy_quantize_fp8_rows(const float *w, int64_t ldw, int64_t k, int64_t n0, int64_t n1,
+                                   uint8_t *q, int64_t ldq, float *scale)
+    int64_t ktcy_quantize_fp8_block_rows(const float *w, int64_t ldw, int64_t n, int64_t k, int64_t n0,
+                                         uint8_t *q, int64_t ldq, float *scale_inv)
+    void ktcy_quantize_act_int8(const float *x, int64_t ldx, int64_t k, int64_t k_pad, int64_t m0,
+                                int64_t m1, int8_t *q, float *scale, int group, int32_t *gsum)
+    void ktcy_convert_act_bf16(const float *x, int64_t ldx, int64_t k, int64_t k_pad, int64_t m0,
+                               int64_t m1, uint16_t *out)
+    void ktcy_layout_panels(int format, const void *codes, int64_t ld, int64_t n, int64_t k,
+                            int64_t k_pad, int64_t p0, int64_t p1, uint8_t *dst, int32_t *colsum)
+
+    # the emulated tile unit, for the instruction-level tests
+    void ktcy_emu_ldtilecfg(const void *config)
+    void ktcy_emu_tileloadd(int t, const void *base, int64_t stride)
+    void ktcy_emu_tilestored(int t, void *base, int64_t stride)
+    void ktcy_emu_tilezero(int t)
+    void ktcy_emu_tdpbssd(int c, int a, int b)
+    void ktcy_emu_tdpbf16ps(int c, int a, int b)
+    void ktcy_emu_tilerelease()
+    void ktcy_emu_clear_error()
+    ctypedef struct ktcy_emu_tiles:
+        int error
+        char message[160]
+    ktcy_emu_tiles ktcy_emu

@@ -1,0 +1,444 @@
+# cython: language_level=3
+"""ktcy._native: CPU probe, kernel dispatch table, packing and the threaded GEMM driver.
+
+Everything here is thin: the numbers are computed by the C headers in include/ktcy/.  The only
+mutable module state is the dispatch table (set at import from the probe and the environment)
+and the thread count.
+"""
+import os
+
+import numpy as np
+
+from cython.parallel cimport prange
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uintptr_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memset, strncpy
+cimport openmp
+
+from ktcy.errors import TileError, UnsupportedISAError
+
+FORMATS = ("BF16", "INT8", "INT4", "FP8_PERCHANNEL", "FP8_BLOCK")
+ISAS = ("ref", "avx2", "avx512", "amx", "amx_emu")
+_AUTO_ORDER = (KTCY_AMX, KTCY_AVX512, KTCY_AVX2, KTCY_REF)  # amx_emu: only when forced
+_NEED_NAMES = {KTCY_NEED_AVX2: "avx2+fma", KTCY_NEED_AVX512: "avx512f/bw/vl/dq",
+               KTCY_NEED_VNNI: "avx512_vnni", KTCY_NEED_BF16: "avx512_bf16", KTCY_NEED_VBMI: "avx512_vbmi",
+               KTCY_NEED_AMX_INT8: "amx_tile+amx_int8 (with OS permission)",
+               KTCY_NEED_AMX_BF16: "amx_tile+amx_bf16 (with OS permission)"}
+
+# ---------------------------------------------------------------- probe
+
+cdef ktcy_cpu _cpu
+ktcy_cpu_probe(&_cpu)
+cdef int _satisfied = ktcy_satisfied_needs(&_cpu)
+
+def cpu_features():
+    """Feature flags from cpuid/xgetbv (and the Linux AMX permission), as Python bools."""
+    c = _cpu
+    names = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni",
+             "avx512_bf16", "avx512_vbmi", "amx_tile", "amx_int8", "amx_bf16", "os_avx", "os_avx512",
+             "os_amx", "amx_permitted")
+    values = (c.avx2, c.fma, c.f16c, c.avx512f, c.avx512bw, c.avx512vl, c.avx512dq, c.avx512_vnni,
+              c.avx512_bf16, c.avx512_vbmi, c.amx_tile, c.amx_int8, c.amx_bf16, c.os_avx, c.os_avx512,
+              c.os_amx, c.amx_permitted)
+    return {n: bool(v) for n, v in zip(names, values)}
+
+def cpu_model_name():
+    return (<bytes>_cpu.model_name).decode("ascii", "replace").strip()
+
+def build_info():
+    """What this binary was compiled with (the CPUINFER_ENABLE_* switches of setup.py)."""
+    return {"amx": bool(KTCY_ENABLE_AMX), "avx512_vbmi": bool(KTCY_ENABLE_AVX512_VBMI),
+            "avx512_bf16": bool(KTCY_ENABLE_AVX512_BF16),
+            "variants": [v["name"] for v in variants()]}
+
+def variants():
+    """Every compiled kernel variant: formats served, ISA, needs, and whether this CPU runs it."""
+    out = []
+    for i in range(KTCY_NUM_VARIANTS):
+        v = KTCY_VARIANTS[i]
+        out.append({"name": v.name.decode(), "isa": ISAS[v.isa],
+                    "formats": [f for j, f in enumerate(FORMATS) if v.formats & (1 << j)],
+                    "needs": [name for bit, name in _NEED_NAMES.items() if v.needs & bit],
+                    "runnable": (v.needs & ~_satisfied) == 0})
+    return out
+
+# ---------------------------------------------------------------- dispatch table
+
+cdef int _best[5][5]        # variant index per (format, isa), -1 when none runs here
+cdef int _auto[5]           # the ISA picked per format by the policy, -1 when forcing failed
+_policy = {}
+
+cdef void _fill_best():
+    cdef int f, isa, i
+    for f in range(KTCY_NUM_FORMATS):
+        for isa in range(KTCY_NUM_ISAS):
+            _best[f][isa] = -1
+            for i in range(KTCY_NUM_VARIANTS):
+                if (KTCY_VARIANTS[i].formats & (1 << f)) and KTCY_VARIANTS[i].isa == isa \
+                        and (KTCY_VARIANTS[i].needs & ~_satisfied) == 0:
+                    _best[f][isa] = i
+                    break
+
+def _amx_switch_on(value):
+    return (value or "ON").strip().upper() not in ("OFF", "0", "FALSE", "NO")
+
+def configure_dispatch(forced_isa=None, amx_enabled=True):
+    """Set the per-format ISA choice.  Called at import with KTCY_ISA and CPUINFER_ENABLE_AMX."""
+    global _policy
+    cdef int f
+    if forced_isa is not None and forced_isa not in ISAS:
+        raise ValueError(f"KTCY_ISA={forced_isa!r} is not an ISA name; choose one of {', '.join(ISAS)}")
+    _policy = {"forced": forced_isa, "amx_enabled": bool(amx_enabled), "reasons": {}}
+    for f in range(KTCY_NUM_FORMATS):
+        _auto[f] = -1
+        if forced_isa is not None:
+            isa = ISAS.index(forced_isa)
+            if _usable(f, isa):
+                _auto[f] = isa
+                _policy["reasons"][FORMATS[f]] = f"forced by KTCY_ISA={forced_isa}"
+            continue
+        for isa in _AUTO_ORDER:
+            if _usable(f, isa):
+                _auto[f] = isa
+                skipped = " (AMX disabled by CPUINFER_ENABLE_AMX=OFF)" if not amx_enabled and isa != KTCY_AMX \
+                    and _best[f][KTCY_AMX] >= 0 else ""
+                _policy["reasons"][FORMATS[f]] = f"best available{skipped}"
+                break
+
+def _usable(int f, int isa):
+    if _best[f][isa] < 0:
+        return False
+    return isa != KTCY_AMX or _policy["amx_enabled"]
+
+def available_isas():
+    """ISAs with at least one runnable kernel here (amx only when CPUINFER_ENABLE_AMX allows)."""
+    return [ISAS[i] for i in range(KTCY_NUM_ISAS) if any(_usable(f, i) for f in range(KTCY_NUM_FORMATS))]
+
+def _unsupported(format_name, isa_name):
+    f = FORMATS.index(format_name)
+    isa = ISAS.index(isa_name)
+    if isa == KTCY_AMX and not KTCY_ENABLE_AMX:
+        why = "this build has no AMX kernels (built with CPUINFER_ENABLE_AMX=OFF)"
+    elif isa == KTCY_AMX and _best[f][isa] >= 0 and not _policy["amx_enabled"]:
+        why = "AMX is disabled by CPUINFER_ENABLE_AMX=OFF"
+    else:
+        missing = set()
+        for i in range(KTCY_NUM_VARIANTS):
+            v = KTCY_VARIANTS[i]
+            if v.isa == isa and v.formats & (1 << f):
+                missing |= {name for bit, name in _NEED_NAMES.items() if v.needs & bit & ~_satisfied}
+        why = "this CPU lacks " + " / ".join(sorted(missing)) if missing else "no such kernel is built"
+    runnable = [ISAS[i] for i in range(KTCY_NUM_ISAS) if _usable(f, i)]
+    return UnsupportedISAError(f"ISA {isa_name!r} cannot run {format_name}: {why}. "
+                               f"Available for {format_name}: {', '.join(runnable)}")
+
+def resolve(format_name, isa_name=None):
+    """(isa, variant name) that runs format_name, forced by isa_name or chosen by the policy."""
+    f = FORMATS.index(format_name)
+    if isa_name is None:
+        if _auto[f] < 0:
+            raise _unsupported(format_name, _policy["forced"])
+        isa = _auto[f]
+    else:
+        if isa_name not in ISAS:
+            raise ValueError(f"unknown ISA {isa_name!r}; choose one of {', '.join(ISAS)}")
+        isa = ISAS.index(isa_name)
+        if not _usable(f, isa):
+            raise _unsupported(format_name, isa_name)
+    return ISAS[isa], KTCY_VARIANTS[_best[f][isa]].name.decode()
+
+def kernel_table():
+    """{format: {"isa", "variant", "reason"}} as the policy chose; raises if a forced ISA can't run."""
+    table = {}
+    for f, name in enumerate(FORMATS):
+        isa, variant = resolve(name)
+        table[name] = {"isa": isa, "variant": variant, "reason": _policy["reasons"][name]}
+    return table
+
+_fill_best()
+configure_dispatch(os.environ.get("KTCY_ISA") or None, _amx_switch_on(os.environ.get("CPUINFER_ENABLE_AMX")))
+
+# ---------------------------------------------------------------- threads
+
+cdef int _num_threads = 1
+
+def set_num_threads(int n):
+    global _num_threads
+    if n < 1:
+        raise ValueError(f"thread count must be >= 1, got {n}")
+    _num_threads = n
+
+def get_num_threads():
+    return _num_threads
+
+# ---------------------------------------------------------------- weight quantization and layout
+
+def _bad_row(int64_t row):
+    if row >= 0:
+        raise ValueError(f"weight row {row} holds NaN or infinity; it cannot be quantized")
+
+def quantize_int8(const float[:, ::1] w):
+    cdef int64_t n = w.shape[0], k = w.shape[1], r, bad = -1
+    q = np.empty((n, k), np.int8)
+    scale = np.zeros(n, np.float32)
+    cdef int8_t[:, ::1] qv = q
+    cdef float[::1] sv = scale
+    if n == 0 or k == 0:
+        return q, scale
+    for r in prange(n, nogil=True, num_threads=_num_threads, schedule="static"):
+        if ktcy_quantize_int8_rows(&w[0, 0], k, k, r, r + 1, &qv[0, 0], k, &sv[0]) >= 0:
+            bad = r
+    _bad_row(bad)
+    return q, scale
+
+def quantize_int4(const float[:, ::1] w, int group):
+    cdef int64_t n = w.shape[0], k = w.shape[1], r, bad = -1
+    cdef int64_t k_pad = ktcy_k_pad(KTCY_INT4, k, group), n_pad = ktcy_n_pad(n)
+    q = np.zeros((n, k_pad), np.int8)
+    scale = np.zeros((k_pad // group, n_pad), np.float32)
+    cdef int8_t[:, ::1] qv = q
+    cdef float[:, ::1] sv = scale
+    if n == 0 or k == 0:
+        return q, scale
+    for r in prange(n, nogil=True, num_threads=_num_threads, schedule="dynamic"):
+        if ktcy_quantize_int4_rows(&w[0, 0], k, k, group, r, r + 1, &qv[0, 0], k_pad, &sv[0, 0], n_pad) >= 0:
+            bad = r
+    _bad_row(bad)
+    return q, scale
+
+def quantize_fp8(const float[:, ::1] w):
+    cdef int64_t n = w.shape[0], k = w.shape[1], r, bad = -1
+    q = np.zeros((n, k), np.uint8)
+    scale = np.zeros(n, np.float32)
+    cdef uint8_t[:, ::1] qv = q
+    cdef float[::1] sv = scale
+    if n == 0 or k == 0:
+        return q, scale
+    for r in prange(n, nogil=True, num_threads=_num_threads, schedule="static"):
+        if ktcy_quantize_fp8_rows(&w[0, 0], k, k, r, r + 1, &qv[0, 0], k, &sv[0]) >= 0:
+            bad = r
+    _bad_row(bad)
+    return q, scale
+
+def quantize_fp8_block(const float[:, ::1] w):
+    cdef int64_t n = w.shape[0], k = w.shape[1], s, bad = -1, B = KTCY_FP8_SCALE_BLOCK
+    cdef int64_t stripes = (n + B - 1) // B, r
+    q = np.zeros((n, k), np.uint8)
+    scale = np.zeros((stripes, (k + B - 1) // B), np.float32)
+    cdef uint8_t[:, ::1] qv = q
+    cdef float[:, ::1] sv = scale
+    if n == 0 or k == 0:
+        return q, scale
+    for s in prange(stripes, nogil=True, num_threads=_num_threads, schedule="static"):
+        r = ktcy_quantize_fp8_block_rows(&w[0, 0], k, n, k, s * B, &qv[0, 0], k, &sv[0, 0])
+        if r >= 0:
+            bad = r
+    _bad_row(bad)
+    return q, scale
+
+def to_bf16_bits(const float[:, ::1] w):
+    """float32 -> bfloat16 bit patterns, round to nearest even, NaN kept NaN."""
+    cdef int64_t n = w.shape[0], k = w.shape[1], r, i
+    out = np.empty((n, k), np.uint16)
+    cdef uint16_t[:, ::1] ov = out
+    for r in prange(n, nogil=True, num_threads=_num_threads, schedule="static"):
+        for i in range(k):
+            ov[r, i] = ktcy_f32_to_bf16(w[r, i])
+    return out
+
+def e4m3_to_bf16_bits(const uint8_t[::1] codes):
+    out = np.empty(codes.shape[0], np.uint16)
+    cdef uint16_t[::1] ov = out
+    cdef int64_t i
+    for i in range(codes.shape[0]):
+        ov[i] = ktcy_e4m3_to_bf16(codes[i])
+    return out
+
+def f32_to_e4m3(const float[::1] x):
+    out = np.empty(x.shape[0], np.uint8)
+    cdef uint8_t[::1] ov = out
+    cdef int64_t i
+    for i in range(x.shape[0]):
+        ov[i] = ktcy_f32_to_e4m3(x[i])
+    return out
+
+def layout(int fmt, codes, int64_t n, int64_t k, int group=0):
+    """Packs an [n][>=k] code matrix (int8, uint8 or uint16 bits) into the format's blocks."""
+    cdef int64_t k_pad = ktcy_k_pad(fmt, k, group), n_pad = ktcy_n_pad(n)
+    cdef int64_t panels = n_pad // KTCY_PANEL, p
+    cdef int64_t ld = codes.shape[1]
+    cdef const uint8_t[:, ::1] raw = np.ascontiguousarray(codes).view(np.uint8)
+    data = np.empty(panels * (k_pad // ktcy_block_k(fmt)) * ktcy_block_bytes(fmt), np.uint8)
+    colsum = np.zeros(n_pad, np.int32) if fmt == KTCY_INT8 else None
+    cdef uint8_t[::1] dv = data
+    cdef int32_t[::1] cv
+    cdef int32_t *cptr = NULL
+    if colsum is not None:
+        cv = colsum
+        cptr = &cv[0]
+    cdef const void *src = &raw[0, 0] if n > 0 and ld > 0 else NULL
+    for p in prange(panels, nogil=True, num_threads=_num_threads, schedule="static"):
+        ktcy_layout_panels(fmt, src, ld, n, k, k_pad, p, p + 1, &dv[0], cptr)
+    return data, colsum
+
+# ---------------------------------------------------------------- activations
+
+cdef class Activations:
+    """Rows converted once for a format: int8 codes + scales (+ group sums) or bf16 bits, padded
+    to m_pad = a multiple of 16 rows (zeros) so AMX tiles and rounded-up micro-tiles stay inside."""
+    cdef public object q, bf16, scale, group_sum
+    cdef ktcy_act view
+
+    def __init__(self, int fmt, const float[:, ::1] x, int64_t k_pad, int group=0):
+        cdef int64_t m = x.shape[0], k = x.shape[1], m_pad = (m + 15) // 16 * 16 if m > 0 else 16, r
+        cdef int8_t[:, ::1] qv
+        cdef uint16_t[:, ::1] bv
+        cdef float[::1] sv
+        cdef int32_t[:, ::1] gv
+        cdef int32_t *gptr = NULL
+        memset(&self.view, 0, sizeof(ktcy_act))
+        self.view.m, self.view.m_pad, self.view.k_pad, self.view.group = m, m_pad, k_pad, group
+        if fmt == KTCY_INT8 or fmt == KTCY_INT4:
+            self.q = np.zeros((m_pad, k_pad), np.int8)
+            self.scale = np.zeros(m_pad, np.float32)
+            qv, sv = self.q, self.scale
+            if fmt == KTCY_INT4:
+                self.group_sum = np.zeros((m_pad, k_pad // group), np.int32)
+                gv = self.group_sum
+                gptr = &gv[0, 0]
+            self.view.q, self.view.scale, self.view.group_sum = &qv[0, 0], &sv[0], gptr
+            if m > 0 and k > 0:
+                for r in prange(m, nogil=True, num_threads=_num_threads, schedule="static"):
+                    ktcy_quantize_act_int8(&x[0, 0], k, k, k_pad, r, r + 1, &qv[0, 0], &sv[0],
+                                           group if fmt == KTCY_INT4 else 0, gptr)
+        else:
+            self.bf16 = np.zeros((m_pad, k_pad), np.uint16)
+            bv = self.bf16
+            self.view.bf16 = &bv[0, 0]
+            if m > 0 and k > 0:
+                for r in prange(m, nogil=True, num_threads=_num_threads, schedule="static"):
+                    ktcy_convert_act_bf16(&x[0, 0], k, k, k_pad, r, r + 1, &bv[0, 0])
+
+# ---------------------------------------------------------------- GEMM driver
+
+cdef class Weight:
+    """A ktcy_weight over arrays owned by Python (a PackedWeight or a mapped file)."""
+    cdef ktcy_weight view
+    cdef object keep
+
+    def __init__(self, int fmt, int group, int64_t n, int64_t k, const uint8_t[::1] data,
+                 const float[::1] scale, colsum):
+        cdef const int32_t[::1] cv
+        memset(&self.view, 0, sizeof(ktcy_weight))
+        self.keep = (data, scale, colsum)
+        self.view.format, self.view.group, self.view.n, self.view.k = fmt, group, n, k
+        self.view.n_pad, self.view.k_pad = ktcy_n_pad(n), ktcy_k_pad(fmt, k, group)
+        expect = self.view.n_pad // KTCY_PANEL * (self.view.k_pad // ktcy_block_k(fmt)) * ktcy_block_bytes(fmt)
+        if data.shape[0] != expect:
+            raise ValueError(f"packed data holds {data.shape[0]} bytes, the layout needs {expect}")
+        self.view.data = &data[0]
+        self.view.scale = &scale[0]
+        if colsum is not None:
+            cv = colsum
+            self.view.colsum = &cv[0]
+
+cdef int _gemm_parallel(ktcy_gemm_fn fn, const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy,
+                        int64_t pb, int64_t pe, int nthreads, char *message) noexcept nogil:
+    """Splits panels [pb, pe) into one contiguous range per thread (whole 4-panel groups where
+    there are enough) and runs fn on each with its own scratch.  Returns a ktcy_status."""
+    cdef int64_t panels = pe - pb, per, chunks, c, p0, p1
+    cdef int64_t scratch_bytes = ktcy_gemm_scratch_bytes(w.k_pad)
+    cdef int st, failed = KTCY_OK
+    cdef int *status
+    if panels <= 0 or a.m == 0:
+        return KTCY_OK
+    per = (panels + nthreads - 1) // nthreads
+    per = (per + 3) // 4 * 4 if panels >= 4 * nthreads else (per + 1) // 2 * 2
+    chunks = (panels + per - 1) // per
+    if chunks < nthreads:
+        nthreads = <int>chunks
+    cdef char *scratch = <char *>malloc(scratch_bytes * nthreads)
+    status = <int *>malloc(chunks * sizeof(int))
+    if scratch == NULL or status == NULL:
+        free(scratch)
+        free(status)
+        return -1
+    for c in prange(chunks, num_threads=nthreads, schedule="static"):
+        p0 = pb + c * per
+        p1 = p0 + per
+        if p1 > pe:
+            p1 = pe
+        st = fn(a, w, y, ldy, p0, p1, scratch + openmp.omp_get_thread_num() * scratch_bytes)
+        status[c] = st
+        if st != KTCY_OK:  # the emulator's message is thread-local: copy it out here
+            strncpy(message, ktcy_emu.message, 159)
+            ktcy_emu_clear_error()
+    for c in range(chunks):
+        if status[c] != KTCY_OK:
+            failed = status[c]
+    free(scratch)
+    free(status)
+    return failed
+
+cdef int _variant_index(str format_name, str variant_name) except -1:
+    cdef int i, f = FORMATS.index(format_name)
+    for i in range(KTCY_NUM_VARIANTS):
+        if KTCY_VARIANTS[i].name.decode() == variant_name:
+            if not KTCY_VARIANTS[i].formats & (1 << f):
+                raise ValueError(f"kernel {variant_name} does not serve {format_name}")
+            if KTCY_VARIANTS[i].needs & ~_satisfied:
+                raise UnsupportedISAError(f"kernel {variant_name} needs instructions this CPU lacks")
+            return i
+    raise ValueError(f"no kernel named {variant_name!r} in this build")
+
+def gemm(str format_name, str variant_name, Activations act, Weight weight, float[:, ::1] out):
+    """out[m, :n] = act @ weight.T with one kernel variant; the GIL is released."""
+    cdef ktcy_gemm_fn fn = KTCY_VARIANTS[_variant_index(format_name, variant_name)].fn
+    cdef char message[160]
+    cdef int st
+    cdef int64_t panels = weight.view.n_pad // KTCY_PANEL
+    message[0] = 0
+    if out.shape[0] < act.view.m or out.shape[1] < weight.view.n:
+        raise ValueError("output buffer too small")
+    with nogil:
+        st = _gemm_parallel(fn, &act.view, &weight.view, &out[0, 0] if out.shape[0] > 0 else NULL,
+                            out.shape[1], 0, panels, _num_threads, message)
+    _raise_status(st, message)
+
+cdef _raise_status(int st, char *message):
+    if st == KTCY_ERR_TILE:
+        raise TileError("AMX tile fault (emulated): " + (<bytes>message).decode())
+    if st != KTCY_OK:
+        raise MemoryError("could not allocate GEMM scratch")
+
+# ---------------------------------------------------------------- emulated tile unit, instruction level
+
+def emu_reset():
+    ktcy_emu_tilerelease()
+    ktcy_emu_clear_error()
+
+def emu_error():
+    return (<bytes>ktcy_emu.message).decode() if ktcy_emu.error else None
+
+def emu_ldtilecfg(const uint8_t[::1] config):
+    if config.shape[0] != 64:
+        raise ValueError("a tile configuration is 64 bytes")
+    ktcy_emu_ldtilecfg(&config[0])
+
+def emu_tileloadd(int t, const uint8_t[:, ::1] src):
+    ktcy_emu_tileloadd(t, &src[0, 0], src.shape[1])
+
+def emu_tilestored(int t, int rows, int colsb):
+    out = np.zeros((rows, colsb), np.uint8)
+    cdef uint8_t[:, ::1] ov = out
+    ktcy_emu_tilestored(t, &ov[0, 0], colsb)
+    return out
+
+def emu_tilezero(int t):
+    ktcy_emu_tilezero(t)
+
+def emu_tdpbssd(int c, int a, int b):
+    ktcy_emu_tdpbssd(c, a, b)
+
+def emu_tdpbf16ps(int c, int a, int b):
+    ktcy_emu_tdpbf16ps(c, a, b)

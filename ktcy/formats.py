@@ -1,0 +1,54 @@
+"""Weight format names: ktcy's own, the KTransformers backend spellings, and the FP8 scale detector."""
+
+FORMATS = ("BF16", "INT8", "INT4", "FP8_PERCHANNEL", "FP8_BLOCK")
+INT4_GROUP_SIZES = (32, 64, 128)
+DEFAULT_INT4_GROUP = 64
+
+# KTransformers backend / method names -> ktcy format.  "FP8" alone is the DeepSeek-V3 release
+# format (128x128 block scales); per-channel FP8 is FP8_PERCHANNEL or FP8 with per_channel=True.
+_ALIASES = {
+    "BF16": "BF16", "AMXBF16": "BF16",
+    "INT8": "INT8", "AMXINT8": "INT8",
+    "INT4": "INT4", "AMXINT4": "INT4",
+    "FP8": "FP8_BLOCK", "FP8_BLOCK": "FP8_BLOCK", "AMXFP8": "FP8_BLOCK",
+    "FP8_PERCHANNEL": "FP8_PERCHANNEL", "AMXFP8_PERCHANNEL": "FP8_PERCHANNEL", "FP8PERCHANNEL": "FP8_PERCHANNEL",
+}
+# Backends that ask for AMX by name; on a CPU without usable AMX they fall back (with a log line).
+AMX_BACKENDS = frozenset({"AMXBF16", "AMXINT8", "AMXINT4", "AMXFP8", "AMXFP8_PERCHANNEL"})
+
+
+def canonical_format(name, per_channel=None):
+    """ktcy format for a format/backend/method name; per_channel picks the FP8 scale kind."""
+    if not isinstance(name, str):
+        raise TypeError(f"format must be a string, got {type(name).__name__}")
+    key = name.strip().upper().replace("-", "_")
+    if key not in _ALIASES:
+        raise ValueError(f"unknown weight format or backend {name!r}; known: {', '.join(sorted(_ALIASES))}")
+    fmt = _ALIASES[key]
+    if fmt.startswith("FP8") and per_channel is not None and key in ("FP8", "AMXFP8"):
+        fmt = "FP8_PERCHANNEL" if per_channel else "FP8_BLOCK"
+    return fmt
+
+
+def fp8_scale_kind(scale_name, scale_shape, weight_shape, block=128):
+    """Which FP8 scale convention a checkpoint tensor follows.
+
+    `weight_scale_inv` is always the 128x128 block grid (DeepSeek-V3).  `weight_scale` is per
+    channel when shaped [N] or [N, 1], and a block grid when shaped [ceil(N/128), ceil(K/128)]
+    (some checkpoints name block scales that way).  Anything else is an error."""
+    n, k = weight_shape
+    grid = ((n + block - 1) // block, (k + block - 1) // block)
+    shape = tuple(int(d) for d in scale_shape)
+    leaf = scale_name.rsplit(".", 1)[-1]
+    if leaf == "weight_scale_inv":
+        if shape != grid:
+            raise ValueError(f"{scale_name}: block scales of a {n}x{k} weight must be {grid}, got {shape}")
+        return "FP8_BLOCK"
+    if leaf == "weight_scale":
+        if shape in ((n,), (n, 1)):
+            return "FP8_PERCHANNEL"
+        if shape == grid:
+            return "FP8_BLOCK"
+        raise ValueError(f"{scale_name}: shape {shape} fits neither per-channel ({n},) / ({n}, 1) "
+                         f"nor 128x128 blocks {grid} of a {n}x{k} weight")
+    raise ValueError(f"{scale_name}: not an FP8 scale tensor (expected weight_scale or weight_scale_inv)")
