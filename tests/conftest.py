@@ -1,0 +1,50 @@
+"""Shared helpers: which kernels run here, and float64 / exact numpy references built
+independently of the C code."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ktcy import _native
+
+ALL_ISAS = ("ref", "avx2", "avx512", "amx", "amx_emu")
+
+
+def runnable_variants(fmt):
+    """Every compiled variant that serves fmt and runs on this CPU (amx_emu always does)."""
+    return [v["name"] for v in _native.variants() if fmt in v["formats"] and v["runnable"]]
+
+
+def isa_params():
+    """One param per ISA; those this machine cannot run are skipped with the reason."""
+    out = []
+    for isa in ALL_ISAS:
+        marks = () if isa in _native.available_isas() else (
+            pytest.mark.skip(reason=f"ISA {isa} is not usable on this CPU/OS/build"),)
+        out.append(pytest.param(isa, marks=marks, id=isa))
+    return out
+
+
+def quantize_rows_int8(x):
+    """Activation rule: scale = amax/127, q = rint(x * (127/amax)) in float32, clipped."""
+    x = np.asarray(x, np.float32)
+    amax = np.abs(x).max(axis=1)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), np.float32(0)).astype(np.float32)
+    q = np.clip(np.rint(x * inv[:, None]), -127, 127).astype(np.int8)
+    return q, (amax / np.float32(127)).astype(np.float32)
+
+
+def int8_exact_reference(q_x, s_x, q_w, s_w):
+    """(float32)acc * a_scale * w_scale, the documented INT8 epilogue order, from integers."""
+    acc = q_x.astype(np.int64) @ q_w.astype(np.int64).T
+    return (acc.astype(np.float32) * s_x[:, None]) * s_w[None, :]
+
+
+def bf16_round(x):
+    return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+def rel_err_rows(y, ref):
+    """Max over elements of |y - ref|, each normalised by the L2 norm of its row of ref."""
+    norms = np.linalg.norm(ref, axis=1, keepdims=True)
+    norms[norms == 0] = 1.0
+    return float(np.max(np.abs(y.astype(np.float64) - ref) / norms)) if ref.size else 0.0

@@ -1,0 +1,155 @@
+"""CPU probe, dispatch policy and its environment overrides (issue: foundation)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ktcy
+from ktcy import _native
+
+# /proc/cpuinfo spells some flags differently from ktcy's names.
+CPUINFO_NAME = {"avx512_vbmi": "avx512vbmi"}
+LISTED = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni",
+          "avx512_bf16", "avx512_vbmi", "amx_tile", "amx_int8", "amx_bf16")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cpuinfo_flags():
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        pytest.skip("no /proc/cpuinfo on this system")
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    pytest.skip("/proc/cpuinfo has no flags line")
+
+
+def run_python(code, **env):
+    full_env = {k: v for k, v in os.environ.items() if k not in ("KTCY_ISA", "CPUINFER_ENABLE_AMX")}
+    full_env.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, cwd="/")
+
+
+@pytest.mark.parametrize("feature", LISTED)
+def test_probe_agrees_with_proc_cpuinfo(feature):
+    flags = cpuinfo_flags()
+    assert ktcy.cpu_features()[feature] == (CPUINFO_NAME.get(feature, feature) in flags)
+
+
+def test_feature_dict_has_os_state():
+    f = ktcy.cpu_features()
+    for key in LISTED + ("os_avx", "os_avx512", "os_amx", "amx_permitted"):
+        assert isinstance(f[key], bool)
+    # a CPU flag without OS state never makes its ISA available
+    if not f["os_avx512"]:
+        assert "avx512" not in ktcy.available_isas()
+    if not (f["amx_tile"] and f["os_amx"] and f["amx_permitted"]):
+        assert "amx" not in ktcy.available_isas()
+
+
+def test_default_table_picks_best_isa():
+    avail = ktcy.available_isas()
+    order = [i for i in ("amx", "avx512", "avx2", "ref") if i in avail]
+    table = ktcy.kernel_table()
+    assert set(table) == set(ktcy.FORMATS)
+    for fmt, row in table.items():
+        assert row["isa"] != "amx_emu"
+        # the chosen ISA is the first in the ladder that serves this format
+        serving = [i for i in order if any(v["isa"] == i and v["runnable"] and fmt in v["formats"]
+                                           for v in _native.variants())]
+        assert row["isa"] == serving[0]
+    assert "amx_emu" in avail and "ref" in avail
+
+
+TABLE_CODE = "import json, ktcy; print(json.dumps({f: r['isa'] for f, r in ktcy.kernel_table().items()}))"
+
+
+@pytest.mark.parametrize("isa", ["ref", "avx2", "amx_emu"])
+def test_ktcy_isa_forces_every_format(isa):
+    if isa not in ktcy.available_isas():
+        pytest.skip(f"{isa} not usable here")
+    r = run_python(TABLE_CODE, KTCY_ISA=isa)
+    assert r.returncode == 0, r.stderr
+    assert set(json.loads(r.stdout).values()) == {isa}
+
+
+def test_amx_off_skips_amx():
+    r = run_python(TABLE_CODE + "; print(ktcy.available_isas())", CPUINFER_ENABLE_AMX="OFF")
+    assert r.returncode == 0, r.stderr
+    table = json.loads(r.stdout.splitlines()[0])
+    assert "amx" not in table.values()
+    assert "'amx'" not in r.stdout.splitlines()[1]
+    # without AMX the choice equals the best non-AMX ISA of the default run
+    expected = {f: row["isa"] for f, row in ktcy.kernel_table().items()}
+    for f, isa in expected.items():
+        if isa != "amx":
+            assert table[f] == isa
+
+
+def test_forcing_missing_isa_is_a_clear_error():
+    if "amx" in ktcy.available_isas():
+        pytest.skip("this machine runs AMX; nothing to refuse")
+    r = run_python("import ktcy\ntry:\n    ktcy.kernel_table()\nexcept ktcy.UnsupportedISAError as e:\n"
+                   "    print('refused:', e)\n", KTCY_ISA="amx")
+    assert r.returncode == 0, r.stderr
+    assert "refused:" in r.stdout and "Available for BF16: ref" in r.stdout and "lacks amx_tile" in r.stdout
+    assert issubclass(ktcy.UnsupportedISAError, RuntimeError)
+
+
+def test_unknown_isa_name_is_a_clear_error():
+    r = run_python("import ktcy", KTCY_ISA="avx1024")
+    assert r.returncode != 0
+    assert "KTCY_ISA='avx1024' is not an ISA name" in r.stderr
+    with pytest.raises(ValueError, match="unknown ISA"):
+        _native.resolve("INT8", "avx1024")
+
+
+def test_explicit_isa_the_cpu_lacks_raises():
+    missing = [i for i in ("amx", "avx512", "avx2") if i not in ktcy.available_isas()]
+    if not missing:
+        pytest.skip("every ISA is usable here")
+    with pytest.raises(ktcy.UnsupportedISAError, match="cannot run INT8"):
+        _native.resolve("INT8", missing[0])
+
+
+def test_info_json_matches_probe():
+    r = subprocess.run([sys.executable, "-m", "ktcy", "info", "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["features"] == ktcy.cpu_features()
+    assert data["available_isas"] == ktcy.available_isas()
+    assert {f: row["isa"] for f, row in data["kernels"].items()} == \
+        {f: row["isa"] for f, row in ktcy.kernel_table().items()}
+
+
+def test_info_text_marks_every_feature():
+    r = subprocess.run([sys.executable, "-m", "ktcy", "info"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    for feature in LISTED:
+        assert f" {feature}" in r.stdout
+    assert "INT8" in r.stdout and "Built with" in r.stdout
+
+
+def test_check_cpu_features_tool():
+    tool = REPO / "tools" / "check_cpu_features.py"
+    if not tool.exists():
+        pytest.skip("tools/ not present (tests run outside the source tree)")
+    r = subprocess.run([sys.executable, str(tool)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "AMXINT8" in r.stdout and "FP8" in r.stdout
+    assert ("will run on" in r.stdout)
+
+
+def test_threads_setting():
+    old = ktcy.get_num_threads()
+    try:
+        ktcy.set_num_threads(1)
+        assert ktcy.get_num_threads() == 1
+        with pytest.raises(ValueError):
+            ktcy.set_num_threads(0)
+    finally:
+        ktcy.set_num_threads(old)
