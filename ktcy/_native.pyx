@@ -173,12 +173,14 @@ def get_num_threads():
 
 # ---------------------------------------------------------------- weight quantization and layout
 
-def _bad_row(int64_t row):
-    if row >= 0:
+def _refuse_non_finite(int64_t bad_rows, w):
+    # prange reductions give a count, not the row; numpy finds the first offender.
+    if bad_rows:
+        row = int(np.flatnonzero(~np.isfinite(np.asarray(w)).all(axis=1))[0])
         raise ValueError(f"weight row {row} holds NaN or infinity; it cannot be quantized")
 
 def quantize_int8(const float[:, ::1] w):
-    cdef int64_t n = w.shape[0], k = w.shape[1], r, bad = -1
+    cdef int64_t n = w.shape[0], k = w.shape[1], r, bad = 0
     q = np.empty((n, k), np.int8)
     scale = np.zeros(n, np.float32)
     cdef int8_t[:, ::1] qv = q
@@ -187,12 +189,12 @@ def quantize_int8(const float[:, ::1] w):
         return q, scale
     for r in prange(n, nogil=True, num_threads=_num_threads, schedule="static"):
         if ktcy_quantize_int8_rows(&w[0, 0], k, k, r, r + 1, &qv[0, 0], k, &sv[0]) >= 0:
-            bad = r
-    _bad_row(bad)
+            bad += 1
+    _refuse_non_finite(bad, w)
     return q, scale
 
 def quantize_int4(const float[:, ::1] w, int group):
-    cdef int64_t n = w.shape[0], k = w.shape[1], r, bad = -1
+    cdef int64_t n = w.shape[0], k = w.shape[1], r, bad = 0
     cdef int64_t k_pad = ktcy_k_pad(KTCY_INT4, k, group), n_pad = ktcy_n_pad(n)
     q = np.zeros((n, k_pad), np.int8)
     scale = np.zeros((k_pad // group, n_pad), np.float32)
@@ -202,12 +204,12 @@ def quantize_int4(const float[:, ::1] w, int group):
         return q, scale
     for r in prange(n, nogil=True, num_threads=_num_threads, schedule="dynamic"):
         if ktcy_quantize_int4_rows(&w[0, 0], k, k, group, r, r + 1, &qv[0, 0], k_pad, &sv[0, 0], n_pad) >= 0:
-            bad = r
-    _bad_row(bad)
+            bad += 1
+    _refuse_non_finite(bad, w)
     return q, scale
 
 def quantize_fp8(const float[:, ::1] w):
-    cdef int64_t n = w.shape[0], k = w.shape[1], r, bad = -1
+    cdef int64_t n = w.shape[0], k = w.shape[1], r, bad = 0
     q = np.zeros((n, k), np.uint8)
     scale = np.zeros(n, np.float32)
     cdef uint8_t[:, ::1] qv = q
@@ -216,13 +218,13 @@ def quantize_fp8(const float[:, ::1] w):
         return q, scale
     for r in prange(n, nogil=True, num_threads=_num_threads, schedule="static"):
         if ktcy_quantize_fp8_rows(&w[0, 0], k, k, r, r + 1, &qv[0, 0], k, &sv[0]) >= 0:
-            bad = r
-    _bad_row(bad)
+            bad += 1
+    _refuse_non_finite(bad, w)
     return q, scale
 
 def quantize_fp8_block(const float[:, ::1] w):
-    cdef int64_t n = w.shape[0], k = w.shape[1], s, bad = -1, B = KTCY_FP8_SCALE_BLOCK
-    cdef int64_t stripes = (n + B - 1) // B, r
+    cdef int64_t n = w.shape[0], k = w.shape[1], s, bad = 0, B = KTCY_FP8_SCALE_BLOCK
+    cdef int64_t stripes = (n + B - 1) // B
     q = np.zeros((n, k), np.uint8)
     scale = np.zeros((stripes, (k + B - 1) // B), np.float32)
     cdef uint8_t[:, ::1] qv = q
@@ -232,8 +234,8 @@ def quantize_fp8_block(const float[:, ::1] w):
     for s in prange(stripes, nogil=True, num_threads=_num_threads, schedule="static"):
         r = ktcy_quantize_fp8_block_rows(&w[0, 0], k, n, k, s * B, &qv[0, 0], k, &sv[0, 0])
         if r >= 0:
-            bad = r
-    _bad_row(bad)
+            bad += 1
+    _refuse_non_finite(bad, w)
     return q, scale
 
 def to_bf16_bits(const float[:, ::1] w):
