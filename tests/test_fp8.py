@@ -1,0 +1,137 @@
+"""FP8 E4M3 weights: exact decode on every ISA, quantization rules, both scale kinds, aliases."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+from conftest import bf16_round, rel_err_rows, runnable_variants
+from ktcy import _native, kernels
+from ktcy.formats import canonical_format, fp8_scale_kind
+
+ALL_CODES = np.arange(256, dtype=np.uint8)
+
+
+def test_scalar_decode_matches_ml_dtypes_for_all_256_codes():
+    got = _native.e4m3_to_bf16_bits(ALL_CODES)
+    expect = ALL_CODES.view(ml_dtypes.float8_e4m3fn).astype(ml_dtypes.bfloat16).view(np.uint16)
+    got_f, exp_f = got.view(ml_dtypes.bfloat16).astype(np.float32), ALL_CODES.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    nan = np.isnan(exp_f)
+    assert nan.sum() == 2 and np.all(np.isnan(got_f[nan]))            # 0x7F and 0xFF
+    assert np.array_equal(got[~nan], expect[~nan])                      # bf16 bits, signed zeros included
+    assert np.array_equal(got_f[~nan], exp_f[~nan])
+
+
+@pytest.mark.parametrize("fmt", ["FP8_PERCHANNEL", "FP8_BLOCK"])
+def test_every_isa_decodes_all_256_codes_exactly(fmt):
+    # W[n][k] = code 16n + k (16 channels x 16 codes), unit scales; one-hot rows of X pick each
+    # column, so Y[k, n] is the decoded value itself.  NaN codes would poison their whole
+    # channel through 0 * NaN, so they get their own channels below.
+    codes = ALL_CODES.reshape(16, 16).copy()
+    nan_code = (codes & 0x7F) == 0x7F
+    codes[nan_code] = 0
+    scale = np.ones(16, np.float32) if fmt == "FP8_PERCHANNEL" else np.ones((1, 1), np.float32)
+    packed = kernels.pack_quantized(codes, scale, fmt)
+    X = np.eye(16, dtype=np.float32)
+    expect = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32).T
+    nan_w = np.zeros((16, 16), np.uint8)
+    nan_w[3, 5], nan_w[9, 0] = 0x7F, 0xFF
+    nan_packed = kernels.pack_quantized(nan_w, scale, fmt)
+    for v in runnable_variants(fmt):
+        assert np.array_equal(kernels.linear_variant(X, packed, v), expect), v
+        y = kernels.linear_variant(X, nan_packed, v)
+        assert np.isnan(y[:, [3, 9]]).all() and np.all(np.delete(y, [3, 9], axis=1) == 0), v
+
+
+def test_encode_matches_ml_dtypes_with_saturation():
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.standard_normal(5000) * 100, rng.standard_normal(2000) * 1e-3,
+                        [0.0, -0.0, 448.0, 464.0, 479.0, 500.0, -1e6, 2.0 ** -9, 2.0 ** -10, 3 * 2.0 ** -11]])
+    x = x.astype(np.float32)
+    got = _native.f32_to_e4m3(x)
+    expect = np.clip(x, -448, 448).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    assert np.array_equal(got, expect)
+
+
+def test_per_channel_quantization_rule_bit_exact():
+    rng = np.random.default_rng(1)
+    W = (rng.standard_normal((40, 300)) * 0.05).astype(np.float32)
+    p = kernels.pack(W, "FP8_PERCHANNEL")
+    s = (np.abs(W).max(axis=1) / np.float32(448)).astype(np.float32)
+    q = np.clip(W / s[:, None], -448, 448).astype(ml_dtypes.float8_e4m3fn)
+    assert np.array_equal(p.scale[:40], s)
+    assert np.array_equal(p.codes(), q.view(np.uint8))
+    assert np.array_equal(p.dequantize(), q.astype(np.float64) * s[:, None].astype(np.float64))
+
+
+def test_block_quantization_rule_bit_exact():
+    rng = np.random.default_rng(2)
+    W = (rng.standard_normal((200, 300)) * 0.05).astype(np.float32)
+    W[130:140] *= 50  # a block with a different range
+    p = kernels.pack(W, "FP8")
+    assert p.format == "FP8_BLOCK" and p.scale.shape == (2, 3)
+    for i in range(2):
+        for j in range(3):
+            blk = W[128 * i:128 * (i + 1), 128 * j:128 * (j + 1)]
+            s = np.float32(np.abs(blk).max() / np.float32(448))
+            assert p.scale[i, j] == s
+            q = np.clip(blk / s, -448, 448).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+            assert np.array_equal(p.codes()[128 * i:128 * (i + 1), 128 * j:128 * (j + 1)], q)
+
+
+def test_deepseek_convention_multiplies_by_scale_inv():
+    rng = np.random.default_rng(3)
+    codes = rng.integers(0, 256, (130, 260), dtype=np.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x10  # no NaN codes
+    scale_inv = rng.uniform(0.5, 2, (2, 3)).astype(np.float32)
+    p = kernels.pack_quantized(codes.view(ml_dtypes.float8_e4m3fn), scale_inv, "FP8")
+    big = np.repeat(np.repeat(scale_inv.astype(np.float64), 128, 0), 128, 1)[:130, :260]
+    assert np.array_equal(p.dequantize(), codes.view(ml_dtypes.float8_e4m3fn).astype(np.float64) * big)
+
+
+def test_per_channel_scale_accepts_n_by_1():
+    codes = np.full((20, 64), 0x38, np.uint8)  # 1.0
+    p = kernels.pack_quantized(codes, np.full((20, 1), 0.5, np.float32), "FP8_PERCHANNEL")
+    assert np.all(p.dequantize() == 0.5)
+
+
+def test_all_zero_channel_and_block_decode_to_zero():
+    W = np.zeros((256, 256), np.float32)
+    W[0, 0] = 1.0
+    for fmt in ("FP8_PERCHANNEL", "FP8_BLOCK"):
+        p = kernels.pack(W, fmt)
+        d = p.dequantize()
+        assert np.isfinite(d).all() and abs(d[0, 0] - 1.0) < 1e-6 and np.count_nonzero(d) == 1
+
+
+@pytest.mark.parametrize("fmt", ["FP8_PERCHANNEL", "FP8_BLOCK"])
+@pytest.mark.parametrize("m,n,k", [(1, 16, 32), (3, 50, 100), (17, 130, 300), (40, 200, 260), (64, 96, 128),
+                                   (5, 260, 1000)])
+def test_gemm_every_isa_within_1e5_of_float64(fmt, m, n, k):
+    rng = np.random.default_rng(m + n + k)
+    W = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
+    X = rng.standard_normal((m, k)).astype(np.float32)
+    p = kernels.pack(W, fmt)
+    ref = bf16_round(X) @ p.dequantize().T
+    for v in runnable_variants(fmt):
+        assert rel_err_rows(kernels.linear_variant(X, p, v), ref) <= 1e-5, v
+
+
+def test_backend_aliases():
+    assert canonical_format("FP8") == "FP8_BLOCK"
+    assert canonical_format("FP8", per_channel=True) == "FP8_PERCHANNEL"
+    assert canonical_format("FP8", per_channel=False) == "FP8_BLOCK"
+    assert canonical_format("FP8_PERCHANNEL") == "FP8_PERCHANNEL"
+    assert canonical_format("AMXINT8") == "INT8" and canonical_format("AMXBF16") == "BF16"
+    assert canonical_format("amxint4") == "INT4"
+    with pytest.raises(ValueError, match="unknown"):
+        canonical_format("FP4")
+
+
+def test_scale_format_detector():
+    assert fp8_scale_kind("x.weight_scale_inv", (2, 3), (200, 300)) == "FP8_BLOCK"
+    assert fp8_scale_kind("x.weight_scale", (200,), (200, 300)) == "FP8_PERCHANNEL"
+    assert fp8_scale_kind("x.weight_scale", (200, 1), (200, 300)) == "FP8_PERCHANNEL"
+    assert fp8_scale_kind("x.weight_scale", (2, 3), (200, 300)) == "FP8_BLOCK"
+    with pytest.raises(ValueError, match="fits neither"):
+        fp8_scale_kind("x.weight_scale", (7,), (200, 300))
+    with pytest.raises(ValueError, match="must be"):
+        fp8_scale_kind("x.weight_scale_inv", (200,), (200, 300))
