@@ -43,8 +43,10 @@ KT_AI void KT_NAME(micro)(const int MB, const ktcy_act *a, const ktcy_weight *w,
     __m256 facc[4][2];
     uint16_t decoded[512] __attribute__((aligned(32)));
     (void)decoded; (void)fp8_kblocks; (void)facc;
+    _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m) {
         arow[m] = (isz == 1 ? (const uint8_t *)a->q : (const uint8_t *)a->bf16) + (m0 + m) * a->k_pad * isz;
+        _Pragma("GCC unroll 8")
         for (int h = 0; h < 2; ++h) { acc[m][h] = _mm256_setzero_si256(); facc[m][h] = _mm256_setzero_ps(); }
     }
     for (int64_t kb = 0; kb < nkb; ++kb) {
@@ -55,6 +57,7 @@ KT_AI void KT_NAME(micro)(const int MB, const ktcy_act *a, const ktcy_weight *w,
 #endif
         for (int r = 0; r < 16; ++r) {
             __m256i w0 = KT_NAME(load_w)(blk, r, 0), w1 = KT_NAME(load_w)(blk, r, 1);
+            _Pragma("GCC unroll 8")
             for (int m = 0; m < MB; ++m) {
                 int32_t dword;
                 memcpy(&dword, arow[m] + (kb * KT_BK + r * KT_KPR) * isz, 4);
@@ -66,8 +69,10 @@ KT_AI void KT_NAME(micro)(const int MB, const ktcy_act *a, const ktcy_weight *w,
             if (r == 15 || (r == 7 && w->group == 32)) {
                 if (w->group == 128 && !(kb & 1)) continue;
                 int64_t g = (kb * 64 + r * 4) / w->group;
+                _Pragma("GCC unroll 8")
                 for (int m = 0; m < MB; ++m) {
                     __m256i bias = _mm256_set1_epi32(8 * a->group_sum[(m0 + m) * (a->k_pad / a->group) + g]);
+                    _Pragma("GCC unroll 8")
                     for (int h = 0; h < 2; ++h) {
                         __m256 s = _mm256_loadu_ps(w->scale + g * w->n_pad + p * 16 + h * 8);
                         __m256 part = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[m][h], bias));
@@ -79,7 +84,9 @@ KT_AI void KT_NAME(micro)(const int MB, const ktcy_act *a, const ktcy_weight *w,
 #elif KT_FMT == KT_FP8
             if (w->format == KTCY_FP8_BLOCK && r == 15 && ((kb + 1) % 4 == 0 || kb + 1 == nkb)) {
                 __m256 s = _mm256_set1_ps(w->scale[(p * 16 / KTCY_FP8_SCALE_BLOCK) * fp8_kblocks + kb / 4]);
+                _Pragma("GCC unroll 8")
                 for (int m = 0; m < MB; ++m)
+                    _Pragma("GCC unroll 8")
                     for (int h = 0; h < 2; ++h) {
                         facc[m][h] = _mm256_add_ps(facc[m][h], _mm256_mul_ps(_mm256_castsi256_ps(acc[m][h]), s));
                         acc[m][h] = _mm256_setzero_si256();
@@ -88,7 +95,9 @@ KT_AI void KT_NAME(micro)(const int MB, const ktcy_act *a, const ktcy_weight *w,
 #endif
         }
     }
+    _Pragma("GCC unroll 8")
     for (int m = 0; m < MB && m0 + m < a->m; ++m) {
+        _Pragma("GCC unroll 8")
         for (int h = 0; h < 2; ++h) {
             int64_t n0 = p * 16 + h * 8;
             int64_t valid = w->n - n0;

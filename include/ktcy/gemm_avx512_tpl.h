@@ -15,6 +15,16 @@
 
 typedef struct { __m512i tab_lo0, tab_lo1, tab_hi0, tab_hi1; } KT_NAME(ctx);
 
+/* Accumulators stay in their natural register type: casting between the integer and float
+ * domains every step makes GCC copy them around. */
+#if KT_FMT == KT_BF16 || KT_FMT == KT_FP8
+typedef __m512 KT_NAME(acc_t);
+#define KT_ACC_ZERO _mm512_setzero_ps()
+#else
+typedef __m512i KT_NAME(acc_t);
+#define KT_ACC_ZERO _mm512_setzero_si512()
+#endif
+
 KT_AI KT_NAME(ctx) KT_NAME(make_ctx)(void) {
     KT_NAME(ctx) c;
 #if KT_FMT == KT_FP8 && KT_FAST
@@ -30,13 +40,18 @@ KT_AI KT_NAME(ctx) KT_NAME(make_ctx)(void) {
 
 /* Weight row r of a block: 16 lanes x (4 int8 | 2 bf16).  v1 is the odd bf16 half as float for
  * the FMA path. */
-KT_AI kt_vec2 KT_NAME(load_w)(const KT_NAME(ctx) *c, const uint8_t *blk, int r) {
+KT_AI kt_vec2 KT_NAME(load_w)(const KT_NAME(ctx) *c, const uint8_t *blk, int r, const int PRE) {
     kt_vec2 w;
     (void)c;
+    (void)PRE;
 #if KT_FMT == KT_INT4
     __m512i raw = _mm512_loadu_si512(blk + (r & 7) * 64);
     w.v0 = _mm512_and_si512(r < 8 ? raw : _mm512_srli_epi16(raw, 4), _mm512_set1_epi8(0x0F));
 #elif KT_FMT == KT_FP8 && KT_FAST
+    if (PRE) {
+        w.v0 = _mm512_loadu_si512(blk + r * 64);
+        return w;
+    }
     __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + r * 32)));
     __m512i idx = _mm512_and_si512(b, _mm512_set1_epi16(0x7F));
     idx = _mm512_or_si512(idx, _mm512_slli_epi16(idx, 8));
@@ -73,7 +88,7 @@ KT_AI kt_vec2 KT_NAME(load_a)(const void *row, int64_t k) {
     return a;
 }
 
-KT_AI __m512i KT_NAME(dp)(__m512i acc, kt_vec2 a, kt_vec2 w) {
+KT_AI KT_NAME(acc_t) KT_NAME(dp)(KT_NAME(acc_t) acc, kt_vec2 a, kt_vec2 w) {
 #if KT_FMT == KT_INT8 && KT_FAST
     return _mm512_dpbusd_epi32(acc, a.v0, w.v0);
 #elif KT_FMT == KT_INT8
@@ -87,37 +102,44 @@ KT_AI __m512i KT_NAME(dp)(__m512i acc, kt_vec2 a, kt_vec2 w) {
     __m512i pairs = _mm512_maddubs_epi16(w.v0, a.v0); /* at most 2 * 15 * 127: no saturation */
     return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
 #elif KT_FAST
-    return _mm512_castps_si512(_mm512_dpbf16_ps(_mm512_castsi512_ps(acc), (__m512bh)a.v0, (__m512bh)w.v0));
+    return _mm512_dpbf16_ps(acc, (__m512bh)a.v0, (__m512bh)w.v0);
 #else
-    __m512 f = _mm512_fmadd_ps(_mm512_castsi512_ps(a.v0), _mm512_castsi512_ps(w.v0), _mm512_castsi512_ps(acc));
-    return _mm512_castps_si512(_mm512_fmadd_ps(_mm512_castsi512_ps(a.v1), _mm512_castsi512_ps(w.v1), f));
+    acc = _mm512_fmadd_ps(_mm512_castsi512_ps(a.v0), _mm512_castsi512_ps(w.v0), acc);
+    return _mm512_fmadd_ps(_mm512_castsi512_ps(a.v1), _mm512_castsi512_ps(w.v1), acc);
 #endif
 }
 
-/* MB rows from m0, NP panels from p0. */
-KT_AI void KT_NAME(micro)(const int MB, const int NP, const KT_NAME(ctx) *c, const ktcy_act *a,
+/* MB rows from m0, NP panels from p0.  PRE: the panels were decoded to bf16 blocks beforehand
+ * (FP8 prefill), starting at `decoded`; otherwise `decoded` is a 4 KiB per-block scratch. */
+KT_AI void KT_NAME(micro)(const int MB, const int NP, const int PRE, const KT_NAME(ctx) *c, const ktcy_act *a,
                           const ktcy_weight *w, int64_t m0, int64_t p0, float *y, int64_t ldy, uint8_t *decoded) {
     const int64_t nkb = w->k_pad / KT_BK;
     const int64_t fp8_kblocks = (w->k + KTCY_FP8_SCALE_BLOCK - 1) / KTCY_FP8_SCALE_BLOCK;
-    __m512i acc[6][4];
+    KT_NAME(acc_t) acc[6][4];
     __m512 facc[6][4];
     const uint8_t *panel[4];
     const void *arow[6];
-    for (int p = 0; p < NP; ++p) panel[p] = w->data + (p0 + p) * nkb * KT_BB;
+    const int64_t block_bytes = PRE ? 1024 : KT_BB;
+    _Pragma("GCC unroll 8")
+    for (int p = 0; p < NP; ++p) panel[p] = PRE ? decoded + p * nkb * 1024 : w->data + (p0 + p) * nkb * KT_BB;
+    _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m) {
 #if KT_FMT == KT_INT8 || KT_FMT == KT_INT4
         arow[m] = a->q + (m0 + m) * a->k_pad;
 #else
         arow[m] = a->bf16 + (m0 + m) * a->k_pad;
 #endif
-        for (int p = 0; p < NP; ++p) { acc[m][p] = _mm512_setzero_si512(); facc[m][p] = _mm512_setzero_ps(); }
+        _Pragma("GCC unroll 8")
+        for (int p = 0; p < NP; ++p) { acc[m][p] = KT_ACC_ZERO; facc[m][p] = _mm512_setzero_ps(); }
     }
     (void)decoded; (void)fp8_kblocks; (void)facc;
     for (int64_t kb = 0; kb < nkb; ++kb) {
         const uint8_t *blk[4];
+        _Pragma("GCC unroll 8")
         for (int p = 0; p < NP; ++p) {
-            blk[p] = panel[p] + kb * KT_BB;
+            blk[p] = panel[p] + kb * block_bytes;
 #if KT_FMT == KT_FP8 && !KT_FAST
+            if (PRE) continue;
             uint16_t *dst = (uint16_t *)(decoded + p * 1024);
             for (int i = 0; i < 512; ++i) dst[i] = ktcy_e4m3_to_bf16(blk[p][i]);
             blk[p] = decoded + p * 1024;
@@ -125,41 +147,50 @@ KT_AI void KT_NAME(micro)(const int MB, const int NP, const KT_NAME(ctx) *c, con
         }
         for (int r = 0; r < 16; ++r) {
             kt_vec2 wv[4];
-            for (int p = 0; p < NP; ++p) wv[p] = KT_NAME(load_w)(c, blk[p], r);
+            _Pragma("GCC unroll 8")
+            for (int p = 0; p < NP; ++p) wv[p] = KT_NAME(load_w)(c, blk[p], r, PRE);
+            _Pragma("GCC unroll 8")
             for (int m = 0; m < MB; ++m) {
                 kt_vec2 av = KT_NAME(load_a)(arow[m], kb * KT_BK + r * KT_KPR);
+                _Pragma("GCC unroll 8")
                 for (int p = 0; p < NP; ++p) acc[m][p] = KT_NAME(dp)(acc[m][p], av, wv[p]);
             }
 #if KT_FMT == KT_INT4
             if (r == 15 || (r == 7 && w->group == 32)) {
                 if (w->group == 128 && !(kb & 1)) continue;
                 int64_t g = (kb * 64 + r * 4) / w->group;
+                _Pragma("GCC unroll 8")
                 for (int m = 0; m < MB; ++m) {
                     __m512i bias = _mm512_set1_epi32(8 * a->group_sum[(m0 + m) * (a->k_pad / a->group) + g]);
+                    _Pragma("GCC unroll 8")
                     for (int p = 0; p < NP; ++p) {
                         __m512 s = _mm512_loadu_ps(w->scale + g * w->n_pad + (p0 + p) * 16);
                         __m512 part = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m][p], bias));
                         facc[m][p] = _mm512_add_ps(facc[m][p], _mm512_mul_ps(part, s));
-                        acc[m][p] = _mm512_setzero_si512();
+                        acc[m][p] = KT_ACC_ZERO;
                     }
                 }
             }
 #elif KT_FMT == KT_FP8
             if (w->format == KTCY_FP8_BLOCK && r == 15 && ((kb + 1) % 4 == 0 || kb + 1 == nkb)) {
+                _Pragma("GCC unroll 8")
                 for (int p = 0; p < NP; ++p) {
                     int64_t n0 = (p0 + p) * 16;
                     __m512 s = _mm512_set1_ps(w->scale[(n0 / KTCY_FP8_SCALE_BLOCK) * fp8_kblocks + kb / 4]);
+                    _Pragma("GCC unroll 8")
                     for (int m = 0; m < MB; ++m) {
-                        facc[m][p] = _mm512_add_ps(facc[m][p], _mm512_mul_ps(_mm512_castsi512_ps(acc[m][p]), s));
-                        acc[m][p] = _mm512_setzero_si512();
+                        facc[m][p] = _mm512_add_ps(facc[m][p], _mm512_mul_ps(acc[m][p], s));
+                        acc[m][p] = KT_ACC_ZERO;
                     }
                 }
             }
 #endif
         }
     }
+    _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m) {
         if (m0 + m >= a->m) break;
+        _Pragma("GCC unroll 8")
         for (int p = 0; p < NP; ++p) {
             int64_t n0 = (p0 + p) * 16;
             int64_t valid = w->n - n0 < 16 ? w->n - n0 : 16;
@@ -175,48 +206,64 @@ KT_AI void KT_NAME(micro)(const int MB, const int NP, const KT_NAME(ctx) *c, con
 #elif KT_FMT == KT_INT4
             out = _mm512_mul_ps(facc[m][p], _mm512_set1_ps(a->scale[m0 + m]));
 #elif KT_FMT == KT_BF16
-            out = _mm512_castsi512_ps(acc[m][p]);
+            out = acc[m][p];
 #else
-            out = w->format == KTCY_FP8_BLOCK ? facc[m][p]
-                : _mm512_mul_ps(_mm512_castsi512_ps(acc[m][p]), _mm512_loadu_ps(w->scale + n0));
+            out = w->format == KTCY_FP8_BLOCK ? facc[m][p] : _mm512_mul_ps(acc[m][p], _mm512_loadu_ps(w->scale + n0));
 #endif
             _mm512_mask_storeu_ps(y + (m0 + m) * ldy + n0, mask, out);
         }
     }
 }
 
-#define KT_CALL(mb, np) KT_NAME(micro)(mb, np, &c, a, w, m0, p, y, ldy, decoded)
+#define KT_CALL(mb, np, pre) KT_NAME(micro)(mb, np, pre, &c, a, w, m0, p, y, ldy, pre ? pre_buf : decoded)
+/* Tile shapes are compile-time constants in every call, so each one is fully unrolled. */
+#define KT_DISPATCH(pre)                                                                  \
+    switch (mb * 8 + np) {                                                                \
+    case 1 * 8 + 4: KT_CALL(1, 4, pre); break;                                            \
+    case 2 * 8 + 4: KT_CALL(2, 4, pre); break;                                            \
+    case 4 * 8 + 4: if (wide) KT_CALL(4, 4, pre); break;                                  \
+    case 6 * 8 + 4: if (wide) KT_CALL(6, 4, pre); break;                                  \
+    case 1 * 8 + 1: KT_CALL(1, 1, pre); break;                                            \
+    case 2 * 8 + 1: KT_CALL(2, 1, pre); break;                                            \
+    case 4 * 8 + 1: if (wide) KT_CALL(4, 1, pre); break;                                  \
+    default: if (wide) KT_CALL(6, 1, pre); break;                                         \
+    }
 
 KT_TARGET static int KT_NAME(gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb,
                                    int64_t pe, void *scratch) {
-    (void)scratch;
     const KT_NAME(ctx) c = KT_NAME(make_ctx)();
     uint8_t decoded[4 * 1024] __attribute__((aligned(64)));
-    /* Formats that keep a second set of float accumulators get fewer rows per micro-tile. */
+    /* Formats that keep a second set of float accumulators get fewer rows per micro-tile.
+     * FP8 decoding in registers keeps four tables there, so it gets 4 rows like the FMA paths. */
     const int wide = (KT_FMT == KT_INT4 || w->format == KTCY_FP8_BLOCK) ? 0 : 1;
-    const int max_rows = !wide ? 2 : KT_FAST ? 6 : 4;
+    /* FP8 with several row blocks: decode each group of panels once into scratch (bf16, L2
+     * resident) instead of once per row block; the tile then gets the BF16 height. */
+    const int pre = KT_FMT == KT_FP8 && scratch != NULL && a->m > 4;
+    const int max_rows = !wide ? 2 : (KT_FAST && (KT_FMT != KT_FP8 || pre)) ? 6 : 4;
+    uint8_t *pre_buf = (uint8_t *)scratch;
+    const int64_t nkb = w->k_pad / KT_BK;
+    (void)nkb;
     for (int64_t p = pb; p < pe;) {
         const int np = pe - p >= 4 ? 4 : 1;
+#if KT_FMT == KT_FP8
+        if (pre) {
+            const uint8_t *src = w->data + p * nkb * 512;
+            uint16_t *dst = (uint16_t *)pre_buf;
+            for (int64_t i = 0; i < np * nkb * 512; i += 32) {
+#if KT_FAST
+                _mm512_storeu_si512(dst + i, KT_NAME(load_w)(&c, src + i, 0, 0).v0);
+#else
+                for (int j = 0; j < 32; ++j) dst[i + j] = ktcy_e4m3_to_bf16(src[i + j]);
+#endif
+            }
+        }
+#endif
         for (int64_t m0 = 0; m0 < a->m;) {
             int64_t left = a->m - m0;
             /* rows past a->m are zero padding (m_pad), so rounding a tile up to 2/4/6 rows is safe */
             int mb = max_rows;
             if (left < max_rows) mb = left <= 1 ? 1 : left <= 2 ? 2 : (wide && left <= 4) ? 4 : max_rows;
-            if (np == 4) {
-                switch (mb) {
-                case 1: KT_CALL(1, 4); break;
-                case 2: KT_CALL(2, 4); break;
-                case 4: if (wide) KT_CALL(4, 4); break;
-                default: if (wide) KT_CALL(6, 4); break;
-                }
-            } else {
-                switch (mb) {
-                case 1: KT_CALL(1, 1); break;
-                case 2: KT_CALL(2, 1); break;
-                case 4: if (wide) KT_CALL(4, 1); break;
-                default: if (wide) KT_CALL(6, 1); break;
-                }
-            }
+            if (pre) { KT_DISPATCH(1) } else { KT_DISPATCH(0) }
             m0 += mb;
         }
         p += np;
@@ -225,6 +272,8 @@ KT_TARGET static int KT_NAME(gemm)(const ktcy_act *a, const ktcy_weight *w, floa
 }
 
 #undef KT_CALL
+#undef KT_DISPATCH
+#undef KT_ACC_ZERO
 #undef KT_AI
 #undef KT_KPR
 #undef KT_BK

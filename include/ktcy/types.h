@@ -67,9 +67,9 @@ typedef int (*ktcy_gemm_fn)(const ktcy_act *a, const ktcy_weight *w, float *y, i
                             int64_t panel_begin, int64_t panel_end, void *scratch);
 
 static inline int64_t ktcy_gemm_scratch_bytes(int64_t k_pad) {
-    /* AMX: two decoded/unpacked panels of bf16 (2 bytes per element), four 1 KiB C tiles, a
+    /* Four panels decoded to bf16 (AVX-512 FP8 prefill; AMX uses two), four 1 KiB C tiles, a
      * 32 x 32 float accumulator, and slack for 64-byte alignment. */
-    return 2 * KTCY_PANEL * k_pad * 2 + 4 * 1024 + 32 * 32 * 4 + 64;
+    return 4 * KTCY_PANEL * k_pad * 2 + 4 * 1024 + 32 * 32 * 4 + 64;
 }
 
 #endif
