@@ -444,3 +444,6 @@ def emu_tdpbssd(int c, int a, int b):
 
 def emu_tdpbf16ps(int c, int a, int b):
     ktcy_emu_tdpbf16ps(c, a, b)
+
+# ---------------------------------------------------------------- MoE engine
+include "_moe_engine.pxi"

@@ -1,0 +1,260 @@
+# MoE expert execution (included by _native.pyx).
+#
+# forward(x, ids, weights): group the T*k (token, expert) pairs by expert (counting sort), convert
+# or quantize each token's activations once and gather them into per-expert row segments (each
+# padded to 16 rows for AMX tiles), then in one OpenMP team:
+#   1. work items (expert, 8 output panels of I): gate and up GEMMs over the same rows (the
+#      activations stay in cache), SwiGLU on those columns;
+#   2. per row: quantize / convert the SwiGLU output for the down projection;
+#   3. work items (expert, 8 output panels of H): down GEMM;
+#   4. per token: y = sum_j w[t, j] * down_out[slot(t, j)], j in order (deterministic).
+# Per expert, rows >= big_min_rows run the prefill kernel (AMX when chosen), fewer rows the decode
+# kernel (the best non-AMX ISA).  Buffers live in an arena that grows to the largest T seen.
+
+from libc.math cimport expf
+from libc.string cimport memcpy
+from cython.parallel cimport parallel
+
+cdef enum:
+    MOE_ITEM_PANELS = 8   # output panels (x16 channels) per work item: whole AVX-512 4-panel and AMX 2-panel groups
+
+cdef inline int64_t _round16(int64_t m) noexcept nogil:
+    return (m + 15) // 16 * 16
+
+cdef inline int _expert_gemm(ktcy_gemm_fn fn, const ktcy_weight *w, float *y, int64_t ldy, int64_t p0,
+                             int64_t p1, void *scratch, int64_t m, int64_t k_pad, int group, const int8_t *q,
+                             const float *scale, const int32_t *gsum, const uint16_t *bf16) noexcept nogil:
+    """One expert's rows [m] through panels [p0, p1); the descriptor is a local of this call."""
+    cdef ktcy_act act
+    memset(&act, 0, sizeof(ktcy_act))
+    act.m, act.m_pad, act.k_pad, act.group = m, _round16(m), k_pad, group
+    act.q, act.scale, act.group_sum, act.bf16 = q, scale, gsum, bf16
+    return fn(&act, w, y, ldy, p0, p1, scratch)
+
+
+cdef class MoEEngine:
+    cdef int fmt, num_experts, group
+    cdef int64_t hidden, inter, kpad_h, kpad_i
+    cdef ktcy_weight *gate_w
+    cdef ktcy_weight *up_w
+    cdef ktcy_weight *down_w
+    cdef ktcy_gemm_fn big_fn, small_fn
+    cdef public int64_t big_min_rows
+    cdef object keep
+    cdef dict arena
+    cdef int64_t arena_rows, arena_tokens
+
+    def __cinit__(self):
+        self.gate_w = self.up_w = self.down_w = NULL
+
+    def __dealloc__(self):
+        free(self.gate_w)
+        free(self.up_w)
+        free(self.down_w)
+
+    def __init__(self, str format_name, list gate, list up, list down, str big_variant, str small_variant,
+                 int64_t big_min_rows):
+        cdef int e, E = len(gate)
+        cdef Weight g
+        self.fmt = FORMATS.index(format_name)
+        self.num_experts = E
+        self.keep = (gate, up, down)
+        self.big_fn = KTCY_VARIANTS[_variant_index(format_name, big_variant)].fn
+        self.small_fn = KTCY_VARIANTS[_variant_index(format_name, small_variant)].fn
+        self.big_min_rows = big_min_rows
+        self.gate_w = <ktcy_weight *>malloc(E * sizeof(ktcy_weight))
+        self.up_w = <ktcy_weight *>malloc(E * sizeof(ktcy_weight))
+        self.down_w = <ktcy_weight *>malloc(E * sizeof(ktcy_weight))
+        if self.gate_w == NULL or self.up_w == NULL or self.down_w == NULL:
+            raise MemoryError()
+        for e in range(E):
+            self.gate_w[e] = (<Weight>gate[e]).view
+            self.up_w[e] = (<Weight>up[e]).view
+            self.down_w[e] = (<Weight>down[e]).view
+        g = gate[0]
+        self.inter, self.hidden, self.group = g.view.n, g.view.k, g.view.group
+        self.kpad_h = g.view.k_pad
+        self.kpad_i = (<Weight>down[0]).view.k_pad
+        self.arena = {}
+        self.arena_rows = self.arena_tokens = -1
+
+    cdef _ensure_arena(self, int64_t tokens, int64_t rows):
+        if tokens <= self.arena_tokens and rows <= self.arena_rows:
+            return
+        tokens, rows = max(tokens, self.arena_tokens, 1), max(rows, self.arena_rows, 16)
+        integer = self.fmt == KTCY_INT8 or self.fmt == KTCY_INT4
+        gh = self.kpad_h // self.group if self.fmt == KTCY_INT4 else 1
+        gi = self.kpad_i // self.group if self.fmt == KTCY_INT4 else 1
+        a = {}
+        if integer:
+            a["xq"], a["xs"], a["xg"] = np.zeros((tokens, self.kpad_h), np.int8), np.zeros(tokens, np.float32), np.zeros((tokens, gh), np.int32)
+            a["q1"], a["s1"], a["g1"] = np.zeros((rows, self.kpad_h), np.int8), np.zeros(rows, np.float32), np.zeros((rows, gh), np.int32)
+            a["q2"], a["s2"], a["g2"] = np.zeros((rows, self.kpad_i), np.int8), np.zeros(rows, np.float32), np.zeros((rows, gi), np.int32)
+        else:
+            a["xb"] = np.zeros((tokens, self.kpad_h), np.uint16)
+            a["b1"] = np.zeros((rows, self.kpad_h), np.uint16)
+            a["b2"] = np.zeros((rows, self.kpad_i), np.uint16)
+        a["gate"] = np.zeros((rows, self.inter), np.float32)
+        a["up"] = np.zeros((rows, self.inter), np.float32)
+        a["down"] = np.zeros((rows, self.hidden), np.float32)
+        self.arena, self.arena_tokens, self.arena_rows = a, tokens, rows
+
+    def forward(self, const float[:, ::1] x, const int64_t[:, ::1] ids, const float[:, ::1] rw, float[:, ::1] out,
+                int nthreads):
+        cdef int64_t T = ids.shape[0], k = ids.shape[1], S = T * k
+        cdef int E = self.num_experts, e
+        cdef int64_t t, j, r, s, i, c, rows = 0, n_items1 = 0, n_items2 = 0
+        cdef int integer = self.fmt == KTCY_INT8 or self.fmt == KTCY_INT4
+        cdef int group = self.group if self.fmt == KTCY_INT4 else 0
+        cdef int64_t H = self.hidden, I = self.inter, kh = self.kpad_h, ki = self.kpad_i
+        cdef int64_t gh = kh // self.group if self.fmt == KTCY_INT4 else 1
+        cdef int64_t gi = ki // self.group if self.fmt == KTCY_INT4 else 1
+        cdef int64_t panels_i = ktcy_n_pad(I) // KTCY_PANEL, panels_h = ktcy_n_pad(H) // KTCY_PANEL
+        if T == 0:
+            return
+        counts = np.zeros(E, np.int64)
+        np.add.at(counts, np.asarray(ids).reshape(-1), 1)
+        cdef int64_t[::1] cnt = counts
+        seg = np.zeros(E + 1, np.int64)
+        cdef int64_t[::1] segv = seg
+        for e in range(E):
+            segv[e + 1] = segv[e] + _round16(cnt[e])
+            if cnt[e] > 0:
+                n_items1 += (panels_i + MOE_ITEM_PANELS - 1) // MOE_ITEM_PANELS
+                n_items2 += (panels_h + MOE_ITEM_PANELS - 1) // MOE_ITEM_PANELS
+        rows = segv[E]
+        self._ensure_arena(T, rows)
+        row_token = np.full(rows, -1, np.int64)
+        slot = np.empty(S, np.int64)
+        fill = seg[:E].copy()
+        cdef int64_t[::1] rtok = row_token, slotv = slot, fillv = fill
+        for t in range(T):
+            for j in range(k):
+                e = <int>ids[t, j]
+                slotv[t * k + j] = fillv[e]
+                rtok[fillv[e]] = t
+                fillv[e] += 1
+        # work items: (expert, first panel) for both GEMM phases
+        items1 = np.empty((max(n_items1, 1), 2), np.int64)
+        items2 = np.empty((max(n_items2, 1), 2), np.int64)
+        cdef int64_t[:, ::1] it1 = items1, it2 = items2
+        c = 0
+        s = 0
+        for e in range(E):
+            if cnt[e] == 0:
+                continue
+            for i in range(0, panels_i, MOE_ITEM_PANELS):
+                it1[c, 0], it1[c, 1] = e, i
+                c += 1
+            for i in range(0, panels_h, MOE_ITEM_PANELS):
+                it2[s, 0], it2[s, 1] = e, i
+                s += 1
+        a = self.arena
+        cdef int8_t[:, ::1] xq, q1, q2
+        cdef float[::1] xs, s1, s2
+        cdef int32_t[:, ::1] xg, g1, g2
+        cdef uint16_t[:, ::1] xb, b1, b2
+        if integer:
+            xq, xs, xg, q1, s1, g1, q2, s2, g2 = a["xq"], a["xs"], a["xg"], a["q1"], a["s1"], a["g1"], a["q2"], a["s2"], a["g2"]
+        else:
+            xb, b1, b2 = a["xb"], a["b1"], a["b2"]
+        cdef float[:, ::1] hg = a["gate"], hu = a["up"], hd = a["down"]
+        cdef int64_t scratch_bytes = ktcy_gemm_scratch_bytes(max(kh, ki))
+        cdef char *scratch = <char *>malloc(scratch_bytes * nthreads)
+        status = np.zeros(n_items1 + n_items2 + 1, np.int32)
+        cdef int[::1] st = status
+        cdef char message[160]
+        message[0] = 0
+        if scratch == NULL:
+            raise MemoryError("could not allocate MoE scratch")
+        cdef int64_t m, p0, p1, seg0, col, col_end, tid, base
+        cdef float g, u, wgt
+        cdef ktcy_gemm_fn fn
+        cdef char *my_scratch
+        with nogil, parallel(num_threads=nthreads):
+            tid = openmp.omp_get_thread_num()
+            my_scratch = scratch + tid * scratch_bytes
+            # 0. convert every token once, then gather its rows into the expert segments
+            for t in prange(T, schedule="static"):
+                if integer:
+                    ktcy_quantize_act_int8(&x[0, 0], H, H, kh, t, t + 1, &xq[0, 0], &xs[0], group, &xg[0, 0])
+                else:
+                    ktcy_convert_act_bf16(&x[0, 0], H, H, kh, t, t + 1, &xb[0, 0])
+            for r in prange(rows, schedule="static"):
+                t = rtok[r]
+                if t >= 0:
+                    if integer:
+                        memcpy(&q1[r, 0], &xq[t, 0], kh)
+                        s1[r] = xs[t]
+                        memcpy(&g1[r, 0], &xg[t, 0], gh * sizeof(int32_t))
+                    else:
+                        memcpy(&b1[r, 0], &xb[t, 0], kh * sizeof(uint16_t))
+            # 1. gate and up over the same rows, then SwiGLU on those columns
+            for c in prange(n_items1, schedule="dynamic"):
+                e = <int>it1[c, 0]
+                p0 = it1[c, 1]
+                p1 = p0 + MOE_ITEM_PANELS
+                if p1 > panels_i:
+                    p1 = panels_i
+                seg0 = segv[e]
+                m = cnt[e]
+                fn = self.big_fn if m >= self.big_min_rows else self.small_fn
+                if integer:
+                    st[c] = _expert_gemm(fn, &self.gate_w[e], &hg[seg0, 0], I, p0, p1, my_scratch, m, kh, group,
+                                         &q1[seg0, 0], &s1[seg0], &g1[seg0, 0], NULL)
+                    st[c] |= _expert_gemm(fn, &self.up_w[e], &hu[seg0, 0], I, p0, p1, my_scratch, m, kh, group,
+                                          &q1[seg0, 0], &s1[seg0], &g1[seg0, 0], NULL)
+                else:
+                    st[c] = _expert_gemm(fn, &self.gate_w[e], &hg[seg0, 0], I, p0, p1, my_scratch, m, kh, 0,
+                                         NULL, NULL, NULL, &b1[seg0, 0])
+                    st[c] |= _expert_gemm(fn, &self.up_w[e], &hu[seg0, 0], I, p0, p1, my_scratch, m, kh, 0,
+                                          NULL, NULL, NULL, &b1[seg0, 0])
+                if st[c] != KTCY_OK:
+                    strncpy(message, ktcy_emu.message, 159)
+                    ktcy_emu_clear_error()
+                col_end = p1 * KTCY_PANEL
+                if col_end > I:
+                    col_end = I
+                for r in range(seg0, seg0 + m):
+                    for col in range(p0 * KTCY_PANEL, col_end):
+                        g = hg[r, col]
+                        u = hu[r, col]
+                        hg[r, col] = g / (1.0 + expf(-g)) * u
+            # 2. the SwiGLU rows become the down projection's activations
+            for r in prange(rows, schedule="static"):
+                if rtok[r] >= 0:
+                    if integer:
+                        ktcy_quantize_act_int8(&hg[0, 0], I, I, ki, r, r + 1, &q2[0, 0], &s2[0], group, &g2[0, 0])
+                    else:
+                        ktcy_convert_act_bf16(&hg[0, 0], I, I, ki, r, r + 1, &b2[0, 0])
+            # 3. down
+            for c in prange(n_items2, schedule="dynamic"):
+                e = <int>it2[c, 0]
+                p0 = it2[c, 1]
+                p1 = p0 + MOE_ITEM_PANELS
+                if p1 > panels_h:
+                    p1 = panels_h
+                seg0 = segv[e]
+                m = cnt[e]
+                fn = self.big_fn if m >= self.big_min_rows else self.small_fn
+                if integer:
+                    st[n_items1 + c] = _expert_gemm(fn, &self.down_w[e], &hd[seg0, 0], H, p0, p1, my_scratch, m, ki,
+                                                    group, &q2[seg0, 0], &s2[seg0], &g2[seg0, 0], NULL)
+                else:
+                    st[n_items1 + c] = _expert_gemm(fn, &self.down_w[e], &hd[seg0, 0], H, p0, p1, my_scratch, m, ki,
+                                                    0, NULL, NULL, NULL, &b2[seg0, 0])
+                if st[n_items1 + c] != KTCY_OK:
+                    strncpy(message, ktcy_emu.message, 159)
+                    ktcy_emu_clear_error()
+            # 4. weighted sum per token, experts in routing order
+            for t in prange(T, schedule="static"):
+                for col in range(H):
+                    out[t, col] = 0.0
+                for j in range(k):
+                    wgt = rw[t, j]
+                    base = slotv[t * k + j]
+                    for col in range(H):
+                        out[t, col] = out[t, col] + wgt * hd[base, col]
+        free(scratch)
+        if status.any():
+            _raise_status(KTCY_ERR_TILE, message)

@@ -1,0 +1,57 @@
+"""MoE layer configuration in the seeds' vocabulary: QuantConfig and MoeConfig."""
+from dataclasses import dataclass, field
+
+from ktcy.formats import AMX_BACKENDS, DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """How expert weights are stored: method BF16 | INT8 | INT4 | FP8 (KTransformers names work
+    too); per_channel picks FP8 per-channel scales (else 128x128 blocks); group_size is INT4's."""
+    method: str = "BF16"
+    per_channel: bool = None
+    group_size: int = DEFAULT_INT4_GROUP
+
+    def __post_init__(self):
+        canonical_format(self.method, self.per_channel)  # validates the name
+        if canonical_format(self.method) == "INT4" and self.group_size not in INT4_GROUP_SIZES:
+            raise ValueError(f"INT4 group_size must be one of {INT4_GROUP_SIZES}, got {self.group_size}")
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """Shape and precision of one MoE layer's experts.
+
+    backend (optional) overrides quant_config.method with a KTransformers backend name; an AMX
+    backend on a CPU without usable AMX falls back to the best ISA for its format.  isa forces one
+    ISA and fails if it can't run.  num_threads sets ktcy's thread count when the layer is built."""
+    num_experts: int
+    top_k: int
+    hidden_size: int
+    intermediate_size: int
+    quant_config: QuantConfig = field(default_factory=QuantConfig)
+    backend: str = None
+    isa: str = None
+    num_threads: int = None
+
+    def __post_init__(self):
+        for name in ("num_experts", "top_k", "hidden_size", "intermediate_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"MoeConfig.{name} must be a positive integer, got {value!r}")
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
+        if not isinstance(self.quant_config, QuantConfig):
+            raise TypeError("quant_config must be a ktcy.QuantConfig")
+        self.weight_format  # validates backend
+
+    @property
+    def weight_format(self):
+        if self.backend is not None:
+            return canonical_format(self.backend, self.quant_config.per_channel)
+        return canonical_format(self.quant_config.method, self.quant_config.per_channel)
+
+    @property
+    def wants_amx(self):
+        """True when the backend name itself asks for AMX (AMXINT8, AMXBF16, ...)."""
+        return self.backend is not None and self.backend.strip().upper() in AMX_BACKENDS

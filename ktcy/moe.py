@@ -1,0 +1,161 @@
+"""MoE expert layer at numpy level.
+
+Contract (used from outside the repo): ``MoE.from_weights(config, gate, up, down)``,
+``MoE.forward(x, topk_ids, topk_weights, out=None)``, ``MoE.kernel``.
+"""
+import logging
+import threading
+
+import ml_dtypes
+import numpy as np
+
+from ktcy import _native, kernels
+from ktcy.config import MoeConfig
+from ktcy.errors import UnsupportedISAError
+from ktcy.threads import set_num_threads
+
+log = logging.getLogger("ktcy")
+
+# Experts with at least this many rows in a call run the prefill (AMX) kernel; fewer rows run the
+# decode kernel, which streams each weight byte once.  Two AMX A tiles are 32 rows: below that
+# AMX spends most of its tile work on zero padding.
+AMX_MIN_ROWS = 32
+
+_DECODE_LADDER = ("avx512", "avx2", "ref")
+
+
+def choose_kernels(fmt, config):
+    """(prefill isa, prefill variant, decode isa, decode variant) for a format and config."""
+    if config.isa is not None:
+        big_isa, big = _native.resolve(fmt, config.isa)
+    else:
+        big_isa, big = _native.resolve(fmt)
+        if config.wants_amx and big_isa != "amx":
+            log.info("ktcy: backend %s asks for AMX, which this CPU/OS/build cannot run; using %s (%s) for %s",
+                     config.backend, big_isa, big, fmt)
+    if big_isa not in ("amx", "amx_emu"):
+        return big_isa, big, big_isa, big
+    for isa in _DECODE_LADDER:
+        try:
+            small_isa, small = _native.resolve(fmt, isa)
+            return big_isa, big, small_isa, small
+        except UnsupportedISAError:
+            continue
+    raise UnsupportedISAError(f"no decode kernel for {fmt}")  # ref always exists; kept for clarity
+
+
+class MoE:
+    """The routed experts of one MoE layer: y = sum_j w[t,j] * down_e(silu(gate_e x) * up_e x)."""
+
+    def __init__(self, config, gate, up, down):
+        """gate, up, down: lists (one per expert) of kernels.PackedWeight, already packed."""
+        if not isinstance(config, MoeConfig):
+            raise TypeError("config must be a ktcy.MoeConfig")
+        E, H, I = config.num_experts, config.hidden_size, config.intermediate_size
+        fmt = config.weight_format
+        for name, ws, shape in (("gate", gate, (I, H)), ("up", up, (I, H)), ("down", down, (H, I))):
+            if len(ws) != E:
+                raise ValueError(f"{name}: {len(ws)} experts, config says {E}")
+            for e, w in enumerate(ws):
+                if w.format != fmt or tuple(w.shape) != shape:
+                    raise ValueError(f"{name}[{e}] is {w.format} {tuple(w.shape)}, expected {fmt} {shape}")
+        self.config = config
+        self.format = fmt
+        self.gate, self.up, self.down = list(gate), list(up), list(down)
+        if config.num_threads is not None:
+            set_num_threads(config.num_threads)
+        big_isa, big, small_isa, small = choose_kernels(fmt, config)
+        self.isa, self.variant, self.decode_isa, self.decode_variant = big_isa, big, small_isa, small
+        self._engine = _native.MoEEngine(fmt, [w.native() for w in self.gate], [w.native() for w in self.up],
+                                         [w.native() for w in self.down], big, small, AMX_MIN_ROWS)
+        self._lock = threading.Lock()
+        log.info("ktcy: MoE %d experts H=%d I=%d top-%d runs %s", E, H, I, config.top_k, self.kernel)
+
+    @classmethod
+    def from_weights(cls, config, gate, up, down, gate_scale=None, up_scale=None, down_scale=None,
+                     progress=None):
+        """Quantize and pack every expert.  gate/up [E, I, H], down [E, H, I] in float32, float64
+        or bfloat16; for FP8 also already-quantized float8_e4m3fn (or uint8) codes with their
+        scales ([E, N] / [E, N, 1] per channel, [E, ceil(N/128), ceil(K/128)] blocks).
+        progress(done, total) is called after each expert."""
+        E, H, I = config.num_experts, config.hidden_size, config.intermediate_size
+        fmt = config.weight_format
+        group = config.quant_config.group_size
+        arrays = {"gate": (gate, (E, I, H), gate_scale), "up": (up, (E, I, H), up_scale),
+                  "down": (down, (E, H, I), down_scale)}
+        for name, (a, shape, _) in arrays.items():
+            if not hasattr(a, "shape") or tuple(a.shape) != shape:
+                raise ValueError(f"{name} must have shape {shape} ([E, I, H] for gate/up, [E, H, I] for down), "
+                                 f"got {getattr(a, 'shape', type(a).__name__)}")
+        packed = {name: [] for name in arrays}
+        for e in range(E):
+            for name, (a, _, scale) in arrays.items():
+                packed[name].append(_pack_expert(np.asarray(a[e]), None if scale is None else np.asarray(scale)[e],
+                                                 fmt, group, f"{name}[{e}]"))
+            if progress is not None:
+                progress(e + 1, E)
+        return cls(config, packed["gate"], packed["up"], packed["down"])
+
+    @property
+    def kernel(self):
+        """The format and kernels in use, e.g. 'INT8 on avx512 (int8_avx512_vnni)'."""
+        text = f"{self.format} on {self.isa} ({self.variant})"
+        if self.decode_variant != self.variant:
+            text += f"; below {AMX_MIN_ROWS} rows per expert: {self.decode_isa} ({self.decode_variant})"
+        return text
+
+    @property
+    def nbytes(self):
+        return sum(w.nbytes for ws in (self.gate, self.up, self.down) for w in ws)
+
+    def forward(self, x, topk_ids, topk_weights, out=None):
+        """x [T, H] float32/bfloat16, topk_ids [T, k] int, topk_weights [T, k] float32 -> [T, H] float32."""
+        c = self.config
+        x = _as_rows(x, "x", c.hidden_size)
+        T = x.shape[0]
+        ids = np.asarray(topk_ids)
+        if ids.ndim != 2 or ids.shape[0] != T:
+            raise ValueError(f"topk_ids must be [T={T}, k], got shape {ids.shape}")
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise TypeError(f"topk_ids must hold integers, got {ids.dtype}")
+        if ids.size and (ids.min() < 0 or ids.max() >= c.num_experts):
+            bad = ids[(ids < 0) | (ids >= c.num_experts)][0]
+            raise ValueError(f"topk_ids holds expert id {bad}, outside [0, {c.num_experts})")
+        w = np.asarray(topk_weights)
+        if w.shape != ids.shape:
+            raise ValueError(f"topk_weights must have the shape of topk_ids {ids.shape}, got {w.shape}")
+        if not (np.issubdtype(w.dtype, np.floating) or w.dtype == ml_dtypes.bfloat16):
+            raise TypeError(f"topk_weights must be floating point, got {w.dtype}")
+        if out is None:
+            out = np.empty((T, c.hidden_size), np.float32)
+        elif not isinstance(out, np.ndarray) or out.shape != (T, c.hidden_size) or out.dtype != np.float32 \
+                or not out.flags.c_contiguous or not out.flags.writeable:
+            raise ValueError(f"out must be a writable C-contiguous float32 array of shape {(T, c.hidden_size)}")
+        if T == 0:
+            return out
+        ids = np.ascontiguousarray(ids, np.int64)
+        w = np.ascontiguousarray(w, np.float32)
+        # One forward at a time per layer: the arena is shared, and the OpenMP team already uses
+        # every configured core, so concurrent calls would not run faster.
+        with self._lock:
+            self._engine.forward(x, ids, w, out, _native.get_num_threads())
+        return out
+
+    __call__ = forward
+
+
+def _as_rows(a, what, width):
+    a = np.asarray(a)
+    if a.ndim != 2 or a.shape[1] != width:
+        raise ValueError(f"{what} must be [T, {width}], got shape {a.shape}")
+    return kernels.as_float32_matrix(a, what)
+
+
+def _pack_expert(w, scale, fmt, group, what):
+    if fmt.startswith("FP8") and (w.dtype == ml_dtypes.float8_e4m3fn or w.dtype == np.uint8):
+        if scale is None:
+            raise ValueError(f"{what}: FP8 codes need their scales")
+        return kernels.pack_quantized(w, scale, fmt)
+    if scale is not None:
+        raise ValueError(f"{what}: scales are only taken with already-quantized FP8 weights")
+    return kernels.pack(w, fmt, group_size=group)
