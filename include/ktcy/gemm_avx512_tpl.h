@@ -13,7 +13,7 @@
 #define KT_BK (KT_KPR * 16)
 #define KT_BB ((KT_FMT == KT_INT8 || KT_FMT == KT_BF16) ? 1024 : 512)
 
-typedef struct { __m512i tab_lo0, tab_lo1, tab_hi0, tab_hi1; } KT_NAME(ctx);
+typedef struct { __m512i tab_lo0, tab_lo1, tab_hi0, tab_hi1, weave0, weave1; } KT_NAME(ctx);
 
 /* Accumulators stay in their natural register type: casting between the integer and float
  * domains every step makes GCC copy them around. */
@@ -28,15 +28,33 @@ typedef __m512i KT_NAME(acc_t);
 KT_AI KT_NAME(ctx) KT_NAME(make_ctx)(void) {
     KT_NAME(ctx) c;
 #if KT_FMT == KT_FP8 && KT_FAST
-    uint8_t lo[128], hi[128];
+    uint8_t lo[128], hi[128], weave[128];
     for (int i = 0; i < 128; ++i) { lo[i] = (uint8_t)KTCY_E4M3_TO_BF16[i]; hi[i] = (uint8_t)(KTCY_E4M3_TO_BF16[i] >> 8); }
+    /* byte j of a decoded bf16 vector: low byte (from the lo lookup) of code j/2, or high byte
+     * (index 64 + ..., the hi lookup) when j is odd; the second vector covers codes 32..63 */
+    for (int j = 0; j < 128; ++j) weave[j] = (uint8_t)((j & 1 ? 64 : 0) + (j & 63) / 2 + (j >= 64 ? 32 : 0));
     c.tab_lo0 = _mm512_loadu_si512(lo); c.tab_lo1 = _mm512_loadu_si512(lo + 64);
     c.tab_hi0 = _mm512_loadu_si512(hi); c.tab_hi1 = _mm512_loadu_si512(hi + 64);
+    c.weave0 = _mm512_loadu_si512(weave); c.weave1 = _mm512_loadu_si512(weave + 64);
 #else
-    c.tab_lo0 = c.tab_lo1 = c.tab_hi0 = c.tab_hi1 = _mm512_setzero_si512();
+    c.tab_lo0 = c.tab_lo1 = c.tab_hi0 = c.tab_hi1 = c.weave0 = c.weave1 = _mm512_setzero_si512();
 #endif
     return c;
 }
+
+#if KT_FMT == KT_FP8 && KT_FAST
+/* Rows r, r+1 of an FP8 block (64 codes) -> two bf16 vectors: the low and high bytes of every
+ * code's bf16 value come from two 128-entry vpermi2b lookups on the 7 magnitude bits, the sign
+ * bit is merged into the high bytes, and two more byte permutes interleave low/high bytes. */
+KT_AI void KT_NAME(decode_fp8_rows)(const KT_NAME(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2]) {
+    __m512i codes = _mm512_loadu_si512(blk + r * 32);
+    __m512i lo = _mm512_permutex2var_epi8(c->tab_lo0, codes, c->tab_lo1);
+    __m512i hi = _mm512_permutex2var_epi8(c->tab_hi0, codes, c->tab_hi1);
+    hi = _mm512_ternarylogic_epi32(hi, codes, _mm512_set1_epi8((char)0x80), 0xF8); /* hi | (codes & 0x80) */
+    out[0].v0 = out[0].v1 = _mm512_permutex2var_epi8(lo, c->weave0, hi);
+    out[1].v0 = out[1].v1 = _mm512_permutex2var_epi8(lo, c->weave1, hi);
+}
+#endif
 
 /* Weight row r of a block: 16 lanes x (4 int8 | 2 bf16).  v1 is the odd bf16 half as float for
  * the FMA path. */
@@ -48,17 +66,12 @@ KT_AI kt_vec2 KT_NAME(load_w)(const KT_NAME(ctx) *c, const uint8_t *blk, int r, 
     __m512i raw = _mm512_loadu_si512(blk + (r & 7) * 64);
     w.v0 = _mm512_and_si512(r < 8 ? raw : _mm512_srli_epi16(raw, 4), _mm512_set1_epi8(0x0F));
 #elif KT_FMT == KT_FP8 && KT_FAST
-    if (PRE) {
-        w.v0 = _mm512_loadu_si512(blk + r * 64);
-        return w;
+    if (!PRE) { /* single-row decode; the micro-kernel uses load_w2 for row pairs */
+        kt_vec2 pair[2];
+        KT_NAME(decode_fp8_rows)(c, blk, r & ~1, pair);
+        return pair[r & 1];
     }
-    __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + r * 32)));
-    __m512i idx = _mm512_and_si512(b, _mm512_set1_epi16(0x7F));
-    idx = _mm512_or_si512(idx, _mm512_slli_epi16(idx, 8));
-    __m512i lo = _mm512_permutex2var_epi8(c->tab_lo0, idx, c->tab_lo1);
-    __m512i hi = _mm512_permutex2var_epi8(c->tab_hi0, idx, c->tab_hi1);
-    __m512i sign = _mm512_slli_epi16(_mm512_and_si512(b, _mm512_set1_epi16(0x80)), 8);
-    w.v0 = _mm512_or_si512(_mm512_mask_blend_epi8(0xAAAAAAAAAAAAAAAAull, lo, hi), sign);
+    w.v0 = _mm512_loadu_si512(blk + r * 64);
 #else /* INT8, BF16, and FP8 already decoded to bf16 in a scratch block */
     w.v0 = _mm512_loadu_si512(blk + r * 64);
 #endif
@@ -145,22 +158,31 @@ KT_AI void KT_NAME(micro)(const int MB, const int NP, const int PRE, const KT_NA
             blk[p] = decoded + p * 1024;
 #endif
         }
-        for (int r = 0; r < 16; ++r) {
-            kt_vec2 wv[4];
+        for (int r2 = 0; r2 < 16; r2 += 2) {
+            kt_vec2 wv2[4][2];
             _Pragma("GCC unroll 8")
-            for (int p = 0; p < NP; ++p) wv[p] = KT_NAME(load_w)(c, blk[p], r, PRE);
+            for (int p = 0; p < NP; ++p) {
+#if KT_FMT == KT_FP8 && KT_FAST
+                if (!PRE) { KT_NAME(decode_fp8_rows)(c, blk[p], r2, wv2[p]); continue; }
+#endif
+                wv2[p][0] = KT_NAME(load_w)(c, blk[p], r2, PRE);
+                wv2[p][1] = KT_NAME(load_w)(c, blk[p], r2 + 1, PRE);
+            }
+          _Pragma("GCC unroll 2")
+          for (int u = 0; u < 2; ++u) {
+            const int r = r2 + u;
             _Pragma("GCC unroll 8")
             for (int m = 0; m < MB; ++m) {
                 kt_vec2 av = KT_NAME(load_a)(arow[m], kb * KT_BK + r * KT_KPR);
                 _Pragma("GCC unroll 8")
-                for (int p = 0; p < NP; ++p) acc[m][p] = KT_NAME(dp)(acc[m][p], av, wv[p]);
+                for (int p = 0; p < NP; ++p) acc[m][p] = KT_NAME(dp)(acc[m][p], av, wv2[p][u]);
             }
 #if KT_FMT == KT_INT4
             if (r == 15 || (r == 7 && w->group == 32)) {
-                if (w->group == 128 && !(kb & 1)) continue;
                 int64_t g = (kb * 64 + r * 4) / w->group;
+                if (w->group == 128 && !(kb & 1)) g = -1;
                 _Pragma("GCC unroll 8")
-                for (int m = 0; m < MB; ++m) {
+                for (int m = 0; m < MB && g >= 0; ++m) {
                     __m512i bias = _mm512_set1_epi32(8 * a->group_sum[(m0 + m) * (a->k_pad / a->group) + g]);
                     _Pragma("GCC unroll 8")
                     for (int p = 0; p < NP; ++p) {
@@ -185,13 +207,13 @@ KT_AI void KT_NAME(micro)(const int MB, const int NP, const int PRE, const KT_NA
                 }
             }
 #endif
+          }
         }
     }
     _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m) {
-        if (m0 + m >= a->m) break;
         _Pragma("GCC unroll 8")
-        for (int p = 0; p < NP; ++p) {
+        for (int p = 0; p < NP && m0 + m < a->m; ++p) {
             int64_t n0 = (p0 + p) * 16;
             int64_t valid = w->n - n0 < 16 ? w->n - n0 : 16;
             __mmask16 mask = (__mmask16)((1u << valid) - 1u);
@@ -249,11 +271,14 @@ KT_TARGET static int KT_NAME(gemm)(const ktcy_act *a, const ktcy_weight *w, floa
         if (pre) {
             const uint8_t *src = w->data + p * nkb * 512;
             uint16_t *dst = (uint16_t *)pre_buf;
-            for (int64_t i = 0; i < np * nkb * 512; i += 32) {
+            for (int64_t i = 0; i < np * nkb * 512; i += 64) {
 #if KT_FAST
-                _mm512_storeu_si512(dst + i, KT_NAME(load_w)(&c, src + i, 0, 0).v0);
+                kt_vec2 rows[2];
+                KT_NAME(decode_fp8_rows)(&c, src + i, 0, rows);
+                _mm512_storeu_si512(dst + i, rows[0].v0);
+                _mm512_storeu_si512(dst + i + 32, rows[1].v0);
 #else
-                for (int j = 0; j < 32; ++j) dst[i + j] = ktcy_e4m3_to_bf16(src[i + j]);
+                for (int j = 0; j < 64; ++j) dst[i + j] = ktcy_e4m3_to_bf16(src[i + j]);
 #endif
             }
         }
