@@ -1,5 +1,5 @@
 # C declarations of include/ktcy/*.h used by the Cython layer.
-from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uint64_t
 
 cdef extern from "ktcy/ktcy.h" nogil:
     ctypedef struct ktcy_cpu:
@@ -83,3 +83,13 @@ cdef extern from "ktcy/ktcy.h" nogil:
         int error
         char message[160]
     ktcy_emu_tiles ktcy_emu
+
+cdef extern from "ktcy/ktcy.h" nogil:
+    uint64_t ktcy_read_ref(const uint8_t *p, int64_t n)
+    uint64_t ktcy_read_avx2(const uint8_t *p, int64_t n)
+    uint64_t ktcy_read_avx512(const uint8_t *p, int64_t n)
+    float ktcy_peak_fma256(int64_t iters, float seed)
+    float ktcy_peak_fma512(int64_t iters, float seed)
+    float ktcy_peak_dpbf16(int64_t iters, float seed)
+    float ktcy_peak_dpbusd(int64_t iters, float seed)
+    float ktcy_peak_amx(int64_t iters, int bf16)

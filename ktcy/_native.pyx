@@ -447,3 +447,6 @@ def emu_tdpbf16ps(int c, int a, int b):
 
 # ---------------------------------------------------------------- MoE engine
 include "_moe_engine.pxi"
+
+# ---------------------------------------------------------------- roofline probes
+include "_roofline.pxi"

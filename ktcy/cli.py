@@ -1,4 +1,4 @@
-"""The `ktcy` command line: info (and, as they land, bench and convert)."""
+"""The `ktcy` command line: info, bench."""
 import argparse
 import json
 import sys
@@ -35,12 +35,66 @@ def cmd_info(args):
     return 0
 
 
+def cmd_bench(args):
+    from ktcy import bench, roofline
+    from ktcy.threads import set_num_threads, get_num_threads
+    if args.threads:
+        set_num_threads(args.threads)
+    roof = roofline.roofline()
+    if args.roofline:
+        print(json.dumps(roof, indent=2) if args.json else bench.format_roofline(roof))
+        return 0
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    try:
+        tokens = [int(t) for t in args.tokens.split(",")]
+    except ValueError:
+        print(f"--tokens takes comma-separated integers, got {args.tokens!r}", file=sys.stderr)
+        return 2
+    if any(t < 1 for t in tokens):
+        print("--tokens must be positive", file=sys.stderr)
+        return 2
+    H, I, E, k, note = bench.parse_shape(args.shape)
+    live = sys.stderr if args.json else sys.stdout
+    tty = live.isatty()
+
+    def progress(text, transient=False):
+        # On a terminal transient lines (per-expert packing) overwrite each other; elsewhere
+        # only the lasting ones are written.
+        if transient and not tty:
+            return
+        live.write(("\r" + text[:110].ljust(110) + ("" if transient else "\n")) if tty else text + "\n")
+        live.flush()
+
+    if not args.json:
+        print(f"ktcy bench: {note}; {get_num_threads()} threads")
+        print(bench.format_roofline(roof))
+    rows = []
+    for row in bench.run(args.shape, formats, tokens, args.isa, progress=progress):
+        rows.append(row)
+        if not args.json:
+            print(bench.format_row(row))
+    if args.json:
+        print(json.dumps({"shape": {"name": args.shape, "hidden": H, "intermediate": I, "experts": E, "top_k": k,
+                                    "note": note}, "roofline": roof, "rows": rows}, indent=2))
+    return 0
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="ktcy", description="MoE expert kernels for x86 CPUs")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("info", help="CPU features, chosen kernels, build switches")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_info)
+    b = sub.add_parser("bench", help="MoE forward speed against the measured roofline")
+    b.add_argument("--shape", default="qwen3-30b", help="qwen3-30b | deepseek-v3 | mixtral | H,I,E,k")
+    b.add_argument("--formats", default="BF16,INT8,INT4,FP8_PERCHANNEL,FP8_BLOCK",
+                   help="comma-separated formats or backend names")
+    b.add_argument("--tokens", default="1,4,32,128,512", help="comma-separated token counts T")
+    b.add_argument("--isa", default=None, help="force one ISA (default: the dispatcher's choice)")
+    b.add_argument("--threads", type=int, default=None, help="OpenMP threads (default: all usable cores)")
+    b.add_argument("--roofline", action="store_true", help="only measure and print the roofline")
+    b.add_argument("--json", action="store_true", help="machine-readable output")
+    b.set_defaults(func=cmd_bench)
     return parser
 
 

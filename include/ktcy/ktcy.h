@@ -6,6 +6,7 @@
 #include "pack.h"
 #include "quantize.h"
 #include "registry.h"
+#include "roofline.h"
 #include "tile_emu.h"
 #include "types.h"
 #endif

@@ -1,0 +1,120 @@
+/* Machine roofline probes: sustained streaming read and per-instruction multiply-add peaks.
+ * Each peak loop keeps 16 (12 for AVX2) independent accumulator chains, enough to cover the
+ * latency of one multiply-add pipe pair, and returns a value derived from every chain so the
+ * compiler cannot drop work. */
+#ifndef KTCY_ROOFLINE_H
+#define KTCY_ROOFLINE_H
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Streaming reads: XOR of every byte in 8/32/64-byte words (cheap enough to stay load bound). */
+static inline uint64_t ktcy_read_ref(const uint8_t *p, int64_t n) {
+    uint64_t acc = 0;
+    for (int64_t i = 0; i + 8 <= n; i += 8) { uint64_t v; memcpy(&v, p + i, 8); acc ^= v; }
+    return acc;
+}
+
+__attribute__((target("avx2"))) static uint64_t ktcy_read_avx2(const uint8_t *p, int64_t n) {
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = 0; i + 128 <= n; i += 128) {
+        a0 = _mm256_xor_si256(a0, _mm256_loadu_si256((const __m256i *)(p + i)));
+        a1 = _mm256_xor_si256(a1, _mm256_loadu_si256((const __m256i *)(p + i + 32)));
+        a2 = _mm256_xor_si256(a2, _mm256_loadu_si256((const __m256i *)(p + i + 64)));
+        a3 = _mm256_xor_si256(a3, _mm256_loadu_si256((const __m256i *)(p + i + 96)));
+    }
+    __m256i x = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
+    return (uint64_t)_mm256_extract_epi64(x, 0) ^ (uint64_t)_mm256_extract_epi64(x, 3);
+}
+
+__attribute__((target("avx512f"))) static uint64_t ktcy_read_avx512(const uint8_t *p, int64_t n) {
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = 0; i + 256 <= n; i += 256) {
+        a0 = _mm512_xor_si512(a0, _mm512_loadu_si512(p + i));
+        a1 = _mm512_xor_si512(a1, _mm512_loadu_si512(p + i + 64));
+        a2 = _mm512_xor_si512(a2, _mm512_loadu_si512(p + i + 128));
+        a3 = _mm512_xor_si512(a3, _mm512_loadu_si512(p + i + 192));
+    }
+    __m512i x = _mm512_xor_si512(_mm512_xor_si512(a0, a1), _mm512_xor_si512(a2, a3));
+    return (uint64_t)_mm512_reduce_or_epi64(x);
+}
+
+/* Peaks.  Ops per instruction: vfmadd231ps ymm 16, zmm 32; vdpbf16ps zmm 64; vpdpbusd zmm 128
+ * (a multiply and an add per element product); AMX TDPBSSD 32768, TDPBF16PS 16384. */
+#define KTCY_CHAINS 16
+
+__attribute__((target("avx2,fma"))) static float ktcy_peak_fma256(int64_t iters, float seed) {
+    __m256 acc[12], a = _mm256_set1_ps(seed), b = _mm256_set1_ps(1.0f - seed);
+    for (int j = 0; j < 12; ++j) acc[j] = _mm256_set1_ps((float)j);
+    for (int64_t i = 0; i < iters; ++i)
+        for (int j = 0; j < 12; ++j) acc[j] = _mm256_fmadd_ps(a, b, acc[j]);
+    __m256 s = acc[0];
+    for (int j = 1; j < 12; ++j) s = _mm256_add_ps(s, acc[j]);
+    return _mm256_cvtss_f32(s);
+}
+
+__attribute__((target("avx512f"))) static float ktcy_peak_fma512(int64_t iters, float seed) {
+    __m512 acc[KTCY_CHAINS], a = _mm512_set1_ps(seed), b = _mm512_set1_ps(1.0f - seed);
+    for (int j = 0; j < KTCY_CHAINS; ++j) acc[j] = _mm512_set1_ps((float)j);
+    for (int64_t i = 0; i < iters; ++i)
+        for (int j = 0; j < KTCY_CHAINS; ++j) acc[j] = _mm512_fmadd_ps(a, b, acc[j]);
+    __m512 s = acc[0];
+    for (int j = 1; j < KTCY_CHAINS; ++j) s = _mm512_add_ps(s, acc[j]);
+    return _mm512_reduce_add_ps(s);
+}
+
+#if KTCY_ENABLE_AVX512_BF16
+__attribute__((target("avx512f,avx512bf16"))) static float ktcy_peak_dpbf16(int64_t iters, float seed) {
+    __m512 acc[KTCY_CHAINS];
+    __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(seed), _mm512_set1_ps(seed));
+    for (int j = 0; j < KTCY_CHAINS; ++j) acc[j] = _mm512_set1_ps((float)j);
+    for (int64_t i = 0; i < iters; ++i)
+        for (int j = 0; j < KTCY_CHAINS; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], a, a);
+    __m512 s = acc[0];
+    for (int j = 1; j < KTCY_CHAINS; ++j) s = _mm512_add_ps(s, acc[j]);
+    return _mm512_reduce_add_ps(s);
+}
+#else
+static float ktcy_peak_dpbf16(int64_t iters, float seed) { (void)iters; (void)seed; return NAN; } /* not built */
+#endif
+
+__attribute__((target("avx512f,avx512vnni"))) static float ktcy_peak_dpbusd(int64_t iters, float seed) {
+    __m512i acc[KTCY_CHAINS], a = _mm512_set1_epi8((char)(1 + (int)seed)), b = _mm512_set1_epi8(1);
+    for (int j = 0; j < KTCY_CHAINS; ++j) acc[j] = _mm512_set1_epi32(j);
+    for (int64_t i = 0; i < iters; ++i)
+        for (int j = 0; j < KTCY_CHAINS; ++j) acc[j] = _mm512_dpbusd_epi32(acc[j], a, b);
+    __m512i s = acc[0];
+    for (int j = 1; j < KTCY_CHAINS; ++j) s = _mm512_add_epi32(s, acc[j]);
+    return (float)_mm512_reduce_add_epi32(s);
+}
+
+#if KTCY_ENABLE_AMX
+/* Four C tiles fed by two A and two B tiles, as the GEMM kernels block them. */
+__attribute__((target("amx-tile,amx-int8,amx-bf16"))) static float ktcy_peak_amx(int64_t iters, int bf16) {
+    uint8_t cfg[64] __attribute__((aligned(64)));
+    uint8_t data[1024] __attribute__((aligned(64)));
+    float out[256] __attribute__((aligned(64)));
+    memset(cfg, 0, sizeof cfg);
+    memset(data, 0, sizeof data);
+    cfg[0] = 1;
+    for (int t = 0; t < 8; ++t) { cfg[16 + 2 * t] = 64; cfg[48 + t] = 16; }
+    _tile_loadconfig(cfg);
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    _tile_loadd(4, data, 64); _tile_loadd(5, data, 64); _tile_loadd(6, data, 64); _tile_loadd(7, data, 64);
+    for (int64_t i = 0; i < iters; ++i) {
+        if (bf16) {
+            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+        } else {
+            _tile_dpbssd(0, 4, 6); _tile_dpbssd(1, 4, 7); _tile_dpbssd(2, 5, 6); _tile_dpbssd(3, 5, 7);
+        }
+    }
+    _tile_stored(0, out, 64);
+    return out[0];
+}
+#else
+static float ktcy_peak_amx(int64_t iters, int bf16) { (void)iters; (void)bf16; return NAN; } /* not built */
+#endif
+
+#endif
