@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Side-by-side MoE forward: ktcy against a straightforward numpy float32 MoE and PyTorch CPU
+(bf16 and fp32) when installed, interleaved in one run on the same weights and routing, printed
+as time ratios to ktcy.  Not part of CI; see bench/README.md for installing the peers.
+
+    python bench/compare_peers.py [--shape qwen3-30b] [--tokens 1,32,512] [--formats BF16,INT8]
+"""
+import argparse
+import time
+
+import numpy as np
+
+import ktcy
+from ktcy.bench import parse_shape
+
+
+def numpy_moe(gate, up, down):
+    """The textbook float32 MoE: gather each expert's rows, three matmuls, weighted scatter-add."""
+    def forward(x, ids, w):
+        y = np.zeros_like(x)
+        for e in np.unique(ids):
+            rows, slots = np.nonzero(ids == e)
+            xe = x[rows]
+            g = xe @ gate[e].T
+            h = (g / (1 + np.exp(-g))) * (xe @ up[e].T)
+            np.add.at(y, rows, w[rows, slots][:, None] * (h @ down[e].T))
+        return y
+    return forward
+
+
+def torch_moe(gate, up, down, dtype):
+    import torch
+    g, u, d = (torch.from_numpy(a).to(dtype) for a in (gate, up, down))
+
+    def forward(x, ids, w):
+        with torch.inference_mode():
+            xt = torch.from_numpy(x).to(dtype)
+            idt, wt = torch.from_numpy(ids), torch.from_numpy(w).to(dtype)
+            y = torch.zeros_like(xt)
+            for e in torch.unique(idt).tolist():
+                rows, slots = torch.nonzero(idt == e, as_tuple=True)
+                xe = xt[rows]
+                h = torch.nn.functional.silu(xe @ g[e].T) * (xe @ u[e].T)
+                y.index_add_(0, rows, wt[rows, slots][:, None] * (h @ d[e].T))
+            return y.float().numpy()
+    return forward
+
+
+def median_time(fn, calls):
+    fn(*calls[0])
+    times = []
+    for args in calls[1:]:
+        t = time.perf_counter()
+        fn(*args)
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="qwen3-30b")
+    ap.add_argument("--tokens", default="1,32,512")
+    ap.add_argument("--formats", default="BF16,INT8,FP8_PERCHANNEL,INT4")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median over all calls is kept")
+    args = ap.parse_args()
+    H, I, E, k, note = parse_shape(args.shape)
+    rng = np.random.default_rng(0)
+    gate, up = (rng.standard_normal((E, I, H), np.float32) * 0.02 for _ in range(2))
+    down = rng.standard_normal((E, H, I), np.float32) * 0.02
+    contenders = {"numpy fp32": numpy_moe(gate, up, down)}
+    try:
+        import torch
+        torch.set_num_threads(ktcy.get_num_threads())
+        contenders["torch fp32"] = torch_moe(gate, up, down, torch.float32)
+        contenders["torch bf16"] = torch_moe(gate, up, down, torch.bfloat16)
+        torch_note = f"torch {torch.__version__}"
+    except ImportError:
+        torch_note = "torch not installed"
+    for fmt in args.formats.split(","):
+        layer = ktcy.MoE.from_weights(ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig(fmt)), gate, up, down)
+        contenders[f"ktcy {layer.format}"] = layer.forward
+    print(f"{note}; {ktcy.get_num_threads()} threads; {torch_note}; ktcy kernels: "
+          + ", ".join(sorted({ktcy.kernel_table()[f]['variant'] for f in ktcy.FORMATS})))
+    for T in (int(t) for t in args.tokens.split(",")):
+        calls = [(rng.standard_normal((T, H), np.float32), np.argsort(rng.random((T, E)), axis=1)[:, :k],
+                  rng.random((T, k), np.float32)) for _ in range(4 if T >= 128 else 12)]
+        results = {name: [] for name in contenders}
+        for _ in range(args.rounds):  # interleave, so drifting machine load hits everyone alike
+            for name, fn in contenders.items():
+                results[name].append(median_time(fn, calls))
+        med = {name: float(np.median(v)) for name, v in results.items()}
+        print(f"\nT={T}")
+        for name, t in sorted(med.items(), key=lambda kv: kv[1]):
+            ratios = "  ".join(f"{t / med[f]:6.2f}x {f.split()[1]}" for f in med if f.startswith("ktcy"))
+            print(f"  {name:22s} {t * 1e3:9.2f} ms   time / ktcy: {ratios}")
+
+
+if __name__ == "__main__":
+    main()
