@@ -1,4 +1,4 @@
-"""The `ktcy` command line: info, bench."""
+"""The `ktcy` command line: info, bench, convert."""
 import argparse
 import json
 import sys
@@ -95,10 +95,16 @@ def build_parser():
     b.add_argument("--roofline", action="store_true", help="only measure and print the roofline")
     b.add_argument("--json", action="store_true", help="machine-readable output")
     b.set_defaults(func=cmd_bench)
+    c = sub.add_parser("convert", help="Hugging Face MoE checkpoint -> packed ktcy layers", add_help=False)
+    c.set_defaults(func=None)
     return parser
 
 
 def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["convert"]:  # the converter owns its flags (shared with tools/convert_cpu_weights.py)
+        from ktcy.convert import main as convert_main
+        return convert_main(argv[1:], prog="ktcy convert")
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -79,21 +79,29 @@ class MoE:
         scales ([E, N] / [E, N, 1] per channel, [E, ceil(N/128), ceil(K/128)] blocks).
         progress(done, total) is called after each expert."""
         E, H, I = config.num_experts, config.hidden_size, config.intermediate_size
-        fmt = config.weight_format
-        group = config.quant_config.group_size
         arrays = {"gate": (gate, (E, I, H), gate_scale), "up": (up, (E, I, H), up_scale),
                   "down": (down, (E, H, I), down_scale)}
         for name, (a, shape, _) in arrays.items():
             if not hasattr(a, "shape") or tuple(a.shape) != shape:
                 raise ValueError(f"{name} must have shape {shape} ([E, I, H] for gate/up, [E, H, I] for down), "
                                  f"got {getattr(a, 'shape', type(a).__name__)}")
-        packed = {name: [] for name in arrays}
-        for e in range(E):
-            for name, (a, _, scale) in arrays.items():
-                packed[name].append(_pack_expert(np.asarray(a[e]), None if scale is None else np.asarray(scale)[e],
-                                                 fmt, group, f"{name}[{e}]"))
+
+        def expert(e):
+            return {name: (np.asarray(a[e]), None if scale is None else np.asarray(scale)[e])
+                    for name, (a, _, scale) in arrays.items()}
+        return cls.from_experts(config, expert, progress)
+
+    @classmethod
+    def from_experts(cls, config, expert, progress=None):
+        """Pack expert by expert: expert(e) -> {"gate"|"up"|"down": (weight [N, K], scale or None)}.
+        Only one expert's source arrays need to be in memory at a time."""
+        fmt, group = config.weight_format, config.quant_config.group_size
+        packed = {"gate": [], "up": [], "down": []}
+        for e in range(config.num_experts):
+            for name, (w, scale) in expert(e).items():
+                packed[name].append(pack_expert_weight(w, scale, fmt, group, f"{name}[{e}]"))
             if progress is not None:
-                progress(e + 1, E)
+                progress(e + 1, config.num_experts)
         return cls(config, packed["gate"], packed["up"], packed["down"])
 
     @property
@@ -151,7 +159,11 @@ def _as_rows(a, what, width):
     return kernels.as_float32_matrix(a, what)
 
 
-def _pack_expert(w, scale, fmt, group, what):
+def pack_expert_weight(w, scale, fmt, group, what):
+    """One expert projection: float weights are quantized; FP8 codes (with scales) are packed as
+    they are when the format is FP8 and the scale kinds agree, else dequantized first."""
+    if w.dtype == ml_dtypes.float8_e4m3fn and scale is not None and not fmt.startswith("FP8"):
+        raise ValueError(f"{what}: FP8 codes must be dequantized before packing as {fmt}")
     if fmt.startswith("FP8") and (w.dtype == ml_dtypes.float8_e4m3fn or w.dtype == np.uint8):
         if scale is None:
             raise ValueError(f"{what}: FP8 codes need their scales")

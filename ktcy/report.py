@@ -1,5 +1,6 @@
 """What this machine can run: the data behind `ktcy info` and tools/check_cpu_features.py."""
-from ktcy import __version__, _native
+from ktcy import _native
+from ktcy.version import __version__
 from ktcy.errors import UnsupportedISAError
 from ktcy.formats import FORMATS, canonical_format
 from ktcy.threads import get_num_threads
