@@ -10,6 +10,7 @@ from ktcy.config import MoeConfig, QuantConfig
 from ktcy.errors import TileError, UnsupportedISAError
 from ktcy.formats import FORMATS
 from ktcy.loading import load_experts
+from ktcy.model import MoEModel, RuleError
 from ktcy.moe import MoE
 from ktcy.safetensors_io import CheckpointError
 from ktcy.threads import default_num_threads, get_num_threads, set_num_threads
@@ -17,6 +18,6 @@ from ktcy.version import __version__
 
 set_num_threads(default_num_threads())
 
-__all__ = ["CheckpointError", "FORMATS", "MoE", "MoeConfig", "QuantConfig", "TileError", "UnsupportedISAError",
+__all__ = ["CheckpointError", "FORMATS", "MoE", "MoEModel", "RuleError", "MoeConfig", "QuantConfig", "TileError", "UnsupportedISAError",
            "__version__", "available_isas", "build_info", "cpu_features", "get_num_threads", "kernel_table",
            "kernels", "load_experts", "set_num_threads"]

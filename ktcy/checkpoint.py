@@ -140,16 +140,24 @@ class LayerExperts:
         return self.scale_kind or "BF16"
 
     def _detect(self):
+        """(scheme, name pattern, projection names); also sets mlp_prefix and block_name."""
         L = self.layer
         for p in PREFIXES:
             base = f"{p}model.layers.{L}"
             if f"{base}.mlp.experts.0.gate_proj.weight" in self.ckpt:
-                return ("per_expert", f"{base}.mlp.experts.{{e}}.{{proj}}_proj.weight", {"gate": "gate", "up": "up", "down": "down"})
-            if f"{base}.block_sparse_moe.experts.0.w1.weight" in self.ckpt:
-                return ("per_expert", f"{base}.block_sparse_moe.experts.{{e}}.{{proj}}.weight", {"gate": "w1", "up": "w3", "down": "w2"})
-            for suffix in ("", ".weight"):
-                if f"{base}.mlp.experts.gate_up_proj{suffix}" in self.ckpt:
-                    return ("fused", f"{base}.mlp.experts.{{proj}}{suffix}", {"gate_up": "gate_up_proj", "down": "down_proj"})
+                self.mlp_prefix = f"{base}.mlp"
+                scheme = ("per_expert", f"{base}.mlp.experts.{{e}}.{{proj}}_proj.weight", {"gate": "gate", "up": "up", "down": "down"})
+            elif f"{base}.block_sparse_moe.experts.0.w1.weight" in self.ckpt:
+                self.mlp_prefix = f"{base}.block_sparse_moe"
+                scheme = ("per_expert", f"{base}.block_sparse_moe.experts.{{e}}.{{proj}}.weight", {"gate": "w1", "up": "w3", "down": "w2"})
+            else:
+                suffix = next((s for s in ("", ".weight") if f"{base}.mlp.experts.gate_up_proj{s}" in self.ckpt), None)
+                if suffix is None:
+                    continue
+                self.mlp_prefix = f"{base}.mlp"
+                scheme = ("fused", f"{base}.mlp.experts.{{proj}}{suffix}", {"gate_up": "gate_up_proj", "down": "down_proj"})
+            self.block_name = f"{self.mlp_prefix}.experts"
+            return scheme
         raise CheckpointError(f"{self.ckpt.path}: no routed-expert tensors found for layer {L} (looked for "
                               f"model.layers.{L}.mlp.experts.0.gate_proj.weight, ...block_sparse_moe.experts.0.w1.weight "
                               f"and ...mlp.experts.gate_up_proj, with prefixes {PREFIXES[1:]})")
@@ -195,17 +203,40 @@ class LayerExperts:
             out[proj] = (w, s)
         return out
 
+    def dense_mlp(self, name, hidden, inter):
+        """A dense SwiGLU MLP stored as {name}.{gate,up,down}_proj.weight (shared experts), in the
+        layout of expert(): {proj: (weight, scale | None)}."""
+        out = {}
+        for proj in ("gate", "up", "down"):
+            tensor = f"{name}.{proj}_proj.weight"
+            w = self.ckpt.get(tensor)
+            expect = (inter, hidden) if proj != "down" else (hidden, inter)
+            if w.shape != expect:
+                raise CheckpointError(f"{tensor}: shape {w.shape}, config.json implies {expect}")
+            scale = None
+            if w.dtype.name == "float8_e4m3fn":
+                for suffix in ("_scale_inv", "_scale"):
+                    if tensor + suffix in self.ckpt:
+                        scale = self.ckpt.get(tensor + suffix)
+                        break
+                else:
+                    raise CheckpointError(f"{tensor}: FP8 weight without {tensor}_scale_inv or {tensor}_scale")
+            out[proj] = (w, scale)
+        return out
+
     def dequantized(self, e):
         """Expert e as float32 arrays (FP8 codes times their scales, on the CPU)."""
-        out = {}
-        for proj, (w, s) in self.expert(e).items():
-            f = np.asarray(w, dtype=np.float32)
-            if s is not None:
-                s = np.asarray(s, np.float32)
-                if self.scale_kind == "FP8_PERCHANNEL":
-                    f = f * s.reshape(-1, 1)
-                else:
-                    n, k = f.shape
-                    f = f * np.repeat(np.repeat(s, 128, axis=0), 128, axis=1)[:n, :k]
-            out[proj] = f
-        return out
+        return {proj: dequantize(w, s) for proj, (w, s) in self.expert(e).items()}
+
+
+def dequantize(w, scale):
+    """float32 weights from BF16/F16/F32, or from E4M3 codes with per-channel ([N] / [N, 1]) or
+    128x128 block scales (multiplied, as DeepSeek-V3's weight_scale_inv)."""
+    f = np.asarray(w, dtype=np.float32)
+    if scale is None:
+        return f
+    s = np.asarray(scale, np.float32)
+    n, k = f.shape
+    if s.size == n:
+        return f * s.reshape(-1, 1)
+    return f * np.repeat(np.repeat(s, 128, axis=0), 128, axis=1)[:n, :k]

@@ -1,4 +1,4 @@
-"""The `ktcy` command line: info, bench, convert."""
+"""The `ktcy` command line: info, bench, convert, run-block."""
 import argparse
 import json
 import sys
@@ -79,6 +79,26 @@ def cmd_bench(args):
     return 0
 
 
+def cmd_run_block(args):
+    import os
+    import numpy as np
+    from ktcy.model import MoEModel
+    from ktcy.safetensors_io import CheckpointError
+    try:
+        model = MoEModel.from_pretrained(args.path, rules=args.rules, backend=args.backend, layers=[args.layer])
+        h = np.load(args.input)
+        block = next(iter(model.blocks.values()))
+        y = block.forward(h)
+    except (CheckpointError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    tmp = args.output + ".partial.npy"
+    np.save(tmp, y)
+    os.replace(tmp, args.output)
+    print(f"{block.name}: {block.experts.kernel}; {h.shape[0]} tokens -> {args.output}")
+    return 0
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="ktcy", description="MoE expert kernels for x86 CPUs")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -95,6 +115,14 @@ def build_parser():
     b.add_argument("--roofline", action="store_true", help="only measure and print the roofline")
     b.add_argument("--json", action="store_true", help="machine-readable output")
     b.set_defaults(func=cmd_bench)
+    r = sub.add_parser("run-block", help="one MoE block of a checkpoint on hidden states from an .npy file")
+    r.add_argument("path", help="Hugging Face checkpoint folder")
+    r.add_argument("--layer", type=int, required=True, help="decoder layer of the MoE block")
+    r.add_argument("--input", required=True, help=".npy of hidden states [T, H] (float32 or bfloat16)")
+    r.add_argument("--output", required=True, help=".npy to write the block output [T, H] float32 to")
+    r.add_argument("--backend", default=None, help="AMXINT8, AMXBF16, AMXINT4, INT8, INT4, BF16, FP8, ...")
+    r.add_argument("--rules", default=None, help="optimize-rule YAML (KTransformers schema)")
+    r.set_defaults(func=cmd_run_block)
     c = sub.add_parser("convert", help="Hugging Face MoE checkpoint -> packed ktcy layers", add_help=False)
     c.set_defaults(func=None)
     return parser

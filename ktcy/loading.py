@@ -6,7 +6,7 @@ Contract (used from outside the repo): ``load_experts(path, layer, method=None, 
 import json
 import os
 
-from ktcy.checkpoint import Checkpoint
+from ktcy.checkpoint import Checkpoint, dequantize
 from ktcy.config import MoeConfig, QuantConfig
 from ktcy.formats import canonical_format
 from ktcy.moe import MoE
@@ -44,22 +44,22 @@ def load_experts(path, layer, method=None, isa=None, group_size=None, progress=N
             raise CheckpointError(f"{f}: packed as {meta['weight_format']}; converting to "
                                   f"{canonical_format(method)} needs the original checkpoint")
         return load_layer(f, isa=isa)
-    ckpt = Checkpoint(path)
+    return experts_from_checkpoint(Checkpoint(path), layer, method, isa, group_size, progress)
+
+
+def experts_from_checkpoint(ckpt, layer, method=None, isa=None, group_size=None, progress=None):
+    """Routed experts of one layer of an open Checkpoint, packed in `method` (None: as stored)."""
     experts = ckpt.layer(layer)
     a = ckpt.arch
-    if method is None:
-        fmt = experts.native_format
-        expert = experts.expert
-    else:
-        fmt = canonical_format(method)
-        same_fp8 = fmt == experts.scale_kind
-        expert = experts.expert if same_fp8 or experts.scale_kind is None else _dequantized(experts)
+    fmt = canonical_format(method) if method is not None else experts.native_format
     config = MoeConfig(a.num_experts, a.top_k, a.hidden_size, a.intermediate_size,
-                       QuantConfig(fmt, group_size=group_size or 64), isa=isa)
-    return MoE.from_experts(config, expert, progress)
+                       QuantConfig(fmt, group_size=group_size or 64), backend=method, isa=isa)
+    return MoE.from_experts(config, source_for(fmt, experts.scale_kind, experts.expert), progress)
 
 
-def _dequantized(experts):
-    def expert(e):
-        return {proj: (w, None) for proj, w in experts.dequantized(e).items()}
-    return expert
+def source_for(fmt, stored_kind, expert):
+    """expert() as it is when the target keeps the stored precision (float, or the same FP8
+    kind), else with FP8 codes dequantized first."""
+    if stored_kind is None or fmt == stored_kind:
+        return expert
+    return lambda e: {proj: (dequantize(w, s), None) for proj, (w, s) in expert(e).items()}

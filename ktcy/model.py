@@ -1,0 +1,223 @@
+"""Whole MoE blocks of a checkpoint: router, routed experts and shared experts, with the seeds'
+injection rules choosing each block's backend.
+
+Contract (used from outside the repo): ``MoEModel.from_pretrained``, ``model.blocks``,
+``model.inject_expert_backend``, ``block.route``, ``block.forward``.
+"""
+import logging
+import os
+import re
+
+import numpy as np
+
+from ktcy.checkpoint import Checkpoint
+from ktcy.config import MoeConfig, QuantConfig
+from ktcy.formats import canonical_format, fp8_scale_kind
+from ktcy.kernels import as_float32_matrix
+from ktcy.loading import experts_from_checkpoint, is_converted, source_for
+from ktcy.moe import MoE
+from ktcy.routing import Router, router_kind
+from ktcy.safetensors_io import CheckpointError
+
+log = logging.getLogger("ktcy")
+
+
+class RuleError(ValueError):
+    """An injection rule that cannot be used (bad regex, unknown backend, wrong shape)."""
+
+
+class Rule:
+    """One optimize rule in the seeds' schema: match.name (a regex over block names, matched from
+    the start as KTransformers does) -> replace.kwargs.backend.  The other replace keys (class,
+    devices, ops) are kept for describe() and otherwise ignored: ktcy runs on the CPU."""
+
+    def __init__(self, index, raw):
+        if not isinstance(raw, dict):
+            raise RuleError(f"rule {index}: expected a mapping with match/replace, got {type(raw).__name__}")
+        self.index, self.raw = index, raw
+        match = raw.get("match") or {}
+        if not isinstance(match, dict):
+            raise RuleError(f"rule {index}: 'match' must be a mapping")
+        name = match.get("name")
+        try:
+            self.pattern = re.compile(name) if name is not None else None
+        except (re.error, TypeError) as e:
+            raise RuleError(f"rule {index}: match.name {name!r} is not a valid regex ({e})") from None
+        replace = raw.get("replace") or {}
+        kwargs = dict(replace.get("kwargs") or {}) if isinstance(replace, dict) else {}
+        self.backend = kwargs.pop("backend", None)
+        if self.backend is not None:
+            try:
+                canonical_format(str(self.backend))
+            except ValueError as e:
+                raise RuleError(f"rule {index}: {e}") from None
+        self.kept = dict(kwargs)
+        if isinstance(replace, dict) and replace.get("class"):
+            self.kept["class"] = replace["class"]
+
+    def matches(self, block_name):
+        # a rule without match.name selects modules by class only, which names no ktcy block
+        return self.pattern is not None and self.pattern.match(block_name) is not None
+
+
+def load_rules(rules):
+    """Rules from a YAML file path, YAML text, or a list of dicts."""
+    if rules is None:
+        return []
+    if isinstance(rules, (str, os.PathLike)):
+        import yaml
+        text = rules
+        if os.path.exists(rules):
+            with open(rules) as f:
+                text = f.read()
+        try:
+            rules = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise RuleError(f"rules are not valid YAML: {e}") from None
+    if not isinstance(rules, list):
+        raise RuleError(f"rules must be a list of match/replace entries, got {type(rules).__name__}")
+    return [Rule(i, r) for i, r in enumerate(rules)]
+
+
+class SharedExpert:
+    """Dense SwiGLU shared expert(s), run as a one-expert MoE through the same kernels; Qwen2-MoE
+    scales it per token by sigmoid(h . shared_expert_gate)."""
+
+    def __init__(self, moe, gate=None):
+        self.moe, self.gate = moe, None if gate is None else np.asarray(gate, np.float32).reshape(1, -1)
+
+    def __call__(self, h):
+        T = h.shape[0]
+        w = np.ones((T, 1), np.float32) if self.gate is None else (1 / (1 + np.exp(-(h @ self.gate.T)))).astype(np.float32)
+        return self.moe.forward(h, np.zeros((T, 1), np.int64), w)
+
+
+class MoEBlock:
+    """One MoE block: router -> routed experts (+ shared experts)."""
+
+    def __init__(self, name, layer, router, experts, shared, rule, backend):
+        self.name, self.layer, self.router, self.experts, self.shared = name, layer, router, experts, shared
+        self.rule, self.backend = rule, backend
+
+    def route(self, h):
+        """(topk_ids [T, k] int64, topk_weights [T, k] float32) from the router, in float32."""
+        h = self._hidden(h)
+        return self.router(h)
+
+    def forward(self, h):
+        """The block's output for hidden states h [T, H]: routed experts plus shared experts."""
+        h = self._hidden(h)
+        ids, w = self.router(h)
+        y = self.experts.forward(h, ids, w)
+        if self.shared is not None:
+            y += self.shared(h)
+        return y
+
+    __call__ = forward
+
+    def _hidden(self, h):
+        h = as_float32_matrix(h, "hidden states")
+        if h.shape[1] != self.experts.config.hidden_size:
+            raise ValueError(f"{self.name}: hidden states have {h.shape[1]} columns, hidden_size is "
+                             f"{self.experts.config.hidden_size}")
+        return h
+
+    def describe(self):
+        row = {"name": self.name, "layer": self.layer, "format": self.experts.format, "isa": self.experts.isa,
+               "kernel": self.experts.kernel, "bytes": self.experts.nbytes, "router": self.router.kind,
+               "shared_experts": self.shared is not None, "backend": self.backend,
+               "rule": None if self.rule is None else self.rule.index}
+        if self.shared is not None:
+            row["bytes"] += self.shared.moe.nbytes
+        if self.rule is not None:
+            row["rule_kwargs"] = self.rule.kept
+        return row
+
+
+class MoEModel:
+    """Every MoE block of a Hugging Face checkpoint folder, by the names the checkpoint uses
+    (model.layers.3.mlp.experts, Mixtral's model.layers.3.block_sparse_moe.experts, ...)."""
+
+    def __init__(self, ckpt, blocks, rules, default_backend, isa):
+        self.checkpoint, self.blocks, self.rules = ckpt, blocks, rules
+        self.default_backend, self.isa = default_backend, isa
+
+    @classmethod
+    def from_pretrained(cls, path, rules=None, backend=None, layers=None, isa=None):
+        """rules: YAML file/text or list of dicts (first match wins); backend: for blocks no rule
+        gives one (None keeps the checkpoint's precision); layers: which MoE layers to build."""
+        if is_converted(os.fspath(path)):
+            raise CheckpointError(f"{path}: a converted folder holds experts only; MoEModel needs the original "
+                                  "checkpoint (routers, shared experts) - use ktcy.load_experts for the experts")
+        if backend is not None:
+            canonical_format(backend)
+        ckpt = Checkpoint(path)
+        parsed = load_rules(rules)
+        chosen = list(ckpt.arch.moe_layers) if layers is None else list(layers)
+        model = cls(ckpt, {}, parsed, backend, isa)
+        for L in chosen:
+            block = model._build(L, None)
+            model.blocks[block.name] = block
+        return model
+
+    def _rule_for(self, name):
+        return next((r for r in self.rules if r.matches(name)), None)
+
+    def _build(self, L, forced_backend):
+        ckpt, arch = self.checkpoint, self.checkpoint.arch
+        layer = ckpt.layer(L)
+        name = layer.block_name
+        rule = self._rule_for(name)
+        backend = forced_backend or (rule.backend if rule is not None and rule.backend else None) or self.default_backend
+        experts = experts_from_checkpoint(ckpt, L, backend, self.isa)
+        cfg = arch.raw
+        router = Router(
+            kind=router_kind(cfg, layer.mlp_prefix), weight=np.asarray(ckpt.get(f"{layer.mlp_prefix}.gate.weight"), np.float32),
+            top_k=arch.top_k, norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+            bias=(np.asarray(ckpt.get(f"{layer.mlp_prefix}.gate.e_score_correction_bias"))
+                  if f"{layer.mlp_prefix}.gate.e_score_correction_bias" in ckpt else None),
+            n_group=int(cfg.get("n_group") or 1), topk_group=int(cfg.get("topk_group") or 1),
+            routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0))
+        if router.weight.shape != (arch.num_experts, arch.hidden_size):
+            raise CheckpointError(f"{layer.mlp_prefix}.gate.weight: shape {router.weight.shape}, "
+                                  f"expected {(arch.num_experts, arch.hidden_size)}")
+        if router.kind == "deepseek_v3" and arch.num_experts % router.n_group:
+            raise CheckpointError(f"config.json: n_group {router.n_group} does not divide {arch.num_experts} experts")
+        shared = self._shared(layer, experts.format, backend)
+        return MoEBlock(name, L, router, experts, shared, rule, backend)
+
+    def _shared(self, layer, fmt, backend):
+        ckpt, cfg, H = self.checkpoint, self.checkpoint.arch.raw, self.checkpoint.arch.hidden_size
+        p = layer.mlp_prefix
+        if f"{p}.shared_experts.gate_proj.weight" in ckpt:       # DeepSeek
+            name, gate = f"{p}.shared_experts", None
+            inter = ckpt.arch.intermediate_size * int(cfg.get("n_shared_experts") or 1)
+        elif f"{p}.shared_expert.gate_proj.weight" in ckpt:      # Qwen2-MoE
+            name, gate = f"{p}.shared_expert", ckpt.get(f"{p}.shared_expert_gate.weight")
+            inter = int(cfg.get("shared_expert_intermediate_size") or 0)
+        else:
+            return None
+        pairs = layer.dense_mlp(name, H, inter)
+        w, s = pairs["gate"]
+        stored = None if s is None else fp8_scale_kind(f"{name}.gate_proj.weight_scale", s.shape, w.shape)
+        config = MoeConfig(1, 1, H, inter, QuantConfig(fmt), backend=backend, isa=self.isa)
+        return SharedExpert(MoE.from_experts(config, source_for(fmt, stored, lambda e: pairs)), gate)
+
+    def inject_expert_backend(self, layer_regex, backend):
+        """Re-packs the experts of every block whose name matches layer_regex (from its start) in
+        `backend`; returns the names changed."""
+        try:
+            pattern = re.compile(layer_regex)
+        except re.error as e:
+            raise RuleError(f"layer_regex {layer_regex!r} is not a valid regex ({e})") from None
+        canonical_format(backend)
+        changed = []
+        for name, block in list(self.blocks.items()):
+            if pattern.match(name):
+                self.blocks[name] = self._build(block.layer, backend)
+                changed.append(name)
+        log.info("ktcy: %s -> %s for %d blocks", layer_regex, backend, len(changed))
+        return changed
+
+    def describe(self):
+        return [b.describe() for b in self.blocks.values()]
