@@ -11,7 +11,6 @@
 # Per expert, rows >= big_min_rows run the prefill kernel (AMX when chosen), fewer rows the decode
 # kernel (the best non-AMX ISA).  Buffers live in an arena that grows to the largest T seen.
 
-from libc.math cimport expf
 from libc.string cimport memcpy
 from cython.parallel cimport parallel
 
@@ -168,7 +167,8 @@ cdef class MoEEngine:
         if scratch == NULL:
             raise MemoryError("could not allocate MoE scratch")
         cdef int64_t m, p0, p1, seg0, col, col_end, tid, base
-        cdef float g, u, wgt
+        cdef float wgt
+        cdef int vector_swiglu = (_satisfied & KTCY_NEED_AVX512) != 0
         cdef ktcy_gemm_fn fn
         cdef char *my_scratch
         with nogil, parallel(num_threads=nthreads):
@@ -215,11 +215,12 @@ cdef class MoEEngine:
                 col_end = p1 * KTCY_PANEL
                 if col_end > I:
                     col_end = I
+                col = p0 * KTCY_PANEL
                 for r in range(seg0, seg0 + m):
-                    for col in range(p0 * KTCY_PANEL, col_end):
-                        g = hg[r, col]
-                        u = hu[r, col]
-                        hg[r, col] = g / (1.0 + expf(-g)) * u
+                    if vector_swiglu:
+                        ktcy_swiglu_avx512(&hg[r, col], &hu[r, col], col_end - col)
+                    else:
+                        ktcy_swiglu_ref(&hg[r, col], &hu[r, col], col_end - col)
             # 2. the SwiGLU rows become the down projection's activations
             for r in prange(rows, schedule="static"):
                 if rtok[r] >= 0:

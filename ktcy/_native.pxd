@@ -93,3 +93,7 @@ cdef extern from "ktcy/ktcy.h" nogil:
     float ktcy_peak_dpbf16(int64_t iters, float seed)
     float ktcy_peak_dpbusd(int64_t iters, float seed)
     float ktcy_peak_amx(int64_t iters, int bf16)
+
+cdef extern from "ktcy/ktcy.h" nogil:
+    void ktcy_swiglu_ref(float *g, const float *u, int64_t n)
+    void ktcy_swiglu_avx512(float *g, const float *u, int64_t n)

@@ -48,3 +48,10 @@ def rel_err_rows(y, ref):
     norms = np.linalg.norm(ref, axis=1, keepdims=True)
     norms[norms == 0] = 1.0
     return float(np.max(np.abs(y.astype(np.float64) - ref) / norms)) if ref.size else 0.0
+
+
+@pytest.fixture(autouse=True)
+def _outside_the_source_tree(tmp_path, monkeypatch):
+    """Run every test from its own temporary folder: `python -m ktcy ...` subprocesses must
+    import the installed package, never the uncompiled ./ktcy of a source checkout."""
+    monkeypatch.chdir(tmp_path)

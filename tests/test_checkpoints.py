@@ -164,12 +164,11 @@ def test_cli_flags(tmp_path):
     src = tmp_path / "hf"
     make_checkpoint(src, num_layers=4, dense_layers=(0,))
     out = tmp_path / "qc"
-    r = subprocess.run([sys.executable, "tools/convert_cpu_weights.py" if os.path.exists("tools") else "-m",
-                        *([] if os.path.exists("tools") else ["ktcy", "convert"]),
-                        "--input-path", str(src), "--output", str(out),
-                        "--quant-config", '{"method": "FP8", "per_channel": true}', "--layers", "2-3",
-                        "--input-type", "bf16"], capture_output=True, text=True,
-                       cwd=os.path.dirname(os.path.dirname(__file__)))
+    tool = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "convert_cpu_weights.py")
+    command = [sys.executable, tool] if os.path.exists(tool) else [sys.executable, "-m", "ktcy", "convert"]
+    r = subprocess.run(command + ["--input-path", str(src), "--output", str(out),
+                                  "--quant-config", '{"method": "FP8", "per_channel": true}', "--layers", "2-3",
+                                  "--input-type", "bf16"], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert sorted(n for n in os.listdir(out) if n.endswith(".safetensors")) == [layer_file_name(2), layer_file_name(3)]
     assert ktcy.load_experts(out, 2).format == "FP8_PERCHANNEL"
