@@ -10,6 +10,16 @@
 
 #include "numeric.h"
 
+/* Round half to even for |v| < 2^22 by adding and removing 1.5 * 2^23 (exact in the default
+ * rounding mode; without -ffast-math the compiler may not fold it away): unlike nearbyintf it
+ * vectorises with the baseline SSE2 the package is built for. */
+static inline float ktcy_rint_small(float v) {
+    const float magic = 12582912.0f;
+    return (v + magic) - magic;
+}
+
+static inline float ktcy_clamp127(float v) { return v < -127.0f ? -127.0f : v > 127.0f ? 127.0f : v; }
+
 static inline int ktcy_row_finite(const float *x, int64_t k) {
     int finite = 1;
     for (int64_t i = 0; i < k; ++i) finite &= isfinite(x[i]) != 0;
@@ -32,19 +42,11 @@ static inline int64_t ktcy_quantize_int8_rows(const float *w, int64_t ldw, int64
         float s = ktcy_row_amax(row, k) / 127.0f;
         scale[n] = s;
         for (int64_t i = 0; i < k; ++i) {
-            float v = s > 0.0f ? nearbyintf(row[i] / s) : 0.0f;
+            float v = s > 0.0f ? ktcy_rint_small(row[i] / s) : 0.0f;
             q[n * ldq + i] = (int8_t)fminf(127.0f, fmaxf(-127.0f, v));
         }
     }
     return -1;
-}
-
-/* Round half to even for |v| < 2^22 by adding and removing 1.5 * 2^23 (exact in the default
- * rounding mode): unlike nearbyintf it vectorises with the baseline SSE2 the package is built for. */
-static inline float ktcy_rint_small(float v) {
-    volatile float magic = 12582912.0f; /* volatile: keeps -O3 from folding (v + m) - m to v */
-    float m = magic;
-    return (v + m) - m;
 }
 
 static inline float ktcy_int4_clamp(float v) { return v < -8.0f ? -8.0f : v > 7.0f ? 7.0f : v; }
@@ -152,7 +154,7 @@ static inline void ktcy_quantize_act_int8(const float *x, int64_t ldx, int64_t k
             float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
             scale[m] = amax / 127.0f;
             for (int64_t i = 0; i < k; ++i)
-                out[i] = (int8_t)fminf(127.0f, fmaxf(-127.0f, nearbyintf(row[i] * inv)));
+                out[i] = (int8_t)ktcy_clamp127(ktcy_rint_small(row[i] * inv));
             memset(out + k, 0, (size_t)(k_pad - k));
         }
         if (group > 0) {
