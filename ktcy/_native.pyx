@@ -173,69 +173,47 @@ def get_num_threads():
 
 # ---------------------------------------------------------------- weight quantization and layout
 
-def _refuse_non_finite(int64_t bad_rows, w):
-    # prange reductions give a count, not the row; numpy finds the first offender.
-    if bad_rows:
+cdef int64_t _quantize_unit(int fmt, const float *w, int64_t n, int64_t k, int group, int64_t i, void *q,
+                            int64_t ldq, float *scale, int64_t ld_scale) noexcept nogil:
+    """Quantizes unit i (a row; for FP8 blocks a stripe of 128 rows); >= 0 names a bad row."""
+    if fmt == KTCY_INT8:
+        return ktcy_quantize_int8_rows(w, k, k, i, i + 1, <int8_t *>q, ldq, scale)
+    if fmt == KTCY_INT4:
+        return ktcy_quantize_int4_rows(w, k, k, group, i, i + 1, <int8_t *>q, ldq, scale, ld_scale)
+    if fmt == KTCY_FP8_PERCHANNEL:
+        return ktcy_quantize_fp8_rows(w, k, k, i, i + 1, <uint8_t *>q, ldq, scale)
+    return ktcy_quantize_fp8_block_rows(w, k, n, k, i * KTCY_FP8_SCALE_BLOCK, <uint8_t *>q, ldq, scale)
+
+def quantize_weights(int fmt, const float[:, ::1] w, int group=0):
+    """(codes, scales) of W[n][k] by the format's rule (include/ktcy/quantize.h): INT8 and FP8
+    per-channel scales [n]; INT4 codes [n][k_pad] with scales [k_pad/group][n_pad]; FP8 block
+    scales [ceil(n/128)][ceil(k/128)].  Rows are quantized in parallel."""
+    cdef int64_t n = w.shape[0], k = w.shape[1], i, bad = 0, B = KTCY_FP8_SCALE_BLOCK
+    cdef int64_t units = n, ld_scale = 0, k_pad = ktcy_k_pad(KTCY_INT4, k, group) if fmt == KTCY_INT4 else k
+    if fmt == KTCY_INT8 or fmt == KTCY_INT4:
+        q = np.zeros((n, k_pad), np.int8)
+    elif fmt == KTCY_FP8_PERCHANNEL or fmt == KTCY_FP8_BLOCK:
+        q = np.zeros((n, k), np.uint8)
+    else:
+        raise ValueError(f"format {FORMATS[fmt]} has no quantizer")
+    if fmt == KTCY_INT4:
+        ld_scale = ktcy_n_pad(n)
+        scale = np.zeros((k_pad // group, ld_scale), np.float32)
+    elif fmt == KTCY_FP8_BLOCK:
+        units = (n + B - 1) // B
+        scale = np.zeros((units, (k + B - 1) // B), np.float32)
+    else:
+        scale = np.zeros(n, np.float32)
+    cdef const uint8_t[:, ::1] qv = q.view(np.uint8)
+    cdef float[::1] sv = scale.reshape(-1)
+    if n == 0 or k == 0:
+        return q, scale
+    for i in prange(units, nogil=True, num_threads=_num_threads, schedule="dynamic"):
+        if _quantize_unit(fmt, &w[0, 0], n, k, group, i, <void *>&qv[0, 0], k_pad, &sv[0], ld_scale) >= 0:
+            bad += 1
+    if bad:  # prange reductions give a count, not the row; numpy finds the first offender
         row = int(np.flatnonzero(~np.isfinite(np.asarray(w)).all(axis=1))[0])
         raise ValueError(f"weight row {row} holds NaN or infinity; it cannot be quantized")
-
-def quantize_int8(const float[:, ::1] w):
-    cdef int64_t n = w.shape[0], k = w.shape[1], r, bad = 0
-    q = np.empty((n, k), np.int8)
-    scale = np.zeros(n, np.float32)
-    cdef int8_t[:, ::1] qv = q
-    cdef float[::1] sv = scale
-    if n == 0 or k == 0:
-        return q, scale
-    for r in prange(n, nogil=True, num_threads=_num_threads, schedule="static"):
-        if ktcy_quantize_int8_rows(&w[0, 0], k, k, r, r + 1, &qv[0, 0], k, &sv[0]) >= 0:
-            bad += 1
-    _refuse_non_finite(bad, w)
-    return q, scale
-
-def quantize_int4(const float[:, ::1] w, int group):
-    cdef int64_t n = w.shape[0], k = w.shape[1], r, bad = 0
-    cdef int64_t k_pad = ktcy_k_pad(KTCY_INT4, k, group), n_pad = ktcy_n_pad(n)
-    q = np.zeros((n, k_pad), np.int8)
-    scale = np.zeros((k_pad // group, n_pad), np.float32)
-    cdef int8_t[:, ::1] qv = q
-    cdef float[:, ::1] sv = scale
-    if n == 0 or k == 0:
-        return q, scale
-    for r in prange(n, nogil=True, num_threads=_num_threads, schedule="dynamic"):
-        if ktcy_quantize_int4_rows(&w[0, 0], k, k, group, r, r + 1, &qv[0, 0], k_pad, &sv[0, 0], n_pad) >= 0:
-            bad += 1
-    _refuse_non_finite(bad, w)
-    return q, scale
-
-def quantize_fp8(const float[:, ::1] w):
-    cdef int64_t n = w.shape[0], k = w.shape[1], r, bad = 0
-    q = np.zeros((n, k), np.uint8)
-    scale = np.zeros(n, np.float32)
-    cdef uint8_t[:, ::1] qv = q
-    cdef float[::1] sv = scale
-    if n == 0 or k == 0:
-        return q, scale
-    for r in prange(n, nogil=True, num_threads=_num_threads, schedule="static"):
-        if ktcy_quantize_fp8_rows(&w[0, 0], k, k, r, r + 1, &qv[0, 0], k, &sv[0]) >= 0:
-            bad += 1
-    _refuse_non_finite(bad, w)
-    return q, scale
-
-def quantize_fp8_block(const float[:, ::1] w):
-    cdef int64_t n = w.shape[0], k = w.shape[1], s, bad = 0, B = KTCY_FP8_SCALE_BLOCK
-    cdef int64_t stripes = (n + B - 1) // B
-    q = np.zeros((n, k), np.uint8)
-    scale = np.zeros((stripes, (k + B - 1) // B), np.float32)
-    cdef uint8_t[:, ::1] qv = q
-    cdef float[:, ::1] sv = scale
-    if n == 0 or k == 0:
-        return q, scale
-    for s in prange(stripes, nogil=True, num_threads=_num_threads, schedule="static"):
-        r = ktcy_quantize_fp8_block_rows(&w[0, 0], k, n, k, s * B, &qv[0, 0], k, &sv[0, 0])
-        if r >= 0:
-            bad += 1
-    _refuse_non_finite(bad, w)
     return q, scale
 
 def to_bf16_bits(const float[:, ::1] w):

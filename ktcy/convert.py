@@ -152,7 +152,8 @@ def convert_to_hf_fp8(input_path, output_path, layers=None, resume=False, progre
             tensors = {}
             for e in range(arch.num_experts):
                 for proj, w in experts.dequantized(e).items():
-                    codes, scale = _native.quantize_fp8(np.ascontiguousarray(w, np.float32))
+                    codes, scale = _native.quantize_weights(_native.FORMATS.index("FP8_PERCHANNEL"),
+                                                            np.ascontiguousarray(w, np.float32))
                     name = names[(e, proj)]
                     tensors[name] = codes.view(_fp8_dtype())
                     tensors[name + "_scale"] = scale.reshape(-1, 1)

@@ -112,14 +112,8 @@ def pack(W, format="INT8", group_size=DEFAULT_INT4_GROUP):
     n, k = w.shape
     if fmt == "BF16":
         return pack_quantized(_native.to_bf16_bits(w), None, fmt)
-    if fmt == "INT8":
-        return pack_quantized(*_native.quantize_int8(w), fmt)
-    if fmt == "INT4":
-        codes, scale = _native.quantize_int4(w, group_size)
-        return pack_quantized(codes[:, :k], scale, fmt, group_size=group_size)
-    if fmt == "FP8_PERCHANNEL":
-        return pack_quantized(*_native.quantize_fp8(w), fmt)
-    return pack_quantized(*_native.quantize_fp8_block(w), fmt)
+    codes, scale = _native.quantize_weights(_CODE[fmt], w, group_size if fmt == "INT4" else 0)
+    return pack_quantized(codes[:, :k], scale, fmt, group_size=group_size if fmt == "INT4" else None)
 
 
 def pack_quantized(codes, scale, format, group_size=None):
