@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Side-by-side MoE forward: ktcy against a straightforward numpy float32 MoE and PyTorch CPU
-(bf16 and fp32) when installed, interleaved in one run on the same weights and routing, printed
+"""Side-by-side MoE forward: ktcy against a straightforward numpy float32 MoE, PyTorch CPU (bf16
+and fp32) and kt-kernel (BF16, INT8) when installed, interleaved in one run on the same weights and routing, printed
 as time ratios to ktcy.  Not part of CI; see bench/README.md for installing the peers.
 
     python bench/compare_peers.py [--shape qwen3-30b] [--tokens 1,32,512] [--formats BF16,INT8]
@@ -46,6 +46,50 @@ def torch_moe(gate, up, down, dtype):
     return forward
 
 
+def kt_kernel_moe(gate, up, down, fmt, threads, max_tokens):
+    """kt-kernel 0.7.2 driven through its extension the way its own wrapper does: a CPUInfer
+    worker pool, MOEConfig with bf16 weight pointers, online quantization, forward_task."""
+    import tempfile
+
+    import kt_kernel  # noqa: F401  (loads the right kt_kernel_ext for this CPU)
+    import kt_kernel_ext
+    import torch
+    from kt_kernel_ext.moe import MOEConfig, AMXBF16_MOE, AMXInt8_MOE
+    E = gate.shape[0]
+    pool_config = kt_kernel_ext.WorkerPoolConfig()
+    pool_config.subpool_count, pool_config.subpool_numa_map, pool_config.subpool_thread_count = 1, [0], [threads]
+    pool = kt_kernel_ext.CPUInfer(pool_config)
+    keep = [torch.from_numpy(a).to(torch.bfloat16).contiguous() for a in (gate, up, down)]
+    keep.append(torch.zeros(E, dtype=torch.bool))
+    return pool, keep, (MOEConfig, {"BF16": AMXBF16_MOE, "INT8": AMXInt8_MOE}[fmt], tempfile.mkdtemp(), max_tokens)
+
+
+def kt_kernel_layer(pool, keep, spec, top_k):
+    import torch
+    MOEConfig, cls, path, max_tokens = spec
+    g, u, d, mask = keep
+    E, I, H = g.shape
+    cfg = MOEConfig(E, top_k, H, I, mask.data_ptr())
+    cfg.layer_idx, cfg.pool, cfg.max_len, cfg.save, cfg.load = 0, pool.backend_, max_tokens, False, False
+    cfg.gate_proj, cfg.up_proj, cfg.down_proj, cfg.path = g.data_ptr(), u.data_ptr(), d.data_ptr(), path
+    moe = cls(cfg)
+    p2l = torch.arange(E, dtype=torch.int64)
+    pool.submit(moe.load_weights_task(p2l.data_ptr()))
+    pool.sync()
+
+    def forward(x, ids, w):
+        T = x.shape[0]
+        xt = torch.from_numpy(x).to(torch.bfloat16)
+        idt, wt = torch.from_numpy(np.ascontiguousarray(ids, np.int64)), torch.from_numpy(w)
+        out, bsz = torch.empty((T, H), dtype=torch.bfloat16), torch.full((1,), T, dtype=torch.int32)
+        pool.submit(moe.forward_task(bsz.data_ptr(), top_k, idt.data_ptr(), wt.data_ptr(), xt.data_ptr(),
+                                     out.data_ptr(), False))
+        pool.sync()
+        return out
+    forward.keep = (moe, cfg, p2l)
+    return forward
+
+
 def median_time(fn, calls):
     fn(*calls[0])
     times = []
@@ -62,6 +106,7 @@ def main():
     ap.add_argument("--tokens", default="1,32,512")
     ap.add_argument("--formats", default="BF16,INT8,FP8_PERCHANNEL,INT4")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median over all calls is kept")
+    ap.add_argument("--kt-threads", type=int, default=None, help="kt-kernel worker threads (default: ktcy's)")
     args = ap.parse_args()
     H, I, E, k, note = parse_shape(args.shape)
     rng = np.random.default_rng(0)
@@ -76,10 +121,21 @@ def main():
         torch_note = f"torch {torch.__version__}"
     except ImportError:
         torch_note = "torch not installed"
+    kt_note = "kt-kernel not installed"
+    try:
+        import kt_kernel  # noqa: F401
+        threads = args.kt_threads or ktcy.get_num_threads()
+        longest = max(int(t) for t in args.tokens.split(","))
+        pool, keep, spec = kt_kernel_moe(gate, up, down, "BF16", threads, -(-longest // 32) * 32)  # its buffers come in 32-row steps
+        for fmt, cls_spec in (("BF16", spec), ("INT8", spec[:1] + (__import__("kt_kernel_ext").moe.AMXInt8_MOE,) + spec[2:])):
+            contenders[f"kt-kernel {fmt}"] = kt_kernel_layer(pool, keep, cls_spec, k)
+        kt_note = f"kt-kernel with {threads} worker threads"
+    except ImportError:
+        pass
     for fmt in args.formats.split(","):
         layer = ktcy.MoE.from_weights(ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig(fmt)), gate, up, down)
         contenders[f"ktcy {layer.format}"] = layer.forward
-    print(f"{note}; {ktcy.get_num_threads()} threads; {torch_note}; ktcy kernels: "
+    print(f"{note}; {ktcy.get_num_threads()} threads; {torch_note}; {kt_note}; ktcy kernels: "
           + ", ".join(sorted({ktcy.kernel_table()[f]['variant'] for f in ktcy.FORMATS})))
     for T in (int(t) for t in args.tokens.split(",")):
         calls = [(rng.standard_normal((T, H), np.float32), np.argsort(rng.random((T, E)), axis=1)[:, :k],
@@ -87,6 +143,7 @@ def main():
         results = {name: [] for name in contenders}
         for _ in range(args.rounds):  # interleave, so drifting machine load hits everyone alike
             for name, fn in contenders.items():
+                time.sleep(0.05)  # let the previous contender's threads go idle
                 results[name].append(median_time(fn, calls))
         med = {name: float(np.median(v)) for name, v in results.items()}
         print(f"\nT={T}")
