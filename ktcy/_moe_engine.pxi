@@ -77,8 +77,9 @@ cdef class MoEEngine:
         self.arena = {}
         self.arena_rows = self.arena_tokens = -1
 
-    cdef _ensure_arena(self, int64_t tokens, int64_t rows):
-        if tokens <= self.arena_tokens and rows <= self.arena_rows:
+    cdef _ensure_arena(self, int64_t tokens, int64_t rows, int threads):
+        scratch_bytes = ktcy_gemm_scratch_bytes(max(self.kpad_h, self.kpad_i))
+        if tokens <= self.arena_tokens and rows <= self.arena_rows and self.arena["scratch"].size >= threads * scratch_bytes:
             return
         tokens, rows = max(tokens, self.arena_tokens, 1), max(rows, self.arena_rows, 16)
         integer = self.fmt == KTCY_INT8 or self.fmt == KTCY_INT4
@@ -96,6 +97,7 @@ cdef class MoEEngine:
         a["gate"] = np.zeros((rows, self.inter), np.float32)
         a["up"] = np.zeros((rows, self.inter), np.float32)
         a["down"] = np.zeros((rows, self.hidden), np.float32)
+        a["scratch"] = np.empty(threads * scratch_bytes, np.uint8)  # per-thread GEMM scratch
         self.arena, self.arena_tokens, self.arena_rows = a, tokens, rows
 
     def forward(self, const float[:, ::1] x, const int64_t[:, ::1] ids, const float[:, ::1] rw, float[:, ::1] out,
@@ -122,7 +124,7 @@ cdef class MoEEngine:
                 n_items1 += (panels_i + MOE_ITEM_PANELS - 1) // MOE_ITEM_PANELS
                 n_items2 += (panels_h + MOE_ITEM_PANELS - 1) // MOE_ITEM_PANELS
         rows = segv[E]
-        self._ensure_arena(T, rows)
+        self._ensure_arena(T, rows, nthreads)
         row_token = np.full(rows, -1, np.int64)
         slot = np.empty(S, np.int64)
         fill = seg[:E].copy()
@@ -159,13 +161,12 @@ cdef class MoEEngine:
             xb, b1, b2 = a["xb"], a["b1"], a["b2"]
         cdef float[:, ::1] hg = a["gate"], hu = a["up"], hd = a["down"]
         cdef int64_t scratch_bytes = ktcy_gemm_scratch_bytes(max(kh, ki))
-        cdef char *scratch = <char *>malloc(scratch_bytes * nthreads)
+        cdef uint8_t[::1] scratch_view = a["scratch"]
+        cdef char *scratch = <char *>&scratch_view[0]
         status = np.zeros(n_items1 + n_items2 + 1, np.int32)
         cdef int[::1] st = status
         cdef char message[160]
         message[0] = 0
-        if scratch == NULL:
-            raise MemoryError("could not allocate MoE scratch")
         cdef int64_t m, p0, p1, seg0, col, col_end, tid, base
         cdef float wgt
         cdef int vector_swiglu = (_satisfied & KTCY_NEED_AVX512) != 0
@@ -256,6 +257,5 @@ cdef class MoEEngine:
                     base = slotv[t * k + j]
                     for col in range(H):
                         out[t, col] = out[t, col] + wgt * hd[base, col]
-        free(scratch)
         if status.any():
             _raise_status(KTCY_ERR_TILE, message)
