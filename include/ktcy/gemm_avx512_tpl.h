@@ -12,6 +12,7 @@
 #define KT_KPR ((KT_FMT == KT_INT8 || KT_FMT == KT_INT4) ? 4 : 2)
 #define KT_BK (KT_KPR * 16)
 #define KT_BB ((KT_FMT == KT_INT8 || KT_FMT == KT_BF16) ? 1024 : 512)
+#define KT_ASIZE ((KT_FMT == KT_INT8 || KT_FMT == KT_INT4) ? 1 : 2) /* bytes per activation element */
 
 typedef struct { __m512i tab_lo0, tab_lo1, tab_hi0, tab_hi1, weave0, weave1; } KT_NAME(ctx);
 
@@ -86,7 +87,7 @@ KT_AI kt_vec2 KT_NAME(load_w)(const KT_NAME(ctx) *c, const uint8_t *blk, int r, 
 
 KT_AI kt_vec2 KT_NAME(load_a)(const void *row, int64_t k) {
     int32_t dword;
-    memcpy(&dword, (const uint8_t *)row + k * ((KT_FMT == KT_INT8 || KT_FMT == KT_INT4) ? 1 : 2), 4);
+    memcpy(&dword, (const uint8_t *)row + k * KT_ASIZE, 4);
     kt_vec2 a;
     a.v0 = _mm512_set1_epi32(dword);
 #if KT_FMT == KT_INT8 && KT_FAST
@@ -158,6 +159,10 @@ KT_AI void KT_NAME(micro)(const int MB, const int NP, const int PRE, const KT_NA
             blk[p] = decoded + p * 1024;
 #endif
         }
+        const uint8_t *ak[6]; /* this block's activations of each row: row offsets below are immediates */
+        _Pragma("GCC unroll 8")
+        for (int m = 0; m < MB; ++m) ak[m] = (const uint8_t *)arow[m] + kb * KT_BK * KT_ASIZE;
+        _Pragma("GCC unroll 8")
         for (int r2 = 0; r2 < 16; r2 += 2) {
             kt_vec2 wv2[4][2];
             _Pragma("GCC unroll 8")
@@ -173,7 +178,7 @@ KT_AI void KT_NAME(micro)(const int MB, const int NP, const int PRE, const KT_NA
             const int r = r2 + u;
             _Pragma("GCC unroll 8")
             for (int m = 0; m < MB; ++m) {
-                kt_vec2 av = KT_NAME(load_a)(arow[m], kb * KT_BK + r * KT_KPR);
+                kt_vec2 av = KT_NAME(load_a)(ak[m], r * KT_KPR);
                 _Pragma("GCC unroll 8")
                 for (int p = 0; p < NP; ++p) acc[m][p] = KT_NAME(dp)(acc[m][p], av, wv2[p][u]);
             }
@@ -303,3 +308,4 @@ KT_TARGET static int KT_NAME(gemm)(const ktcy_act *a, const ktcy_weight *w, floa
 #undef KT_KPR
 #undef KT_BK
 #undef KT_BB
+#undef KT_ASIZE
