@@ -32,16 +32,16 @@ KT_AI __m256i KT_NAME(dp)(__m256i acc, __m256i a, __m256i w) {
 #endif
 }
 
+/* FP8: `decoded` holds panel p already decoded to bf16 blocks (1024 bytes each). */
 KT_AI void KT_NAME(micro)(const int MB, const ktcy_act *a, const ktcy_weight *w, int64_t m0, int64_t p,
-                          float *y, int64_t ldy) {
+                          float *y, int64_t ldy, const uint8_t *decoded) {
     const int64_t nkb = w->k_pad / KT_BK;
     const int64_t fp8_kblocks = (w->k + KTCY_FP8_SCALE_BLOCK - 1) / KTCY_FP8_SCALE_BLOCK;
-    const uint8_t *panel = w->data + p * nkb * KT_BB;
+    const uint8_t *panel = KT_FMT == KT_FP8 ? decoded : w->data + p * nkb * KT_BB;
     const int isz = (KT_FMT == KT_INT8 || KT_FMT == KT_INT4) ? 1 : 2;
     const uint8_t *arow[4];
     __m256i acc[4][2];
     __m256 facc[4][2];
-    uint16_t decoded[512] __attribute__((aligned(32)));
     (void)decoded; (void)fp8_kblocks; (void)facc;
     _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m) {
@@ -50,27 +50,27 @@ KT_AI void KT_NAME(micro)(const int MB, const ktcy_act *a, const ktcy_weight *w,
         for (int h = 0; h < 2; ++h) { acc[m][h] = _mm256_setzero_si256(); facc[m][h] = _mm256_setzero_ps(); }
     }
     for (int64_t kb = 0; kb < nkb; ++kb) {
-        const uint8_t *blk = panel + kb * KT_BB;
-#if KT_FMT == KT_FP8
-        for (int i = 0; i < 512; ++i) decoded[i] = ktcy_e4m3_to_bf16(blk[i]);
-        blk = (const uint8_t *)decoded;
-#endif
+        const uint8_t *blk = panel + kb * (KT_FMT == KT_FP8 ? 1024 : KT_BB);
+        const uint8_t *ak[4]; /* this block's activations of each row: row offsets below are immediates */
+        _Pragma("GCC unroll 8")
+        for (int m = 0; m < MB; ++m) ak[m] = arow[m] + kb * KT_BK * isz;
+        _Pragma("GCC unroll 16")
         for (int r = 0; r < 16; ++r) {
             __m256i w0 = KT_NAME(load_w)(blk, r, 0), w1 = KT_NAME(load_w)(blk, r, 1);
             _Pragma("GCC unroll 8")
             for (int m = 0; m < MB; ++m) {
                 int32_t dword;
-                memcpy(&dword, arow[m] + (kb * KT_BK + r * KT_KPR) * isz, 4);
+                memcpy(&dword, ak[m] + r * KT_KPR * isz, 4);
                 __m256i av = _mm256_set1_epi32(dword);
                 acc[m][0] = KT_NAME(dp)(acc[m][0], av, w0);
                 acc[m][1] = KT_NAME(dp)(acc[m][1], av, w1);
             }
 #if KT_FMT == KT_INT4
             if (r == 15 || (r == 7 && w->group == 32)) {
-                if (w->group == 128 && !(kb & 1)) continue;
                 int64_t g = (kb * 64 + r * 4) / w->group;
+                if (w->group == 128 && !(kb & 1)) g = -1; /* group 128 spans two blocks */
                 _Pragma("GCC unroll 8")
-                for (int m = 0; m < MB; ++m) {
+                for (int m = 0; m < MB && g >= 0; ++m) {
                     __m256i bias = _mm256_set1_epi32(8 * a->group_sum[(m0 + m) * (a->k_pad / a->group) + g]);
                     _Pragma("GCC unroll 8")
                     for (int h = 0; h < 2; ++h) {
@@ -123,17 +123,25 @@ KT_AI void KT_NAME(micro)(const int MB, const ktcy_act *a, const ktcy_weight *w,
 
 KTCY_AVX2_TARGET static int KT_NAME(gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy,
                                           int64_t pb, int64_t pe, void *scratch) {
-    (void)scratch;
     const int max_rows = (KT_FMT == KT_INT4 || w->format == KTCY_FP8_BLOCK) ? 2 : 4;
-    for (int64_t p = pb; p < pe; ++p)
+    const int64_t nkb = w->k_pad / KT_BK;
+    uint8_t *decoded = (uint8_t *)scratch;
+    (void)nkb;
+    for (int64_t p = pb; p < pe; ++p) {
+#if KT_FMT == KT_FP8
+        /* decode the panel once (E4M3 -> bf16 is a table lookup), not once per row tile */
+        const uint8_t *src = w->data + p * nkb * 512;
+        for (int64_t i = 0; i < nkb * 512; ++i) ((uint16_t *)decoded)[i] = ktcy_e4m3_to_bf16(src[i]);
+#endif
         for (int64_t m0 = 0; m0 < a->m;) {
             int64_t left = a->m - m0;
             int mb = left >= max_rows ? max_rows : left <= 1 ? 1 : left <= 2 ? 2 : 4;
-            if (mb == 1) KT_NAME(micro)(1, a, w, m0, p, y, ldy);
-            else if (mb == 2) KT_NAME(micro)(2, a, w, m0, p, y, ldy);
-            else KT_NAME(micro)(4, a, w, m0, p, y, ldy);
+            if (mb == 1) KT_NAME(micro)(1, a, w, m0, p, y, ldy, decoded);
+            else if (mb == 2) KT_NAME(micro)(2, a, w, m0, p, y, ldy, decoded);
+            else KT_NAME(micro)(4, a, w, m0, p, y, ldy, decoded);
             m0 += mb;
         }
+    }
     return KTCY_OK;
 }
 
