@@ -9,7 +9,9 @@ def isa_list():
 
 
 def record(benchmark, roof, fmt, isa, nbytes, flops):
-    """Fill extra_info from the benchmark's median."""
+    """Fill extra_info from the benchmark's median (nothing to fill under --benchmark-disable)."""
+    if benchmark.stats is None:
+        return
     median = benchmark.stats.stats.median
     gbs, gflops = nbytes / median / 1e9, flops / median / 1e9
     peak = peak_for(fmt, isa, roof)
