@@ -123,6 +123,17 @@ KT_AI KT_NAME(acc_t) KT_NAME(dp)(KT_NAME(acc_t) acc, kt_vec2 a, kt_vec2 w) {
 #endif
 }
 
+#if KT_FMT == KT_BF16 || KT_FMT == KT_FP8
+#define KT_ACC_ADD(x, y) _mm512_add_ps(x, y)
+#else
+#define KT_ACC_ADD(x, y) _mm512_add_epi32(x, y)
+#endif
+/* Folds the odd-row accumulators of a one-row tile into the even ones. */
+KT_AI void KT_NAME(merge_split)(KT_NAME(acc_t) acc[6][4], const int NP) {
+    _Pragma("GCC unroll 8")
+    for (int p = 0; p < NP; ++p) { acc[0][p] = KT_ACC_ADD(acc[0][p], acc[1][p]); acc[1][p] = KT_ACC_ZERO; }
+}
+
 /* MB rows from m0, NP panels from p0.  PRE: the panels were decoded to bf16 blocks beforehand
  * (FP8 prefill), starting at `decoded`; otherwise `decoded` is a 4 KiB per-block scratch. */
 KT_AI void KT_NAME(micro)(const int MB, const int NP, const int PRE, const KT_NAME(ctx) *c, const ktcy_act *a,
@@ -146,6 +157,8 @@ KT_AI void KT_NAME(micro)(const int MB, const int NP, const int PRE, const KT_NA
         _Pragma("GCC unroll 8")
         for (int p = 0; p < NP; ++p) { acc[m][p] = KT_ACC_ZERO; facc[m][p] = _mm512_setzero_ps(); }
     }
+    _Pragma("GCC unroll 8")
+    for (int p = 0; p < NP; ++p) acc[1][p] = KT_ACC_ZERO; /* the odd-row half when MB == 1 */
     (void)decoded; (void)fp8_kblocks; (void)facc;
     for (int64_t kb = 0; kb < nkb; ++kb) {
         const uint8_t *blk[4];
@@ -179,9 +192,13 @@ KT_AI void KT_NAME(micro)(const int MB, const int NP, const int PRE, const KT_NA
             _Pragma("GCC unroll 8")
             for (int m = 0; m < MB; ++m) {
                 kt_vec2 av = KT_NAME(load_a)(ak[m], r * KT_KPR);
+                /* one row: even and odd block rows go to two accumulators (twice the independent
+                 * chains for the latency of the dot products); they are added before any use */
+                const int slot = MB == 1 ? u : m;
                 _Pragma("GCC unroll 8")
-                for (int p = 0; p < NP; ++p) acc[m][p] = KT_NAME(dp)(acc[m][p], av, wv2[p][u]);
+                for (int p = 0; p < NP; ++p) acc[slot][p] = KT_NAME(dp)(acc[slot][p], av, wv2[p][u]);
             }
+            if (MB == 1 && u == 1 && (r == 7 || r == 15)) KT_NAME(merge_split)(acc, NP);
 #if KT_FMT == KT_INT4
             if (r == 15 || (r == 7 && w->group == 32)) {
                 int64_t g = (kb * 64 + r * 4) / w->group;
@@ -304,6 +321,7 @@ KT_TARGET static int KT_NAME(gemm)(const ktcy_act *a, const ktcy_weight *w, floa
 #undef KT_CALL
 #undef KT_DISPATCH
 #undef KT_ACC_ZERO
+#undef KT_ACC_ADD
 #undef KT_AI
 #undef KT_KPR
 #undef KT_BK
