@@ -46,48 +46,49 @@ def torch_moe(gate, up, down, dtype):
     return forward
 
 
-def kt_kernel_moe(gate, up, down, fmt, threads, max_tokens):
-    """kt-kernel 0.7.2 driven through its extension the way its own wrapper does: a CPUInfer
+class KtKernelPeer:
+    """kt-kernel 0.7.2 driven through its extension the way its own wrapper does: one CPUInfer
     worker pool, MOEConfig with bf16 weight pointers, online quantization, forward_task."""
-    import tempfile
 
-    import kt_kernel  # noqa: F401  (loads the right kt_kernel_ext for this CPU)
-    import kt_kernel_ext
-    import torch
-    from kt_kernel_ext.moe import MOEConfig, AMXBF16_MOE, AMXInt8_MOE
-    E = gate.shape[0]
-    pool_config = kt_kernel_ext.WorkerPoolConfig()
-    pool_config.subpool_count, pool_config.subpool_numa_map, pool_config.subpool_thread_count = 1, [0], [threads]
-    pool = kt_kernel_ext.CPUInfer(pool_config)
-    keep = [torch.from_numpy(a).to(torch.bfloat16).contiguous() for a in (gate, up, down)]
-    keep.append(torch.zeros(E, dtype=torch.bool))
-    return pool, keep, (MOEConfig, {"BF16": AMXBF16_MOE, "INT8": AMXInt8_MOE}[fmt], tempfile.mkdtemp(), max_tokens)
+    def __init__(self, gate, up, down, threads, max_tokens):
+        import kt_kernel  # noqa: F401  (loads the kt_kernel_ext build that fits this CPU)
+        import kt_kernel_ext
+        import torch
+        config = kt_kernel_ext.WorkerPoolConfig()
+        config.subpool_count, config.subpool_numa_map, config.subpool_thread_count = 1, [0], [threads]
+        self.pool = kt_kernel_ext.CPUInfer(config)
+        self.classes = {"BF16": kt_kernel_ext.moe.AMXBF16_MOE, "INT8": kt_kernel_ext.moe.AMXInt8_MOE}
+        self.weights = [torch.from_numpy(a).to(torch.bfloat16).contiguous() for a in (gate, up, down)]
+        self.gpu_mask = torch.zeros(gate.shape[0], dtype=torch.bool)
+        self.max_tokens = -(-max_tokens // 32) * 32  # its buffers come in 32-row steps
+        self.keep = []
 
+    def layer(self, fmt, top_k):
+        import tempfile
 
-def kt_kernel_layer(pool, keep, spec, top_k):
-    import torch
-    MOEConfig, cls, path, max_tokens = spec
-    g, u, d, mask = keep
-    E, I, H = g.shape
-    cfg = MOEConfig(E, top_k, H, I, mask.data_ptr())
-    cfg.layer_idx, cfg.pool, cfg.max_len, cfg.save, cfg.load = 0, pool.backend_, max_tokens, False, False
-    cfg.gate_proj, cfg.up_proj, cfg.down_proj, cfg.path = g.data_ptr(), u.data_ptr(), d.data_ptr(), path
-    moe = cls(cfg)
-    p2l = torch.arange(E, dtype=torch.int64)
-    pool.submit(moe.load_weights_task(p2l.data_ptr()))
-    pool.sync()
+        import torch
+        from kt_kernel_ext.moe import MOEConfig
+        g, u, d = self.weights
+        E, I, H = g.shape
+        cfg = MOEConfig(E, top_k, H, I, self.gpu_mask.data_ptr())
+        cfg.layer_idx, cfg.pool, cfg.max_len, cfg.save, cfg.load = 0, self.pool.backend_, self.max_tokens, False, False
+        cfg.gate_proj, cfg.up_proj, cfg.down_proj, cfg.path = g.data_ptr(), u.data_ptr(), d.data_ptr(), tempfile.mkdtemp()
+        moe = self.classes[fmt](cfg)
+        expert_map = torch.arange(E, dtype=torch.int64)
+        self.pool.submit(moe.load_weights_task(expert_map.data_ptr()))
+        self.pool.sync()
+        self.keep.append((moe, cfg, expert_map))
 
-    def forward(x, ids, w):
-        T = x.shape[0]
-        xt = torch.from_numpy(x).to(torch.bfloat16)
-        idt, wt = torch.from_numpy(np.ascontiguousarray(ids, np.int64)), torch.from_numpy(w)
-        out, bsz = torch.empty((T, H), dtype=torch.bfloat16), torch.full((1,), T, dtype=torch.int32)
-        pool.submit(moe.forward_task(bsz.data_ptr(), top_k, idt.data_ptr(), wt.data_ptr(), xt.data_ptr(),
-                                     out.data_ptr(), False))
-        pool.sync()
-        return out
-    forward.keep = (moe, cfg, p2l)
-    return forward
+        def forward(x, ids, w):
+            T = x.shape[0]
+            xt = torch.from_numpy(x).to(torch.bfloat16)
+            idt, wt = torch.from_numpy(np.ascontiguousarray(ids, np.int64)), torch.from_numpy(w)
+            out, bsz = torch.empty((T, H), dtype=torch.bfloat16), torch.full((1,), T, dtype=torch.int32)
+            self.pool.submit(moe.forward_task(bsz.data_ptr(), top_k, idt.data_ptr(), wt.data_ptr(), xt.data_ptr(),
+                                              out.data_ptr(), False))
+            self.pool.sync()
+            return out
+        return forward
 
 
 def median_time(fn, calls):
@@ -124,14 +125,14 @@ def main():
     kt_note = "kt-kernel not installed"
     try:
         import kt_kernel  # noqa: F401
-        threads = args.kt_threads or ktcy.get_num_threads()
-        longest = max(int(t) for t in args.tokens.split(","))
-        pool, keep, spec = kt_kernel_moe(gate, up, down, "BF16", threads, -(-longest // 32) * 32)  # its buffers come in 32-row steps
-        for fmt, cls_spec in (("BF16", spec), ("INT8", spec[:1] + (__import__("kt_kernel_ext").moe.AMXInt8_MOE,) + spec[2:])):
-            contenders[f"kt-kernel {fmt}"] = kt_kernel_layer(pool, keep, cls_spec, k)
-        kt_note = f"kt-kernel with {threads} worker threads"
     except ImportError:
         pass
+    else:
+        threads = args.kt_threads or ktcy.get_num_threads()
+        peer = KtKernelPeer(gate, up, down, threads, max(int(t) for t in args.tokens.split(",")))
+        for fmt in ("BF16", "INT8"):
+            contenders[f"kt-kernel {fmt}"] = peer.layer(fmt, k)
+        kt_note = f"kt-kernel with {threads} worker threads"
     for fmt in args.formats.split(","):
         layer = ktcy.MoE.from_weights(ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig(fmt)), gate, up, down)
         contenders[f"ktcy {layer.format}"] = layer.forward

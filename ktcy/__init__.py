@@ -4,7 +4,7 @@ At import the CPU is probed (cpuid/xgetbv, Linux AMX permission) and the best ke
 format is chosen: AMX > AVX-512 > AVX2 > portable C.  CPUINFER_ENABLE_AMX=OFF skips AMX;
 KTCY_ISA=amx|amx_emu|avx512|avx2|ref forces one ISA.
 """
-from ktcy import _native, kernels
+from ktcy import kernels
 from ktcy._native import available_isas, build_info, cpu_features, kernel_table
 from ktcy.config import MoeConfig, QuantConfig
 from ktcy.errors import TileError, UnsupportedISAError

@@ -1,16 +1,12 @@
 """`ktcy bench`: MoE forward timings on a model-shaped layer with random weights and routing,
 set against the measured roofline (read bandwidth, per-ISA multiply-add peak)."""
-import sys
 import time
 
 import numpy as np
 
-from ktcy import _native
 from ktcy.config import MoeConfig, QuantConfig
-from ktcy.errors import UnsupportedISAError
 from ktcy.moe import MoE
 from ktcy.roofline import peak_for, roofline
-from ktcy.threads import get_num_threads
 
 # name -> (hidden, intermediate, experts, top_k, note).  DeepSeek-V3's 256 experts do not fit
 # in 24 GiB as float32 sources; its real H, I and top-k with fewer experts keep per-token work

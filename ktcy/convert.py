@@ -12,6 +12,7 @@ import shutil
 import sys
 import time
 
+import ml_dtypes
 import numpy as np
 
 from ktcy.checkpoint import Checkpoint
@@ -131,7 +132,7 @@ def convert_to_hf_fp8(input_path, output_path, layers=None, resume=False, progre
     """A Hugging Face-style FP8 per-channel checkpoint of the routed experts: for every expert
     weight `X.weight` an F8_E4M3 tensor plus `X.weight_scale` F32 [N, 1] (compressed-tensors'
     channel-wise convention), one shard per layer, an index, and config.json."""
-    from ktcy import _native  # noqa: the FP8 quantizer of the kernels, so both paths agree
+    from ktcy import _native  # the kernels' own FP8 quantizer, so both paths give the same codes
     progress = progress or Progress()
     ckpt = Checkpoint(input_path)
     arch = ckpt.arch
@@ -155,7 +156,7 @@ def convert_to_hf_fp8(input_path, output_path, layers=None, resume=False, progre
                     codes, scale = _native.quantize_weights(_native.FORMATS.index("FP8_PERCHANNEL"),
                                                             np.ascontiguousarray(w, np.float32))
                     name = names[(e, proj)]
-                    tensors[name] = codes.view(_fp8_dtype())
+                    tensors[name] = codes.view(ml_dtypes.float8_e4m3fn)
                     tensors[name + "_scale"] = scale.reshape(-1, 1)
                 progress.bar(f"layer {L} FP8 per-channel", e + 1, arch.num_experts)
             write(final, tensors, {"format": "pt", "producer": f"ktcy {__version__}"})
@@ -168,11 +169,6 @@ def convert_to_hf_fp8(input_path, output_path, layers=None, resume=False, progre
     config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                                      "weight_scale_kind": "per_channel", "producer": f"ktcy {__version__}"}
     _write_json(os.path.join(output_path, "config.json"), config)
-
-
-def _fp8_dtype():
-    import ml_dtypes
-    return np.dtype(ml_dtypes.float8_e4m3fn)
 
 
 def build_parser(prog="convert_cpu_weights.py"):

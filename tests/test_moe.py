@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import ktcy
-from ktcy import moe as moe_module
 
 FORMATS = ["BF16", "INT8", "INT4", "FP8_PERCHANNEL", "FP8_BLOCK"]
 
