@@ -11,6 +11,9 @@ from ktcy import _native
 from ktcy.formats import DEFAULT_INT4_GROUP, FORMATS, INT4_GROUP_SIZES, canonical_format
 
 _CODE = {name: i for i, name in enumerate(FORMATS)}
+# INT8 sums (q_x + 128) * q_w in int32 on VNNI (then subtracts 128 * column sum): 255 * 127 * K
+# stays below 2^31 up to K = 66311.
+INT8_MAX_K = 65536
 _FLOAT_INPUTS = (np.float32, np.float64, np.float16, ml_dtypes.bfloat16)
 
 
@@ -134,6 +137,8 @@ def pack_quantized(codes, scale, format, group_size=None):
         scale = np.zeros(n_pad, np.float32)
     elif fmt == "INT8":
         _expect_dtype(codes, np.int8, "INT8 codes")
+        if k > INT8_MAX_K:
+            raise ValueError(f"INT8 weights with K = {k} > {INT8_MAX_K} would overflow the int32 sums; use BF16 or INT4")
         scale = _channel_scale(scale, n, n_pad)
     elif fmt == "INT4":
         group = group_size or DEFAULT_INT4_GROUP

@@ -160,6 +160,18 @@ def test_nan_routing_weight_poisons_only_its_row():
     assert np.isnan(y[1]).all() and np.isfinite(y[[0, 2]]).all()
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_nan_in_one_token_stays_in_that_token(fmt):
+    rng = np.random.default_rng(16)
+    E, H, I = 4, 64, 48
+    layer = ktcy.MoE.from_weights(ktcy.MoeConfig(E, 2, H, I, ktcy.QuantConfig(fmt)), *expert_weights(rng, E, H, I))
+    x = rng.standard_normal((5, H)).astype(np.float32)
+    x[2, 7] = np.nan
+    ids = np.array([[0, 1]] * 5)  # every token shares the same experts (and row tiles)
+    y = layer.forward(x, ids, np.full((5, 2), 0.5, np.float32))
+    assert np.isnan(y[2]).all() and np.isfinite(np.delete(y, 2, axis=0)).all()
+
+
 def test_non_contiguous_inputs_are_accepted():
     rng = np.random.default_rng(9)
     E, H, I = 4, 64, 48

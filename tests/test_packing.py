@@ -110,3 +110,8 @@ def test_layout_is_the_documented_block_order():
     pb = kernels.pack_quantized(bits, None, "BF16")
     for n, k in [(0, 0), (5, 3), (15, 31)]:
         assert pb.data.view(np.uint16)[(k // 2) * 32 + n * 2 + k % 2] == bits[n, k]
+
+
+def test_int8_k_beyond_int32_range_is_refused():
+    with pytest.raises(ValueError, match="overflow"):
+        kernels.pack_quantized(np.ones((16, kernels.INT8_MAX_K + 64), np.int8), np.ones(16, np.float32), "INT8")
