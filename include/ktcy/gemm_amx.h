@@ -39,6 +39,10 @@
 /* The configuration this thread last loaded (tile state is per thread, like the registers). */
 static _Thread_local uint8_t ktcy_amx_loaded_cfg[64];
 
+/* Anything else that loads a tile configuration on this thread (the roofline probe) must call
+ * this afterwards, or the next kernel would trust a configuration that is no longer there. */
+static inline void ktcy_amx_forget_config(void) { memset(ktcy_amx_loaded_cfg, 0, sizeof ktcy_amx_loaded_cfg); }
+
 #define KT_AMX_NAME(x) ktcy_amx_##x
 #define KT_AMX_TARGET __attribute__((target("amx-tile,amx-int8,amx-bf16,avx512f,avx512bw,avx512vl")))
 #define KT_TILE_CONFIG(cfg) (_tile_loadconfig(cfg), memcpy(ktcy_amx_loaded_cfg, (cfg), 64))

@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "gemm_amx.h"
+
 /* Streaming reads: XOR of every byte in 8/32/64-byte words (cheap enough to stay load bound). */
 static inline uint64_t ktcy_read_ref(const uint8_t *p, int64_t n) {
     uint64_t acc = 0;
@@ -115,6 +117,8 @@ __attribute__((target("amx-tile,amx-int8,amx-bf16"))) static float ktcy_peak_amx
         }
     }
     _tile_stored(0, out, 64);
+    _tile_release();
+    ktcy_amx_forget_config();
     return out[0];
 }
 #else
