@@ -14,7 +14,7 @@
 #define KT_BB ((KT_FMT == KT_INT8 || KT_FMT == KT_BF16) ? 1024 : 512)
 #define KT_ASIZE ((KT_FMT == KT_INT8 || KT_FMT == KT_INT4) ? 1 : 2) /* bytes per activation element */
 
-typedef struct { __m512i tab_lo0, tab_lo1, tab_hi0, tab_hi1, weave0, weave1; } KT_NAME(ctx);
+typedef struct { __m512i tab_lo0, tab_lo1, tab_hi0, tab_hi1, arrange; } KT_NAME(ctx);
 
 /* Accumulators stay in their natural register type: casting between the integer and float
  * domains every step makes GCC copy them around. */
@@ -29,31 +29,32 @@ typedef __m512i KT_NAME(acc_t);
 KT_AI KT_NAME(ctx) KT_NAME(make_ctx)(void) {
     KT_NAME(ctx) c;
 #if KT_FMT == KT_FP8 && KT_FAST
-    uint8_t lo[128], hi[128], weave[128];
+    uint8_t lo[128], hi[128], arrange[64];
     for (int i = 0; i < 128; ++i) { lo[i] = (uint8_t)KTCY_E4M3_TO_BF16[i]; hi[i] = (uint8_t)(KTCY_E4M3_TO_BF16[i] >> 8); }
-    /* byte j of a decoded bf16 vector: low byte (from the lo lookup) of code j/2, or high byte
-     * (index 64 + ..., the hi lookup) when j is odd; the second vector covers codes 32..63 */
-    for (int j = 0; j < 128; ++j) weave[j] = (uint8_t)((j & 1 ? 64 : 0) + (j & 63) / 2 + (j >= 64 ? 32 : 0));
+    /* codes 8q..8q+7 into the low half of 128-bit lane q and codes 32+8q.. into its high half:
+     * the in-lane byte unpacks then yield codes 0..31 and 32..63 in order */
+    for (int j = 0; j < 64; ++j) arrange[j] = (uint8_t)((j & 8 ? 32 : 0) + (j / 16) * 8 + (j & 7));
     c.tab_lo0 = _mm512_loadu_si512(lo); c.tab_lo1 = _mm512_loadu_si512(lo + 64);
     c.tab_hi0 = _mm512_loadu_si512(hi); c.tab_hi1 = _mm512_loadu_si512(hi + 64);
-    c.weave0 = _mm512_loadu_si512(weave); c.weave1 = _mm512_loadu_si512(weave + 64);
+    c.arrange = _mm512_loadu_si512(arrange);
 #else
-    c.tab_lo0 = c.tab_lo1 = c.tab_hi0 = c.tab_hi1 = c.weave0 = c.weave1 = _mm512_setzero_si512();
+    c.tab_lo0 = c.tab_lo1 = c.tab_hi0 = c.tab_hi1 = c.arrange = _mm512_setzero_si512();
 #endif
     return c;
 }
 
 #if KT_FMT == KT_FP8 && KT_FAST
-/* Rows r, r+1 of an FP8 block (64 codes) -> two bf16 vectors: the low and high bytes of every
- * code's bf16 value come from two 128-entry vpermi2b lookups on the 7 magnitude bits, the sign
- * bit is merged into the high bytes, and two more byte permutes interleave low/high bytes. */
+/* Rows r, r+1 of an FP8 block (64 codes) -> two bf16 vectors: the codes are arranged so that
+ * in-lane byte unpacks interleave in order, the low and high bytes of every code's bf16 value
+ * come from two 128-entry vpermi2b lookups on the 7 magnitude bits, and the sign bit is merged
+ * into the high bytes. */
 KT_AI void KT_NAME(decode_fp8_rows)(const KT_NAME(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2]) {
-    __m512i codes = _mm512_loadu_si512(blk + r * 32);
+    __m512i codes = _mm512_permutexvar_epi8(c->arrange, _mm512_loadu_si512(blk + r * 32));
     __m512i lo = _mm512_permutex2var_epi8(c->tab_lo0, codes, c->tab_lo1);
     __m512i hi = _mm512_permutex2var_epi8(c->tab_hi0, codes, c->tab_hi1);
     hi = _mm512_ternarylogic_epi32(hi, codes, _mm512_set1_epi8((char)0x80), 0xF8); /* hi | (codes & 0x80) */
-    out[0].v0 = out[0].v1 = _mm512_permutex2var_epi8(lo, c->weave0, hi);
-    out[1].v0 = out[1].v1 = _mm512_permutex2var_epi8(lo, c->weave1, hi);
+    out[0].v0 = out[0].v1 = _mm512_unpacklo_epi8(lo, hi);
+    out[1].v0 = out[1].v1 = _mm512_unpackhi_epi8(lo, hi);
 }
 #endif
 
