@@ -242,6 +242,10 @@ def f32_to_e4m3(const float[::1] x):
         ov[i] = ktcy_f32_to_e4m3(x[i])
     return out
 
+def padded_shape(int fmt, int64_t n, int64_t k, int group=0):
+    """(n_pad, k_pad, K elements per packed block) of a packed W[n][k] (include/ktcy/types.h)."""
+    return ktcy_n_pad(n), ktcy_k_pad(fmt, k, group), ktcy_block_k(fmt)
+
 def layout(int fmt, codes, int64_t n, int64_t k, int group=0):
     """Packs an [n][>=k] code matrix (int8, uint8 or uint16 bits) into the format's blocks."""
     cdef int64_t k_pad = ktcy_k_pad(fmt, k, group), n_pad = ktcy_n_pad(n)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ktcy.formats import fp8_scale_kind
+from ktcy.kernels import expand_block_scale
 from ktcy.safetensors_io import CheckpointError, SafetensorsFile
 
 PREFIXES = ("", "language_model.", "model.language_model.")
@@ -239,4 +240,4 @@ def dequantize(w, scale):
     n, k = f.shape
     if s.size == n:
         return f * s.reshape(-1, 1)
-    return f * np.repeat(np.repeat(s, 128, axis=0), 128, axis=1)[:n, :k]
+    return f * expand_block_scale(s, n, k)

@@ -17,7 +17,7 @@ import numpy as np
 
 from ktcy.checkpoint import Checkpoint
 from ktcy.formats import canonical_format
-from ktcy.loading import MODEL_FILE
+from ktcy.loading import MODEL_FILE, source_for
 from ktcy.packed_io import LAYOUT_VERSION, layer_file_name, pack_layer, read_metadata, write_layer
 from ktcy.safetensors_io import CheckpointError, write
 from ktcy.version import __version__
@@ -92,9 +92,7 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
                 continue
             except CheckpointError as e:
                 progress.line(f"layer {L}: existing file unusable ({e}); converting again")
-        keep_codes = experts.scale_kind is not None and fmt == experts.scale_kind
-        source = experts.expert if keep_codes or experts.scale_kind is None else (
-            lambda e: {p: (w, None) for p, w in experts.dequantized(e).items()})
+        source = source_for(fmt, experts.scale_kind, experts.expert)
         t0 = time.perf_counter()
         arrays = pack_layer(arch.num_experts, fmt, group_size, source,
                             lambda done, total: progress.bar(f"layer {L} ({i + 1}/{len(chosen)}) {fmt}", done, total))

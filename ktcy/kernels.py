@@ -17,13 +17,14 @@ INT8_MAX_K = 65536
 _FLOAT_INPUTS = (np.float32, np.float64, np.float16, ml_dtypes.bfloat16)
 
 
-def _block_k(fmt):
-    return 64 if fmt in ("INT8", "INT4") else 32
+def _padded(fmt, n, k, group):
+    """(n_pad, k_pad, block_k) by the C layout rules."""
+    return _native.padded_shape(_CODE[fmt], n, k, group)
 
 
-def _k_pad(fmt, k, group):
-    unit = max(_block_k(fmt), group if fmt == "INT4" else 0)
-    return -(-k // unit) * unit
+def expand_block_scale(scale, n, k, block=128):
+    """A [ceil(n/block), ceil(k/block)] scale grid as one scale per element of W[n][k]."""
+    return np.repeat(np.repeat(scale, block, axis=0), block, axis=1)[:n, :k]
 
 
 def as_float32_matrix(a, what):
@@ -53,11 +54,11 @@ class PackedWeight:
 
     @property
     def k_pad(self):
-        return _k_pad(self.format, self.shape[1], self.group_size)
+        return _padded(self.format, *self.shape, self.group_size)[1]
 
     @property
     def n_pad(self):
-        return -(-self.shape[0] // 16) * 16
+        return _padded(self.format, *self.shape, self.group_size)[0]
 
     def native(self):
         """The C descriptor over these arrays (made once)."""
@@ -70,7 +71,8 @@ class PackedWeight:
         """The stored codes as [N, K]: int8 (INT8, INT4), E4M3 bytes (FP8) or bf16 bits (BF16).
         Read back from the block layout with numpy, independently of the C packer."""
         n, k = self.shape
-        panels, kb = self.n_pad // 16, self.k_pad // _block_k(self.format)
+        n_pad, k_pad, block_k = _padded(self.format, n, k, self.group_size)
+        panels, kb = n_pad // 16, k_pad // block_k
         if self.format == "INT4":
             d = self.data.reshape(panels, kb, 512)
             nib = np.concatenate([d & 0x0F, d >> 4], axis=2).astype(np.int8) - 8
@@ -82,7 +84,7 @@ class PackedWeight:
         else:
             blocks = self.data.reshape(panels, kb, 16, 16, 2)
         # (panel, kblock, row r, channel, j) -> (panel, channel, kblock, r, j)
-        full = blocks.transpose(0, 3, 1, 2, 4).reshape(self.n_pad, self.k_pad)
+        full = blocks.transpose(0, 3, 1, 2, 4).reshape(n_pad, k_pad)
         return full[:n, :k]
 
     def dequantize(self, dtype=np.float64):
@@ -99,8 +101,7 @@ class PackedWeight:
         values = c.view(ml_dtypes.float8_e4m3fn).astype(dtype)
         if self.format == "FP8_PERCHANNEL":
             return values * self.scale[:n, None].astype(dtype)
-        s = np.repeat(np.repeat(self.scale.astype(dtype), 128, axis=0), 128, axis=1)[:n, :k]
-        return values * s
+        return values * expand_block_scale(self.scale.astype(dtype), n, k)
 
 
 def pack(W, format="INT8", group_size=DEFAULT_INT4_GROUP):
@@ -128,7 +129,7 @@ def pack_quantized(codes, scale, format, group_size=None):
     if codes.ndim != 2:
         raise ValueError(f"codes must be 2-D, got shape {codes.shape}")
     n, k = codes.shape
-    n_pad = -(-n // 16) * 16
+    n_pad = _padded("INT8", n, k, 0)[0]
     group = 0
     if fmt == "BF16":
         if codes.dtype == ml_dtypes.bfloat16:
@@ -147,7 +148,7 @@ def pack_quantized(codes, scale, format, group_size=None):
         _expect_dtype(codes, np.int8, "INT4 codes")
         if codes.size and (codes.min() < -8 or codes.max() > 7):
             raise ValueError("INT4 codes must lie in [-8, 7]")
-        groups = _k_pad("INT4", k, group) // group
+        groups = _padded("INT4", n, k, group)[1] // group
         scale = np.asarray(scale, np.float32)
         if scale.shape == (n, -(-k // group)):
             full = np.zeros((groups, n_pad), np.float32)

@@ -20,12 +20,6 @@ def is_converted(path):
     return os.path.exists(os.path.join(path, MODEL_FILE))
 
 
-def quant_config_for(method, group_size=None):
-    """QuantConfig for a method/backend name (None: keep the checkpoint's precision)."""
-    fmt = canonical_format(method)
-    return QuantConfig(fmt, group_size=group_size or 64)
-
-
 def load_experts(path, layer, method=None, isa=None, group_size=None, progress=None):
     """The routed experts of decoder layer `layer` as a MoE.
 

@@ -38,19 +38,17 @@ def pack_layer(num_experts, fmt, group, expert, progress=None):
                 if key not in arrays:
                     arrays[key] = np.empty((num_experts,) + a.shape, a.dtype)
                 arrays[key][e] = a
-            arrays.setdefault(f"{proj}.shape", p.shape)
         if progress is not None:
             progress(e + 1, num_experts)
     return arrays
 
 
 def write_layer(path, arrays, fmt, group, num_experts, top_k, hidden, inter, layer, source=""):
-    tensors = {k: v for k, v in arrays.items() if not k.endswith(".shape")}
     meta = {"format": FILE_FORMAT, "layout_version": LAYOUT_VERSION, "weight_format": fmt,
             "group_size": group if fmt == "INT4" else 0, "scale_kind": SCALE_KIND[fmt],
             "num_experts": num_experts, "top_k": top_k, "hidden_size": hidden, "intermediate_size": inter,
             "layer": layer, "ktcy_version": __version__, "source": source}
-    write(path, tensors, meta)
+    write(path, arrays, meta)
 
 
 def read_metadata(path):
