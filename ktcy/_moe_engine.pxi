@@ -3,19 +3,37 @@
 # forward(x, ids, weights): group the T*k (token, expert) pairs by expert (counting sort), convert
 # or quantize each token's activations once and gather them into per-expert row segments (each
 # padded to 16 rows for AMX tiles), then in one OpenMP team:
-#   1. work items (expert, 8 output panels of I): gate and up GEMMs over the same rows (the
-#      activations stay in cache), SwiGLU on those columns;
+#   1. work items (expert, about 8 output panels of I, ktcy_split_panels): gate and up GEMMs over
+#      the same rows (the activations stay in cache), SwiGLU on those columns;
 #   2. per row: quantize / convert the SwiGLU output for the down projection;
 #   3. work items (expert, 8 output panels of H): down GEMM;
 #   4. per token: y = sum_j w[t, j] * down_out[slot(t, j)], j in order (deterministic).
 # Per expert, rows >= big_min_rows run the prefill kernel (AMX when chosen), fewer rows the decode
-# kernel (the best non-AMX ISA).  Buffers live in an arena that grows to the largest T seen.
+# kernel (the best non-AMX ISA).  Buffers live in an arena sized for the call; one up to
+# ARENA_KEEP_BYTES is kept for the next call (decode reuses it), a larger one (a long prefill)
+# is released after its call instead of holding the memory for the layer's life.
+#
+# The activation kind (int8 codes + row scales + group sums, or bf16 bits) comes from the format
+# descriptor; SwiGLU runs on the ISA of the selected kernels (all its versions give the same bits).
 
 from libc.string cimport memcpy
 from cython.parallel cimport parallel
 
 cdef enum:
-    MOE_ITEM_PANELS = 8   # output panels (x16 channels) per work item: whole AVX-512 4-panel and AMX 2-panel groups
+    MOE_ITEM_PANELS = 8   # about this many output panels (x16 channels) per work item
+
+ARENA_KEEP_BYTES = 256 << 20
+
+_ISA_RANK = {"ref": 0, "amx_emu": 0, "avx2": 1, "avx512": 2, "amx": 2}
+
+cdef ktcy_swiglu_fn _swiglu_for(str isa_a, str isa_b):
+    """The SwiGLU of the less capable of the two ISAs a layer runs (ref and amx_emu: portable C)."""
+    rank = min(_ISA_RANK[isa_a], _ISA_RANK[isa_b])
+    if rank == 2:
+        return ktcy_swiglu_avx512
+    if rank == 1:
+        return ktcy_swiglu_avx2
+    return ktcy_swiglu_ref
 
 cdef inline int64_t _round16(int64_t m) noexcept nogil:
     return (m + 15) // 16 * 16
@@ -32,12 +50,13 @@ cdef inline int _expert_gemm(ktcy_gemm_fn fn, const ktcy_weight *w, float *y, in
 
 
 cdef class MoEEngine:
-    cdef int fmt, num_experts, group
+    cdef int fmt, num_experts, group, integer
     cdef int64_t hidden, inter, kpad_h, kpad_i
     cdef ktcy_weight *gate_w
     cdef ktcy_weight *up_w
     cdef ktcy_weight *down_w
     cdef ktcy_gemm_fn big_fn, small_fn
+    cdef ktcy_swiglu_fn swiglu
     cdef public int64_t big_min_rows
     cdef object keep
     cdef dict arena
@@ -55,11 +74,24 @@ cdef class MoEEngine:
                  int64_t big_min_rows):
         cdef int e, E = len(gate)
         cdef Weight g
-        self.fmt = FORMATS.index(format_name)
+        self.fmt = _format_index(format_name)
+        self.integer = ktcy_format(self.fmt).act == KTCY_ACT_INT8
+        if E < 1 or len(up) != E or len(down) != E:
+            raise ValueError(f"gate/up/down hold {len(gate)}/{len(up)}/{len(down)} experts; need the same count >= 1")
+        g = gate[0]
+        for name, ws, shape in (("gate", gate, (g.view.n, g.view.k)), ("up", up, (g.view.n, g.view.k)),
+                                ("down", down, (g.view.k, g.view.n))):
+            for e in range(E):
+                w = <Weight?>ws[e]
+                if w.fmt != self.fmt or w.shape != shape or w.group != g.view.group:
+                    raise ValueError(f"{name}[{e}] is {FORMATS[w.fmt]} {w.shape} group {w.group}; the layer is "
+                                     f"{format_name} {shape} group {g.view.group}")
         self.num_experts = E
         self.keep = (gate, up, down)
         self.big_fn = KTCY_VARIANTS[_variant_index(format_name, big_variant)].fn
         self.small_fn = KTCY_VARIANTS[_variant_index(format_name, small_variant)].fn
+        self.swiglu = _swiglu_for(ISAS[KTCY_VARIANTS[_variant_index(format_name, big_variant)].isa],
+                                  ISAS[KTCY_VARIANTS[_variant_index(format_name, small_variant)].isa])
         self.big_min_rows = big_min_rows
         self.gate_w = <ktcy_weight *>malloc(E * sizeof(ktcy_weight))
         self.up_w = <ktcy_weight *>malloc(E * sizeof(ktcy_weight))
@@ -70,7 +102,6 @@ cdef class MoEEngine:
             self.gate_w[e] = (<Weight>gate[e]).view
             self.up_w[e] = (<Weight>up[e]).view
             self.down_w[e] = (<Weight>down[e]).view
-        g = gate[0]
         self.inter, self.hidden, self.group = g.view.n, g.view.k, g.view.group
         self.kpad_h = g.view.k_pad
         self.kpad_i = (<Weight>down[0]).view.k_pad
@@ -82,11 +113,10 @@ cdef class MoEEngine:
         if tokens <= self.arena_tokens and rows <= self.arena_rows and self.arena["scratch"].size >= threads * scratch_bytes:
             return
         tokens, rows = max(tokens, self.arena_tokens, 1), max(rows, self.arena_rows, 16)
-        integer = self.fmt == KTCY_INT8 or self.fmt == KTCY_INT4
-        gh = self.kpad_h // self.group if self.fmt == KTCY_INT4 else 1
-        gi = self.kpad_i // self.group if self.fmt == KTCY_INT4 else 1
+        gh = self.kpad_h // self.group if self.group else 1
+        gi = self.kpad_i // self.group if self.group else 1
         a = {}
-        if integer:
+        if self.integer:
             a["xq"], a["xs"], a["xg"] = np.zeros((tokens, self.kpad_h), np.int8), np.zeros(tokens, np.float32), np.zeros((tokens, gh), np.int32)
             a["q1"], a["s1"], a["g1"] = np.zeros((rows, self.kpad_h), np.int8), np.zeros(rows, np.float32), np.zeros((rows, gh), np.int32)
             a["q2"], a["s2"], a["g2"] = np.zeros((rows, self.kpad_i), np.int8), np.zeros(rows, np.float32), np.zeros((rows, gi), np.int32)
@@ -100,29 +130,46 @@ cdef class MoEEngine:
         a["scratch"] = np.empty(threads * scratch_bytes, np.uint8)  # per-thread GEMM scratch
         self.arena, self.arena_tokens, self.arena_rows = a, tokens, rows
 
+    def arena_bytes(self):
+        return sum(v.nbytes for v in self.arena.values())
+
+    def _release_large_arena(self):
+        if self.arena_bytes() > ARENA_KEEP_BYTES:
+            self.arena, self.arena_tokens, self.arena_rows = {}, -1, -1
+
     def forward(self, const float[:, ::1] x, const int64_t[:, ::1] ids, const float[:, ::1] rw, float[:, ::1] out,
                 int nthreads):
         cdef int64_t T = ids.shape[0], k = ids.shape[1], S = T * k
         cdef int E = self.num_experts, e
         cdef int64_t t, j, r, s, i, c, rows = 0, n_items1 = 0, n_items2 = 0
-        cdef int integer = self.fmt == KTCY_INT8 or self.fmt == KTCY_INT4
-        cdef int group = self.group if self.fmt == KTCY_INT4 else 0
+        cdef int integer = self.integer
+        cdef int group = self.group
         cdef int64_t H = self.hidden, I = self.inter, kh = self.kpad_h, ki = self.kpad_i
-        cdef int64_t gh = kh // self.group if self.fmt == KTCY_INT4 else 1
-        cdef int64_t gi = ki // self.group if self.fmt == KTCY_INT4 else 1
+        cdef int64_t gh = kh // self.group if self.group else 1
+        cdef int64_t gi = ki // self.group if self.group else 1
         cdef int64_t panels_i = ktcy_n_pad(I) // KTCY_PANEL, panels_h = ktcy_n_pad(H) // KTCY_PANEL
+        # one work partition for the GEMM driver and the engine
+        cdef int64_t per_i = ktcy_split_panels(panels_i, (panels_i + MOE_ITEM_PANELS - 1) // MOE_ITEM_PANELS)
+        cdef int64_t per_h = ktcy_split_panels(panels_h, (panels_h + MOE_ITEM_PANELS - 1) // MOE_ITEM_PANELS)
         if T == 0:
             return
-        counts = np.zeros(E, np.int64)
-        np.add.at(counts, np.asarray(ids).reshape(-1), 1)
+        if x.shape[0] != T or x.shape[1] != H or rw.shape[0] != T or rw.shape[1] != k \
+                or out.shape[0] != T or out.shape[1] != H:
+            raise ValueError("x, ids, weights and out disagree in shape")
+        if nthreads < 1:
+            raise ValueError(f"thread count must be >= 1, got {nthreads}")
+        ids_array = np.asarray(ids)
+        if S and (ids_array.min() < 0 or ids_array.max() >= E):
+            raise ValueError(f"expert ids must lie in [0, {E})")
+        counts = np.bincount(ids_array.reshape(-1), minlength=E).astype(np.int64)
         cdef int64_t[::1] cnt = counts
         seg = np.zeros(E + 1, np.int64)
         cdef int64_t[::1] segv = seg
         for e in range(E):
             segv[e + 1] = segv[e] + _round16(cnt[e])
             if cnt[e] > 0:
-                n_items1 += (panels_i + MOE_ITEM_PANELS - 1) // MOE_ITEM_PANELS
-                n_items2 += (panels_h + MOE_ITEM_PANELS - 1) // MOE_ITEM_PANELS
+                n_items1 += (panels_i + per_i - 1) // per_i
+                n_items2 += (panels_h + per_h - 1) // per_h
         rows = segv[E]
         self._ensure_arena(T, rows, nthreads)
         row_token = np.full(rows, -1, np.int64)
@@ -144,10 +191,10 @@ cdef class MoEEngine:
         for e in range(E):
             if cnt[e] == 0:
                 continue
-            for i in range(0, panels_i, MOE_ITEM_PANELS):
+            for i in range(0, panels_i, per_i):
                 it1[c, 0], it1[c, 1] = e, i
                 c += 1
-            for i in range(0, panels_h, MOE_ITEM_PANELS):
+            for i in range(0, panels_h, per_h):
                 it2[s, 0], it2[s, 1] = e, i
                 s += 1
         a = self.arena
@@ -165,11 +212,11 @@ cdef class MoEEngine:
         cdef char *scratch = <char *>&scratch_view[0]
         status = np.zeros(n_items1 + n_items2 + 1, np.int32)
         cdef int[::1] st = status
-        cdef char message[160]
-        message[0] = 0
+        messages = np.zeros((nthreads, 160), np.uint8)  # one per thread: no shared buffer
+        cdef uint8_t[:, ::1] msg = messages
         cdef int64_t m, p0, p1, seg0, col, col_end, tid, base
         cdef float wgt
-        cdef int vector_swiglu = (_satisfied & KTCY_NEED_AVX512) != 0
+        cdef ktcy_swiglu_fn swiglu = self.swiglu
         cdef ktcy_gemm_fn fn
         cdef char *my_scratch
         with nogil, parallel(num_threads=nthreads):
@@ -194,7 +241,7 @@ cdef class MoEEngine:
             for c in prange(n_items1, schedule="dynamic"):
                 e = <int>it1[c, 0]
                 p0 = it1[c, 1]
-                p1 = p0 + MOE_ITEM_PANELS
+                p1 = p0 + per_i
                 if p1 > panels_i:
                     p1 = panels_i
                 seg0 = segv[e]
@@ -211,17 +258,13 @@ cdef class MoEEngine:
                     st[c] |= _expert_gemm(fn, &self.up_w[e], &hu[seg0, 0], I, p0, p1, my_scratch, m, kh, 0,
                                           NULL, NULL, NULL, &b1[seg0, 0])
                 if st[c] != KTCY_OK:
-                    strncpy(message, ktcy_emu.message, 159)
-                    ktcy_emu_clear_error()
+                    _take_message(st[c], <char *>&msg[tid, 0])
                 col_end = p1 * KTCY_PANEL
                 if col_end > I:
                     col_end = I
                 col = p0 * KTCY_PANEL
                 for r in range(seg0, seg0 + m):
-                    if vector_swiglu:
-                        ktcy_swiglu_avx512(&hg[r, col], &hu[r, col], col_end - col)
-                    else:
-                        ktcy_swiglu_ref(&hg[r, col], &hu[r, col], col_end - col)
+                    swiglu(&hg[r, col], &hu[r, col], col_end - col)
             # 2. the SwiGLU rows become the down projection's activations
             for r in prange(rows, schedule="static"):
                 if rtok[r] >= 0:
@@ -233,7 +276,7 @@ cdef class MoEEngine:
             for c in prange(n_items2, schedule="dynamic"):
                 e = <int>it2[c, 0]
                 p0 = it2[c, 1]
-                p1 = p0 + MOE_ITEM_PANELS
+                p1 = p0 + per_h
                 if p1 > panels_h:
                     p1 = panels_h
                 seg0 = segv[e]
@@ -246,8 +289,7 @@ cdef class MoEEngine:
                     st[n_items1 + c] = _expert_gemm(fn, &self.down_w[e], &hd[seg0, 0], H, p0, p1, my_scratch, m, ki,
                                                     0, NULL, NULL, NULL, &b2[seg0, 0])
                 if st[n_items1 + c] != KTCY_OK:
-                    strncpy(message, ktcy_emu.message, 159)
-                    ktcy_emu_clear_error()
+                    _take_message(st[n_items1 + c], <char *>&msg[tid, 0])
             # 4. weighted sum per token, experts in routing order
             for t in prange(T, schedule="static"):
                 for col in range(H):
@@ -257,5 +299,26 @@ cdef class MoEEngine:
                     base = slotv[t * k + j]
                     for col in range(H):
                         out[t, col] = out[t, col] + wgt * hd[base, col]
+        self._release_large_arena()
         if status.any():
-            _raise_status(KTCY_ERR_TILE, message)
+            first = int(status[np.flatnonzero(status)[0]])
+            text = next((bytes(row).split(b"\0")[0] for row in messages if row[0]), b"")
+            _raise_status(first, text)
+
+
+def swiglu(str isa, const float[::1] g, const float[::1] u):
+    """silu(g) * u with the SwiGLU an engine on `isa` would run (for tests: every version must
+    give the same bits)."""
+    if g.shape[0] != u.shape[0]:
+        raise ValueError("g and u must have the same length")
+    if isa not in _ISA_RANK:
+        raise ValueError(f"unknown ISA {isa!r}")
+    needs = {"avx2": KTCY_NEED_AVX2, "avx512": KTCY_NEED_AVX512, "amx": KTCY_NEED_AVX512}.get(isa, 0)
+    if needs & ~_satisfied:
+        raise UnsupportedISAError(f"this CPU cannot run the {isa} SwiGLU")
+    out = np.array(g, np.float32)
+    cdef float[::1] ov = out
+    cdef ktcy_swiglu_fn fn = _swiglu_for(isa, isa)
+    if out.shape[0]:
+        fn(&ov[0], &u[0], out.shape[0])
+    return out

@@ -11,13 +11,28 @@ cdef extern from "ktcy/ktcy.h" nogil:
     void ktcy_cpu_probe(ktcy_cpu *cpu)
 
     enum:
-        KTCY_BF16, KTCY_INT8, KTCY_INT4, KTCY_FP8_PERCHANNEL, KTCY_FP8_BLOCK, KTCY_NUM_FORMATS
+        KTCY_FMT_BF16, KTCY_FMT_INT8, KTCY_FMT_INT4, KTCY_FMT_FP8_PERCHANNEL, KTCY_FMT_FP8_BLOCK, KTCY_NUM_FORMATS
+        KTCY_CODE_S8, KTCY_CODE_U4, KTCY_CODE_BF16, KTCY_CODE_E4M3
+        KTCY_ACT_INT8, KTCY_ACT_BF16
+        KTCY_SCALE_NONE, KTCY_SCALE_CHANNEL, KTCY_SCALE_GROUP, KTCY_SCALE_BLOCK128
         KTCY_REF, KTCY_AVX2, KTCY_AVX512, KTCY_AMX, KTCY_AMX_EMU, KTCY_NUM_ISAS
-        KTCY_OK, KTCY_ERR_TILE
-        KTCY_PANEL, KTCY_FP8_SCALE_BLOCK
+        KTCY_OK, KTCY_ERR_TILE, KTCY_ERR_SCRATCH, KTCY_ERR_FORMAT
+        KTCY_PANEL, KTCY_SCALE_BLOCK
         KTCY_ENABLE_AMX, KTCY_ENABLE_AVX512_VBMI, KTCY_ENABLE_AVX512_BF16
         KTCY_NEED_AVX2, KTCY_NEED_AVX512, KTCY_NEED_VNNI, KTCY_NEED_BF16, KTCY_NEED_VBMI
         KTCY_NEED_AMX_INT8, KTCY_NEED_AMX_BF16
+
+    ctypedef struct ktcy_format_desc:
+        const char *name
+        int32_t code, block_k, block_bytes, act, scale, groups, zero_points, colsum
+    const ktcy_format_desc KTCY_FORMAT_DESCS[]
+    const ktcy_format_desc *ktcy_format(int format)
+    int ktcy_group_ok(int format, int group)
+    int64_t ktcy_k_pad(int format, int64_t k, int group)
+    int64_t ktcy_n_pad(int64_t n)
+    int64_t ktcy_data_bytes(int format, int64_t n, int64_t k, int group)
+    void ktcy_scale_shape(int format, int64_t n, int64_t k, int group, int64_t shape[2])
+    int64_t ktcy_colsum_count(int format, int64_t n)
 
     ctypedef struct ktcy_weight:
         int32_t format, group
@@ -45,11 +60,8 @@ cdef extern from "ktcy/ktcy.h" nogil:
     int KTCY_NUM_VARIANTS
     int ktcy_satisfied_needs(const ktcy_cpu *c)
 
-    int ktcy_block_k(int format)
-    int ktcy_block_bytes(int format)
-    int64_t ktcy_k_pad(int format, int64_t k, int group)
-    int64_t ktcy_n_pad(int64_t n)
     int64_t ktcy_gemm_scratch_bytes(int64_t k_pad)
+    int64_t ktcy_split_panels(int64_t panels, int64_t parts)
 
     uint16_t ktcy_f32_to_bf16(float f)
     uint16_t ktcy_e4m3_to_bf16(uint8_t b)
@@ -95,5 +107,7 @@ cdef extern from "ktcy/ktcy.h" nogil:
     float ktcy_peak_amx(int64_t iters, int bf16)
 
 cdef extern from "ktcy/ktcy.h" nogil:
+    ctypedef void (*ktcy_swiglu_fn)(float *g, const float *u, int64_t n)
     void ktcy_swiglu_ref(float *g, const float *u, int64_t n)
+    void ktcy_swiglu_avx2(float *g, const float *u, int64_t n)
     void ktcy_swiglu_avx512(float *g, const float *u, int64_t n)

@@ -17,13 +17,39 @@ cimport openmp
 
 from ktcy.errors import TileError, UnsupportedISAError
 
-FORMATS = ("BF16", "INT8", "INT4", "FP8_PERCHANNEL", "FP8_BLOCK")
+FORMATS = tuple(KTCY_FORMAT_DESCS[i].name.decode() for i in range(KTCY_NUM_FORMATS))
 ISAS = ("ref", "avx2", "avx512", "amx", "amx_emu")
 _AUTO_ORDER = (KTCY_AMX, KTCY_AVX512, KTCY_AVX2, KTCY_REF)  # amx_emu: only when forced
 _NEED_NAMES = {KTCY_NEED_AVX2: "avx2+fma", KTCY_NEED_AVX512: "avx512f/bw/vl/dq",
                KTCY_NEED_VNNI: "avx512_vnni", KTCY_NEED_BF16: "avx512_bf16", KTCY_NEED_VBMI: "avx512_vbmi",
                KTCY_NEED_AMX_INT8: "amx_tile+amx_int8 (with OS permission)",
                KTCY_NEED_AMX_BF16: "amx_tile+amx_bf16 (with OS permission)"}
+
+_CODE_NAMES = {KTCY_CODE_S8: "s8", KTCY_CODE_U4: "u4", KTCY_CODE_BF16: "bf16", KTCY_CODE_E4M3: "e4m3"}
+_SCALE_NAMES = {KTCY_SCALE_NONE: "none", KTCY_SCALE_CHANNEL: "per_channel", KTCY_SCALE_GROUP: "group",
+                KTCY_SCALE_BLOCK128: "block_128x128"}
+
+def format_descriptors():
+    """The C descriptor table (include/ktcy/formats.h), one dict per format in enum order."""
+    out = []
+    for i in range(KTCY_NUM_FORMATS):
+        d = KTCY_FORMAT_DESCS[i]
+        out.append({"name": d.name.decode(), "code": _CODE_NAMES[d.code], "block_k": d.block_k,
+                    "block_bytes": d.block_bytes, "activations": "int8" if d.act == KTCY_ACT_INT8 else "bf16",
+                    "scale": _SCALE_NAMES[d.scale], "group_sizes": [g for g in (32, 64, 128) if d.groups & g],
+                    "zero_points": bool(d.zero_points), "colsum": bool(d.colsum)})
+    return out
+
+cdef int _format_index(str name) except -1:
+    try:
+        return FORMATS.index(name)
+    except ValueError:
+        raise ValueError(f"unknown weight format {name!r}; known: {', '.join(FORMATS)}") from None
+
+cdef int _check_format_code(int fmt) except -1:
+    if fmt < 0 or fmt >= KTCY_NUM_FORMATS:
+        raise ValueError(f"format code {fmt} is not one of 0..{KTCY_NUM_FORMATS - 1}")
+    return fmt
 
 # ---------------------------------------------------------------- probe
 
@@ -64,8 +90,8 @@ def variants():
 
 # ---------------------------------------------------------------- dispatch table
 
-cdef int _best[5][5]        # variant index per (format, isa), -1 when none runs here
-cdef int _auto[5]           # the ISA picked per format by the policy, -1 when forcing failed
+cdef int _best[KTCY_NUM_FORMATS][KTCY_NUM_ISAS]  # variant index per (format, isa), -1 when none runs here
+cdef int _auto[KTCY_NUM_FORMATS]                 # the ISA picked per format by the policy, -1 when none
 _policy = {}
 
 cdef void _fill_best():
@@ -82,15 +108,21 @@ cdef void _fill_best():
 def _amx_switch_on(value):
     return (value or "ON").strip().upper() not in ("OFF", "0", "FALSE", "NO")
 
-def configure_dispatch(forced_isa=None, amx_enabled=True):
-    """Set the per-format ISA choice.  Called at import with KTCY_ISA and CPUINFER_ENABLE_AMX."""
+def configure_dispatch(forced_isa=None, amx_enabled=True, strict=True):
+    """Set the per-format ISA choice.  Called at import with KTCY_ISA and CPUINFER_ENABLE_AMX
+    (strict=False: an unknown KTCY_ISA does not fail the import - `ktcy info` and `ktcy convert`
+    must still run - but every kernel lookup raises, naming the variable)."""
     global _policy
     cdef int f
-    if forced_isa is not None and forced_isa not in ISAS:
+    bad = forced_isa is not None and forced_isa not in ISAS
+    if bad and strict:
         raise ValueError(f"KTCY_ISA={forced_isa!r} is not an ISA name; choose one of {', '.join(ISAS)}")
-    _policy = {"forced": forced_isa, "amx_enabled": bool(amx_enabled), "reasons": {}}
+    _policy = {"forced": forced_isa, "amx_enabled": bool(amx_enabled), "reasons": {},
+               "error": f"KTCY_ISA={forced_isa!r} is not an ISA name; choose one of {', '.join(ISAS)}" if bad else None}
     for f in range(KTCY_NUM_FORMATS):
         _auto[f] = -1
+        if bad:
+            continue
         if forced_isa is not None:
             isa = ISAS.index(forced_isa)
             if _usable(f, isa):
@@ -115,7 +147,7 @@ def available_isas():
     return [ISAS[i] for i in range(KTCY_NUM_ISAS) if any(_usable(f, i) for f in range(KTCY_NUM_FORMATS))]
 
 def _unsupported(format_name, isa_name):
-    f = FORMATS.index(format_name)
+    f = _format_index(format_name)
     isa = ISAS.index(isa_name)
     if isa == KTCY_AMX and not KTCY_ENABLE_AMX:
         why = "this build has no AMX kernels (built with CPUINFER_ENABLE_AMX=OFF)"
@@ -134,8 +166,10 @@ def _unsupported(format_name, isa_name):
 
 def resolve(format_name, isa_name=None):
     """(isa, variant name) that runs format_name, forced by isa_name or chosen by the policy."""
-    f = FORMATS.index(format_name)
+    f = _format_index(format_name)
     if isa_name is None:
+        if _policy["error"]:
+            raise ValueError(_policy["error"])
         if _auto[f] < 0:
             raise _unsupported(format_name, _policy["forced"])
         isa = _auto[f]
@@ -156,17 +190,33 @@ def kernel_table():
     return table
 
 _fill_best()
-configure_dispatch(os.environ.get("KTCY_ISA") or None, _amx_switch_on(os.environ.get("CPUINFER_ENABLE_AMX")))
+configure_dispatch((os.environ.get("KTCY_ISA") or "").strip() or None,
+                   _amx_switch_on(os.environ.get("CPUINFER_ENABLE_AMX")), strict=False)
 
 # ---------------------------------------------------------------- threads
 
 cdef int _num_threads = 1
 
-def set_num_threads(int n):
+def usable_cpus():
+    """CPUs this process may run on (its affinity mask), the most threads that can help."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+def check_thread_count(n, what="thread count"):
+    """n as an int in [1, usable CPUs], or ValueError: OpenMP aborts the whole process (or
+    crashes) when asked for tens of thousands of threads, and more threads than CPUs never help."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"{what} must be an integer, got {n!r}")
+    cpus = usable_cpus()
+    if n < 1 or n > cpus:
+        raise ValueError(f"{what} must be between 1 and {cpus} (the CPUs this process may use), got {n}")
+    return int(n)
+
+def set_num_threads(n):
     global _num_threads
-    if n < 1:
-        raise ValueError(f"thread count must be >= 1, got {n}")
-    _num_threads = n
+    _num_threads = check_thread_count(n)
 
 def get_num_threads():
     return _num_threads
@@ -175,31 +225,37 @@ def get_num_threads():
 
 cdef int64_t _quantize_unit(int fmt, const float *w, int64_t n, int64_t k, int group, int64_t i, void *q,
                             int64_t ldq, float *scale, int64_t ld_scale) noexcept nogil:
-    """Quantizes unit i (a row; for FP8 blocks a stripe of 128 rows); >= 0 names a bad row."""
-    if fmt == KTCY_INT8:
+    """Quantizes unit i (a row; for FP8 blocks a stripe of 128 rows) by the format's rule
+    (include/ktcy/quantize.h); >= 0 names a bad row."""
+    if fmt == KTCY_FMT_INT8:
         return ktcy_quantize_int8_rows(w, k, k, i, i + 1, <int8_t *>q, ldq, scale)
-    if fmt == KTCY_INT4:
+    if fmt == KTCY_FMT_INT4:
         return ktcy_quantize_int4_rows(w, k, k, group, i, i + 1, <int8_t *>q, ldq, scale, ld_scale)
-    if fmt == KTCY_FP8_PERCHANNEL:
+    if fmt == KTCY_FMT_FP8_PERCHANNEL:
         return ktcy_quantize_fp8_rows(w, k, k, i, i + 1, <uint8_t *>q, ldq, scale)
-    return ktcy_quantize_fp8_block_rows(w, k, n, k, i * KTCY_FP8_SCALE_BLOCK, <uint8_t *>q, ldq, scale)
+    if fmt == KTCY_FMT_FP8_BLOCK:
+        return ktcy_quantize_fp8_block_rows(w, k, n, k, i * KTCY_SCALE_BLOCK, <uint8_t *>q, ldq, scale)
+    return -2
 
 def quantize_weights(int fmt, const float[:, ::1] w, int group=0):
     """(codes, scales) of W[n][k] by the format's rule (include/ktcy/quantize.h): INT8 and FP8
     per-channel scales [n]; INT4 codes [n][k_pad] with scales [k_pad/group][n_pad]; FP8 block
     scales [ceil(n/128)][ceil(k/128)].  Rows are quantized in parallel."""
-    cdef int64_t n = w.shape[0], k = w.shape[1], i, bad = 0, B = KTCY_FP8_SCALE_BLOCK
-    cdef int64_t units = n, ld_scale = 0, k_pad = ktcy_k_pad(KTCY_INT4, k, group) if fmt == KTCY_INT4 else k
-    if fmt == KTCY_INT8 or fmt == KTCY_INT4:
-        q = np.zeros((n, k_pad), np.int8)
-    elif fmt == KTCY_FP8_PERCHANNEL or fmt == KTCY_FP8_BLOCK:
-        q = np.zeros((n, k), np.uint8)
-    else:
+    _check_format_code(fmt)
+    cdef const ktcy_format_desc *d = ktcy_format(fmt)
+    cdef int64_t n = w.shape[0], k = w.shape[1], i, bad = 0, B = KTCY_SCALE_BLOCK
+    cdef int64_t units = n, ld_scale = 0, k_pad = k
+    if d.code == KTCY_CODE_BF16 or d.scale == KTCY_SCALE_NONE:
         raise ValueError(f"format {FORMATS[fmt]} has no quantizer")
-    if fmt == KTCY_INT4:
+    if not ktcy_group_ok(fmt, group):
+        raise ValueError(f"group size {group} is not valid for {FORMATS[fmt]}")
+    if d.scale == KTCY_SCALE_GROUP:
+        k_pad = ktcy_k_pad(fmt, k, group)
+    q = np.zeros((n, k_pad), np.uint8 if d.code == KTCY_CODE_E4M3 else np.int8)
+    if d.scale == KTCY_SCALE_GROUP:
         ld_scale = ktcy_n_pad(n)
         scale = np.zeros((k_pad // group, ld_scale), np.float32)
-    elif fmt == KTCY_FP8_BLOCK:
+    elif d.scale == KTCY_SCALE_BLOCK128:
         units = (n + B - 1) // B
         scale = np.zeros((units, (k + B - 1) // B), np.float32)
     else:
@@ -243,17 +299,35 @@ def f32_to_e4m3(const float[::1] x):
     return out
 
 def padded_shape(int fmt, int64_t n, int64_t k, int group=0):
-    """(n_pad, k_pad, K elements per packed block) of a packed W[n][k] (include/ktcy/types.h)."""
-    return ktcy_n_pad(n), ktcy_k_pad(fmt, k, group), ktcy_block_k(fmt)
+    """(n_pad, k_pad, K elements per packed block) of a packed W[n][k] (include/ktcy/formats.h)."""
+    _check_format_code(fmt)
+    return ktcy_n_pad(n), ktcy_k_pad(fmt, k, group), ktcy_format(fmt).block_k
+
+def packed_shapes(int fmt, int64_t n, int64_t k, int group=0):
+    """{"data": (bytes,), "scale": (rows, cols) or None, "colsum": (n_pad,) or None}: the arrays a
+    packed W[n][k] consists of, by the descriptor (what every loader checks before C reads them)."""
+    _check_format_code(fmt)
+    if n < 1 or k < 1:
+        raise ValueError(f"a packed weight needs N >= 1 and K >= 1, got {n} x {k}")
+    if not ktcy_group_ok(fmt, group):
+        raise ValueError(f"group size {group} is not valid for {FORMATS[fmt]}")
+    cdef int64_t shape[2]
+    ktcy_scale_shape(fmt, n, k, group, shape)
+    cs = ktcy_colsum_count(fmt, n)
+    return {"data": (ktcy_data_bytes(fmt, n, k, group),), "scale": (shape[0], shape[1]) if shape[0] else None,
+            "colsum": (cs,) if cs else None}
 
 def layout(int fmt, codes, int64_t n, int64_t k, int group=0):
     """Packs an [n][>=k] code matrix (int8, uint8 or uint16 bits) into the format's blocks."""
+    shapes = packed_shapes(fmt, n, k, group)
     cdef int64_t k_pad = ktcy_k_pad(fmt, k, group), n_pad = ktcy_n_pad(n)
     cdef int64_t panels = n_pad // KTCY_PANEL, p
     cdef int64_t ld = codes.shape[1]
+    if codes.shape[0] < n or ld < k:
+        raise ValueError(f"codes of shape {codes.shape} do not cover {n} x {k}")
     cdef const uint8_t[:, ::1] raw = np.ascontiguousarray(codes).view(np.uint8)
-    data = np.empty(panels * (k_pad // ktcy_block_k(fmt)) * ktcy_block_bytes(fmt), np.uint8)
-    colsum = np.zeros(n_pad, np.int32) if fmt == KTCY_INT8 else None
+    data = np.empty(shapes["data"], np.uint8)
+    colsum = np.zeros(n_pad, np.int32) if shapes["colsum"] else None
     cdef uint8_t[::1] dv = data
     cdef int32_t[::1] cv
     cdef int32_t *cptr = NULL
@@ -273,28 +347,35 @@ cdef class Activations:
     cdef public object q, bf16, scale, group_sum
     cdef ktcy_act view
 
+    cdef public int fmt
+
     def __init__(self, int fmt, const float[:, ::1] x, int64_t k_pad, int group=0):
+        _check_format_code(fmt)
+        cdef const ktcy_format_desc *d = ktcy_format(fmt)
         cdef int64_t m = x.shape[0], k = x.shape[1], m_pad = (m + 15) // 16 * 16 if m > 0 else 16, r
+        cdef int gsum_group = group if d.scale == KTCY_SCALE_GROUP else 0
+        if k_pad < k or k_pad % d.block_k or (gsum_group and (gsum_group <= 0 or k_pad % gsum_group)):
+            raise ValueError(f"k_pad {k_pad} does not fit K = {k} in {FORMATS[fmt]} blocks (group {group})")
+        self.fmt = fmt
         cdef int8_t[:, ::1] qv
         cdef uint16_t[:, ::1] bv
         cdef float[::1] sv
         cdef int32_t[:, ::1] gv
         cdef int32_t *gptr = NULL
         memset(&self.view, 0, sizeof(ktcy_act))
-        self.view.m, self.view.m_pad, self.view.k_pad, self.view.group = m, m_pad, k_pad, group
-        if fmt == KTCY_INT8 or fmt == KTCY_INT4:
+        self.view.m, self.view.m_pad, self.view.k_pad, self.view.group = m, m_pad, k_pad, gsum_group
+        if d.act == KTCY_ACT_INT8:
             self.q = np.zeros((m_pad, k_pad), np.int8)
             self.scale = np.zeros(m_pad, np.float32)
             qv, sv = self.q, self.scale
-            if fmt == KTCY_INT4:
-                self.group_sum = np.zeros((m_pad, k_pad // group), np.int32)
+            if gsum_group:
+                self.group_sum = np.zeros((m_pad, k_pad // gsum_group), np.int32)
                 gv = self.group_sum
                 gptr = &gv[0, 0]
             self.view.q, self.view.scale, self.view.group_sum = &qv[0, 0], &sv[0], gptr
             if m > 0 and k > 0:
                 for r in prange(m, nogil=True, num_threads=_num_threads, schedule="static"):
-                    ktcy_quantize_act_int8(&x[0, 0], k, k, k_pad, r, r + 1, &qv[0, 0], &sv[0],
-                                           group if fmt == KTCY_INT4 else 0, gptr)
+                    ktcy_quantize_act_int8(&x[0, 0], k, k, k_pad, r, r + 1, &qv[0, 0], &sv[0], gsum_group, gptr)
         else:
             self.bf16 = np.zeros((m_pad, k_pad), np.uint16)
             bv = self.bf16
@@ -306,66 +387,112 @@ cdef class Activations:
 # ---------------------------------------------------------------- GEMM driver
 
 cdef class Weight:
-    """A ktcy_weight over arrays owned by Python (a PackedWeight or a mapped file)."""
+    """A ktcy_weight over arrays owned by Python (a PackedWeight or a mapped file).  Every array
+    a kernel reads is checked here against the shape the format descriptor implies: this is the
+    last line before C code trusts sizes."""
     cdef ktcy_weight view
     cdef object keep
+    cdef public int fmt
 
-    def __init__(self, int fmt, int group, int64_t n, int64_t k, const uint8_t[::1] data,
-                 const float[::1] scale, colsum):
+    def __init__(self, int fmt, int group, int64_t n, int64_t k, data, scale, colsum):
+        shapes = packed_shapes(fmt, n, k, group)
+        name = FORMATS[fmt]
+        if ktcy_format(fmt).code == KTCY_CODE_S8 and k > INT8_MAX_K:
+            raise ValueError(f"{name} weights with K = {k} > {INT8_MAX_K} would overflow the int32 sums")
+        cdef const uint8_t[::1] dv = _checked(data, np.uint8, shapes["data"], f"{name} packed data")
+        cdef const float[::1] sv
         cdef const int32_t[::1] cv
         memset(&self.view, 0, sizeof(ktcy_weight))
-        self.keep = (data, scale, colsum)
+        self.fmt = fmt
         self.view.format, self.view.group, self.view.n, self.view.k = fmt, group, n, k
         self.view.n_pad, self.view.k_pad = ktcy_n_pad(n), ktcy_k_pad(fmt, k, group)
-        expect = self.view.n_pad // KTCY_PANEL * (self.view.k_pad // ktcy_block_k(fmt)) * ktcy_block_bytes(fmt)
-        if data.shape[0] != expect:
-            raise ValueError(f"packed data holds {data.shape[0]} bytes, the layout needs {expect}")
-        self.view.data = &data[0]
-        self.view.scale = &scale[0]
-        if colsum is not None:
-            cv = colsum
+        self.view.data = &dv[0]
+        if shapes["scale"] is not None:
+            sv = _checked(scale, np.float32, shapes["scale"], f"{name} scale")
+            self.view.scale = &sv[0]
+        if shapes["colsum"] is not None:
+            cv = _checked(colsum, np.int32, shapes["colsum"], f"{name} colsum")
             self.view.colsum = &cv[0]
+        self.keep = (data, scale, colsum)
+
+    @property
+    def group(self):
+        return self.view.group
+
+    @property
+    def shape(self):
+        return (self.view.n, self.view.k)
+
+def _checked(a, dtype, shape, what):
+    """a as a flat C-contiguous array of dtype holding exactly prod(shape) elements (a 1-D array
+    of that size or an array of that shape), else ValueError/TypeError; never copies."""
+    if a is None:
+        raise ValueError(f"{what} is missing; the format needs {shape}")
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{what} must be a numpy array, got {type(a).__name__}")
+    if a.dtype != dtype:
+        raise TypeError(f"{what} must be {np.dtype(dtype)}, got {a.dtype}")
+    count = int(np.prod(shape))
+    if a.shape not in (tuple(shape), (count,)):
+        raise ValueError(f"{what} has shape {a.shape}; the format needs {tuple(shape)}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{what} must be C-contiguous")
+    return a.reshape(-1)
+
+# INT8 sums (q_x + 128) * q_w in int32 on VNNI (then subtracts 128 * column sum): 255 * 127 * K
+# stays below 2^31 up to K = 66311.
+INT8_MAX_K = 65536
 
 cdef int _gemm_parallel(ktcy_gemm_fn fn, const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy,
                         int64_t pb, int64_t pe, int nthreads, char *message) noexcept nogil:
-    """Splits panels [pb, pe) into one contiguous range per thread (whole 4-panel groups where
-    there are enough) and runs fn on each with its own scratch.  Returns a ktcy_status."""
+    """Splits panels [pb, pe) into one contiguous chunk per thread (ktcy_split_panels) and runs fn
+    on each with its own scratch.  Returns a ktcy_status; message gets the first failure's text."""
     cdef int64_t panels = pe - pb, per, chunks, c, p0, p1
     cdef int64_t scratch_bytes = ktcy_gemm_scratch_bytes(w.k_pad)
-    cdef int st, failed = KTCY_OK
+    cdef int failed = KTCY_OK
     cdef int *status
+    cdef char *messages
     if panels <= 0 or a.m == 0:
         return KTCY_OK
-    per = (panels + nthreads - 1) // nthreads
-    per = (per + 3) // 4 * 4 if panels >= 4 * nthreads else (per + 1) // 2 * 2
+    per = ktcy_split_panels(panels, nthreads)
     chunks = (panels + per - 1) // per
     if chunks < nthreads:
         nthreads = <int>chunks
     cdef char *scratch = <char *>malloc(scratch_bytes * nthreads)
     status = <int *>malloc(chunks * sizeof(int))
-    if scratch == NULL or status == NULL:
+    messages = <char *>malloc(chunks * 160)
+    if scratch == NULL or status == NULL or messages == NULL:
         free(scratch)
         free(status)
-        return -1
+        free(messages)
+        return KTCY_ERR_SCRATCH
     for c in prange(chunks, num_threads=nthreads, schedule="static"):
         p0 = pb + c * per
         p1 = p0 + per
         if p1 > pe:
             p1 = pe
-        st = fn(a, w, y, ldy, p0, p1, scratch + openmp.omp_get_thread_num() * scratch_bytes)
-        status[c] = st
-        if st != KTCY_OK:  # the emulator's message is thread-local: copy it out here
-            strncpy(message, ktcy_emu.message, 159)
-            ktcy_emu_clear_error()
+        status[c] = fn(a, w, y, ldy, p0, p1, scratch + openmp.omp_get_thread_num() * scratch_bytes)
+        _take_message(status[c], messages + c * 160)  # the emulator's message is thread-local
     for c in range(chunks):
-        if status[c] != KTCY_OK:
+        if status[c] != KTCY_OK and failed == KTCY_OK:
             failed = status[c]
+            strncpy(message, messages + c * 160, 159)
+            message[159] = 0
     free(scratch)
     free(status)
+    free(messages)
     return failed
 
+cdef inline void _take_message(int st, char *dst) noexcept nogil:
+    """Copies this thread's emulator fault text to its own slot (no shared buffer) and clears it."""
+    dst[0] = 0
+    if st == KTCY_ERR_TILE:
+        strncpy(dst, ktcy_emu.message, 159)
+        dst[159] = 0
+        ktcy_emu_clear_error()
+
 cdef int _variant_index(str format_name, str variant_name) except -1:
-    cdef int i, f = FORMATS.index(format_name)
+    cdef int i, f = _format_index(format_name)
     for i in range(KTCY_NUM_VARIANTS):
         if KTCY_VARIANTS[i].name.decode() == variant_name:
             if not KTCY_VARIANTS[i].formats & (1 << f):
@@ -382,6 +509,12 @@ def gemm(str format_name, str variant_name, Activations act, Weight weight, floa
     cdef int st
     cdef int64_t panels = weight.view.n_pad // KTCY_PANEL
     message[0] = 0
+    if weight.fmt != _format_index(format_name) or act.fmt != weight.fmt:
+        raise ValueError(f"activations ({FORMATS[act.fmt]}) and weight ({FORMATS[weight.fmt]}) "
+                         f"must both be {format_name}")
+    if act.view.k_pad != weight.view.k_pad or act.view.group != weight.view.group:
+        raise ValueError(f"activations prepared for k_pad {act.view.k_pad} (group {act.view.group}) do not fit a "
+                         f"weight with k_pad {weight.view.k_pad} (group {weight.view.group})")
     if out.shape[0] < act.view.m or out.shape[1] < weight.view.n:
         raise ValueError("output buffer too small")
     with nogil:
@@ -391,7 +524,9 @@ def gemm(str format_name, str variant_name, Activations act, Weight weight, floa
 
 cdef _raise_status(int st, char *message):
     if st == KTCY_ERR_TILE:
-        raise TileError("AMX tile fault (emulated): " + (<bytes>message).decode())
+        raise TileError("AMX tile fault (emulated): " + (<bytes>message).decode(errors="replace"))
+    if st == KTCY_ERR_FORMAT:
+        raise RuntimeError("internal error: a kernel was handed a weight format it does not serve")
     if st != KTCY_OK:
         raise MemoryError("could not allocate GEMM scratch")
 

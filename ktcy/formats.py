@@ -1,8 +1,23 @@
-"""Weight format names: ktcy's own, the KTransformers backend spellings, and the FP8 scale detector."""
+"""Weight format names: ktcy's own (read from the C descriptor table), the KTransformers backend
+spellings, and the FP8 scale detector."""
+from ktcy import _native
 
-FORMATS = ("BF16", "INT8", "INT4", "FP8_PERCHANNEL", "FP8_BLOCK")
-INT4_GROUP_SIZES = (32, 64, 128)
+#: {format name: descriptor} from include/ktcy/formats.h: code kind, block geometry, activation
+#: kind ("int8" | "bf16"), scale kind ("none" | "per_channel" | "group" | "block_128x128"),
+#: allowed group sizes, zero points, colsum.
+DESCRIPTORS = {d["name"]: d for d in _native.format_descriptors()}
+FORMATS = tuple(DESCRIPTORS)
+INT4_GROUP_SIZES = tuple(DESCRIPTORS["INT4"]["group_sizes"])
 DEFAULT_INT4_GROUP = 64
+
+
+def descriptor(fmt):
+    """The descriptor of a canonical format name."""
+    return DESCRIPTORS[fmt]
+
+
+def has_groups(fmt):
+    return DESCRIPTORS[fmt]["scale"] == "group"
 
 # KTransformers backend / method names -> ktcy format.  "FP8" alone is the DeepSeek-V3 release
 # format (128x128 block scales); per-channel FP8 is FP8_PERCHANNEL or FP8 with per_channel=True.

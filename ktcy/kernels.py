@@ -8,12 +8,10 @@ import ml_dtypes
 import numpy as np
 
 from ktcy import _native
-from ktcy.formats import DEFAULT_INT4_GROUP, FORMATS, INT4_GROUP_SIZES, canonical_format
+from ktcy.formats import DEFAULT_INT4_GROUP, FORMATS, canonical_format, descriptor, has_groups
 
 _CODE = {name: i for i, name in enumerate(FORMATS)}
-# INT8 sums (q_x + 128) * q_w in int32 on VNNI (then subtracts 128 * column sum): 255 * 127 * K
-# stays below 2^31 up to K = 66311.
-INT8_MAX_K = 65536
+INT8_MAX_K = _native.INT8_MAX_K
 _FLOAT_INPUTS = (np.float32, np.float64, np.float16, ml_dtypes.bfloat16)
 
 
@@ -39,14 +37,20 @@ def as_float32_matrix(a, what):
 
 @dataclass(eq=False)
 class PackedWeight:
-    """W[N][K] in a ktcy packed layout (the same bytes on every ISA)."""
+    """W[N][K] in a ktcy packed layout (the same bytes on every ISA).  The arrays are checked
+    against the format descriptor when the C descriptor is first made (native())."""
     format: str
     shape: tuple
     data: np.ndarray          # uint8 blocks
-    scale: np.ndarray         # float32; per format, see include/ktcy/types.h
-    colsum: np.ndarray = None  # INT8 only
-    group_size: int = 0       # INT4 only
+    scale: np.ndarray         # float32 as formats.descriptor(format)["scale"] says; None when "none"
+    colsum: np.ndarray = None  # formats whose descriptor keeps colsum (INT8)
+    group_size: int = 0       # formats with group scales (INT4)
     _view: object = field(default=None, repr=False)
+
+    def __repr__(self):
+        group = f", group {self.group_size}" if self.group_size else ""
+        return (f"PackedWeight({self.format}, N={self.shape[0]}, K={self.shape[1]}{group}, "
+                f"{self.nbytes / 2**20:.2f} MiB)")
 
     @property
     def nbytes(self):
@@ -61,28 +65,33 @@ class PackedWeight:
         return _padded(self.format, *self.shape, self.group_size)[0]
 
     def native(self):
-        """The C descriptor over these arrays (made once)."""
+        """The C descriptor over these arrays (made once, after checking every array's shape)."""
         if self._view is None:
-            self._view = _native.Weight(_CODE[self.format], self.group_size, self.shape[0], self.shape[1],
-                                        self.data, self.scale.reshape(-1), self.colsum)
+            if self.format not in _CODE:
+                raise ValueError(f"unknown weight format {self.format!r}; known: {', '.join(FORMATS)}")
+            n, k = (int(v) for v in self.shape)
+            self._view = _native.Weight(_CODE[self.format], int(self.group_size or 0), n, k, self.data,
+                                        self.scale, self.colsum)
         return self._view
 
     def codes(self):
         """The stored codes as [N, K]: int8 (INT8, INT4), E4M3 bytes (FP8) or bf16 bits (BF16).
         Read back from the block layout with numpy, independently of the C packer."""
         n, k = self.shape
+        d = descriptor(self.format)
         n_pad, k_pad, block_k = _padded(self.format, n, k, self.group_size)
         panels, kb = n_pad // 16, k_pad // block_k
-        if self.format == "INT4":
-            d = self.data.reshape(panels, kb, 512)
-            nib = np.concatenate([d & 0x0F, d >> 4], axis=2).astype(np.int8) - 8
-            blocks = nib.reshape(panels, kb, 16, 16, 4)
-        elif self.format == "INT8":
-            blocks = self.data.view(np.int8).reshape(panels, kb, 16, 16, 4)
-        elif self.format == "BF16":
-            blocks = self.data.view(np.uint16).reshape(panels, kb, 16, 16, 2)
+        per_lane = 4 if d["activations"] == "int8" else 2  # K values of a channel in one block row
+        if d["code"] == "u4":
+            raw = self.data.reshape(panels, kb, d["block_bytes"])
+            codes = np.concatenate([raw & 0x0F, raw >> 4], axis=2).astype(np.int8) - 8
+        elif d["code"] == "s8":
+            codes = self.data.view(np.int8)
+        elif d["code"] == "bf16":
+            codes = self.data.view(np.uint16)
         else:
-            blocks = self.data.reshape(panels, kb, 16, 16, 2)
+            codes = self.data
+        blocks = codes.reshape(panels, kb, 16, 16, per_lane)
         # (panel, kblock, row r, channel, j) -> (panel, channel, kblock, r, j)
         full = blocks.transpose(0, 3, 1, 2, 4).reshape(n_pad, k_pad)
         return full[:n, :k]
@@ -90,34 +99,46 @@ class PackedWeight:
     def dequantize(self, dtype=np.float64):
         """W as the kernels see it: codes times scales, exactly (in float64 by default)."""
         n, k = self.shape
+        d = descriptor(self.format)
         c = self.codes()
-        if self.format == "BF16":
-            return c.view(ml_dtypes.bfloat16).astype(dtype)
-        if self.format == "INT8":
-            return c.astype(dtype) * self.scale[:n, None].astype(dtype)
-        if self.format == "INT4":
-            s = np.repeat(self.scale[:, :n].T.astype(dtype), self.group_size, axis=1)[:, :k]
-            return c.astype(dtype) * s
-        values = c.view(ml_dtypes.float8_e4m3fn).astype(dtype)
-        if self.format == "FP8_PERCHANNEL":
-            return values * self.scale[:n, None].astype(dtype)
+        if d["code"] == "bf16":
+            values = c.view(ml_dtypes.bfloat16).astype(dtype)
+        elif d["code"] == "e4m3":
+            values = c.view(ml_dtypes.float8_e4m3fn).astype(dtype)
+        else:
+            values = c.astype(dtype)
+        kind = d["scale"]
+        if kind == "none":
+            return values
+        if kind == "per_channel":
+            return values * self.scale.reshape(-1)[:n, None].astype(dtype)
+        if kind == "group":
+            return values * np.repeat(self.scale[:, :n].T.astype(dtype), self.group_size, axis=1)[:, :k]
         return values * expand_block_scale(self.scale.astype(dtype), n, k)
 
 
 def pack(W, format="INT8", group_size=DEFAULT_INT4_GROUP):
     """Quantize (if the format asks) and pack a float weight matrix W[N][K] (out x in)."""
     fmt = canonical_format(format)
-    if fmt == "INT4" and group_size not in INT4_GROUP_SIZES:
-        raise ValueError(f"INT4 group_size must be one of {INT4_GROUP_SIZES}, got {group_size}")
+    group = group_size if has_groups(fmt) else 0
+    if has_groups(fmt) and group not in descriptor(fmt)["group_sizes"]:
+        raise ValueError(f"{fmt} group_size must be one of {tuple(descriptor(fmt)['group_sizes'])}, got {group_size}")
     W = np.asarray(W)
     if fmt == "BF16" and W.dtype == ml_dtypes.bfloat16 and W.ndim == 2:
         return pack_quantized(np.ascontiguousarray(W).view(np.uint16), None, "BF16")
     w = as_float32_matrix(W, "W")
     n, k = w.shape
     if fmt == "BF16":
+        _refuse_non_finite(w)
         return pack_quantized(_native.to_bf16_bits(w), None, fmt)
-    codes, scale = _native.quantize_weights(_CODE[fmt], w, group_size if fmt == "INT4" else 0)
-    return pack_quantized(codes[:, :k], scale, fmt, group_size=group_size if fmt == "INT4" else None)
+    codes, scale = _native.quantize_weights(_CODE[fmt], w, group)
+    return pack_quantized(codes[:, :k], scale, fmt, group_size=group or None)
+
+
+def _refuse_non_finite(w):
+    bad = ~np.isfinite(w).all(axis=1)
+    if bad.any():
+        raise ValueError(f"weight row {int(np.flatnonzero(bad)[0])} holds NaN or infinity; it cannot be packed")
 
 
 def pack_quantized(codes, scale, format, group_size=None):
@@ -125,49 +146,55 @@ def pack_quantized(codes, scale, format, group_size=None):
     scale [K_pad/group, N_pad] or [N, K/group] (INT4); E4M3 bytes or float8_e4m3fn [N,K] + scale
     [N] / [N,1] (FP8 per channel) or [ceil(N/128), ceil(K/128)] (FP8 block); bf16 bits (BF16)."""
     fmt = canonical_format(format)
+    d = descriptor(fmt)
     codes = np.asarray(codes)
-    if codes.ndim != 2:
-        raise ValueError(f"codes must be 2-D, got shape {codes.shape}")
+    if codes.ndim != 2 or 0 in codes.shape:
+        raise ValueError(f"codes must be 2-D and non-empty, got shape {codes.shape}")
     n, k = codes.shape
-    n_pad = _padded("INT8", n, k, 0)[0]
+    n_pad = _padded(fmt, n, k, 0 if not has_groups(fmt) else DEFAULT_INT4_GROUP)[0]
     group = 0
-    if fmt == "BF16":
+    code = d["code"]
+    if code == "bf16":
         if codes.dtype == ml_dtypes.bfloat16:
             codes = codes.view(np.uint16)
-        _expect_dtype(codes, np.uint16, "BF16 codes (bf16 bits)")
-        scale = np.zeros(n_pad, np.float32)
-    elif fmt == "INT8":
-        _expect_dtype(codes, np.int8, "INT8 codes")
-        if k > INT8_MAX_K:
-            raise ValueError(f"INT8 weights with K = {k} > {INT8_MAX_K} would overflow the int32 sums; use BF16 or INT4")
+        _expect_dtype(codes, np.uint16, f"{fmt} codes (bf16 bits)")
+        if ((codes & 0x7F80) == 0x7F80).any():
+            row = int(np.flatnonzero(((codes & 0x7F80) == 0x7F80).any(axis=1))[0])
+            raise ValueError(f"weight row {row} holds NaN or infinity; it cannot be packed")
+    elif code == "e4m3":
+        if codes.dtype == ml_dtypes.float8_e4m3fn:
+            codes = codes.view(np.uint8)
+        _expect_dtype(codes, np.uint8, f"{fmt} codes (E4M3 bytes or float8_e4m3fn)")
+    else:
+        _expect_dtype(codes, np.int8, f"{fmt} codes")
+        if code == "s8" and k > INT8_MAX_K:
+            raise ValueError(f"{fmt} weights with K = {k} > {INT8_MAX_K} would overflow the int32 sums; use BF16 or INT4")
+        if code == "u4" and (codes.min() < -8 or codes.max() > 7):
+            raise ValueError(f"{fmt} codes must lie in [-8, 7]")
+    kind = d["scale"]
+    if kind == "none":
+        if scale is not None:
+            raise ValueError(f"{fmt} has no scales; got one")
+    elif kind == "per_channel":
         scale = _channel_scale(scale, n, n_pad)
-    elif fmt == "INT4":
+    elif kind == "group":
         group = group_size or DEFAULT_INT4_GROUP
-        if group not in INT4_GROUP_SIZES:
-            raise ValueError(f"INT4 group_size must be one of {INT4_GROUP_SIZES}, got {group}")
-        _expect_dtype(codes, np.int8, "INT4 codes")
-        if codes.size and (codes.min() < -8 or codes.max() > 7):
-            raise ValueError("INT4 codes must lie in [-8, 7]")
-        groups = _padded("INT4", n, k, group)[1] // group
+        if group not in d["group_sizes"]:
+            raise ValueError(f"{fmt} group_size must be one of {tuple(d['group_sizes'])}, got {group}")
+        groups = _padded(fmt, n, k, group)[1] // group
         scale = np.asarray(scale, np.float32)
         if scale.shape == (n, -(-k // group)):
             full = np.zeros((groups, n_pad), np.float32)
             full[: scale.shape[1], :n] = scale.T
             scale = full
         if scale.shape != (groups, n_pad):
-            raise ValueError(f"INT4 scale must be [{groups}, {n_pad}] or [{n}, {-(-k // group)}], got {scale.shape}")
+            raise ValueError(f"{fmt} scale must be [{groups}, {n_pad}] or [{n}, {-(-k // group)}], got {scale.shape}")
         scale = np.ascontiguousarray(scale)
     else:
-        if codes.dtype == ml_dtypes.float8_e4m3fn:
-            codes = codes.view(np.uint8)
-        _expect_dtype(codes, np.uint8, "FP8 codes (E4M3 bytes or float8_e4m3fn)")
-        if fmt == "FP8_PERCHANNEL":
-            scale = _channel_scale(scale, n, n_pad)
-        else:
-            grid = (-(-n // 128), -(-k // 128))
-            scale = np.ascontiguousarray(scale, np.float32)
-            if scale.shape != grid:
-                raise ValueError(f"FP8 block scale_inv must be {grid} for a {n}x{k} weight, got {scale.shape}")
+        grid = (-(-n // 128), -(-k // 128))
+        scale = np.ascontiguousarray(scale, np.float32)
+        if scale.shape != grid:
+            raise ValueError(f"{fmt} block scale_inv must be {grid} for a {n}x{k} weight, got {scale.shape}")
     data, colsum = _native.layout(_CODE[fmt], np.ascontiguousarray(codes), n, k, group)
     return PackedWeight(fmt, (n, k), data, scale, colsum, group)
 
@@ -178,6 +205,8 @@ def _expect_dtype(a, dtype, what):
 
 
 def _channel_scale(scale, n, n_pad):
+    if scale is None:
+        raise ValueError(f"per-channel scale [{n}] is missing")
     s = np.asarray(scale, np.float32)
     if s.shape not in ((n,), (n, 1)):
         raise ValueError(f"per-channel scale must be [{n}] or [{n}, 1], got {s.shape}")
@@ -205,6 +234,7 @@ def linear(X, packed, isa=None, out=None):
 def linear_variant(X, packed, variant, out=None):
     """linear() on one named kernel variant (see ktcy._native.variants()), for tests and benchmarks
     that must reach variants the dispatcher would not pick on this CPU."""
+    weight = packed.native()  # checks every array against the descriptor first
     act = prepare_activations(X, packed)
     m, n = np.shape(X)[0], packed.shape[0]
     if out is None:
@@ -212,5 +242,5 @@ def linear_variant(X, packed, variant, out=None):
     elif out.shape != (m, n) or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError(f"out must be a C-contiguous float32 array of shape {(m, n)}")
     if m and n:
-        _native.gemm(packed.format, variant, act, packed.native(), out)
+        _native.gemm(packed.format, variant, act, weight, out)
     return out

@@ -159,20 +159,23 @@ def test_unconfigured_use_is_an_error():
 
 
 def test_amx_and_amx_emu_kernels_come_from_one_source():
-    binder = (INCLUDE / "gemm_amx.h").read_text()
-    body = (INCLUDE / "gemm_amx_body.h").read_text()
-    # the binder includes the one body once per binding, with no kernel code of its own
-    assert binder.count('#include "gemm_amx_body.h"') == 2
-    assert "_gemm(" not in binder
-    assert "#ifndef" not in body.split("\n#define", 1)[0]   # no include guard: meant to be included twice
-    for name in ("int8_gemm", "int4_gemm", "bf16_gemm"):
-        assert re.search(rf"KT_AMX_NAME\({name}\)", body)
+    binder = (INCLUDE / "kernels.h").read_text()
+    body = (INCLUDE / "gemm_amx_tpl.h").read_text()
+    emu, real = binder.split("/* ---- real AMX tiles ---- */")
+    # the binder includes the one skeleton once per (format, binding), with no kernel code of its own
+    formats = ("int8", "int4", "bf16", "fp8")
+    for part, prefix in ((emu, "amx_emu"), (real, "amx")):
+        assert part.count('#include "gemm_amx_tpl.h"') == len(formats)
+        for f in formats:
+            assert f"#define KT_GEMM ktcy_gemm_{prefix}_{f}\n" in part
+    assert "KT_TILE_DP_I8(c, a, b) ktcy_emu_tdpbssd" in emu and "KT_TILE_DP_I8(c, a, b) _tile_dpbssd" in real
+    assert "#ifndef" not in body.split("\n#define", 1)[0]   # no include guard: meant to be included repeatedly
     # no other header calls tile operations: there is no second, hand-kept copy
     for header in INCLUDE.glob("*.h"):
-        if header.name not in ("gemm_amx_body.h", "gemm_amx.h"):
+        if header.name not in ("gemm_amx_tpl.h", "kernels.h"):
             assert "KT_TILE_" not in header.read_text(), header.name
     # and the build registered both bindings of each kernel
     names = {v["name"] for v in _native.variants()}
-    assert {"amx_emu_int8", "amx_emu_int4", "amx_emu_bf16"} <= names
+    assert {f"amx_emu_{f}" for f in formats} <= names
     if _native.build_info()["amx"]:
-        assert {"amx_int8", "amx_int4", "amx_bf16"} <= names
+        assert {f"amx_{f}" for f in formats} <= names

@@ -1,121 +1,97 @@
-/* AVX-512 GEMM skeleton, instantiated once per (format family, variant) by gemm_avx512.h.
- * Parameters: KT_NAME(x) (symbol prefix), KT_TARGET (the exact target features), KT_FMT
- * (KT_INT8, KT_INT4, KT_BF16, KT_FP8) and KT_FAST (1: VNNI / AVX512-BF16 / VBMI+BF16; 0: the
- * F+BW path for CPUs without them).  No include guard: it is meant to be included repeatedly.
+/* AVX-512 GEMM skeleton, format-agnostic.  kernels.h instantiates it once per variant with
+ *   KT_GEMM    the entry point's name (ktcy_gemm_<variant>)
+ *   KT_TRAITS  the format's traits header (fmt_*.h), included below with KT_SKEL == KT_SKEL_AVX512
+ *   KT_TARGET  __attribute__((target(...))) with exactly the features the variant executes
+ *   KT_FAST    1: the fast dot product of the format's activation kind (VNNI vpdpbusd for int8,
+ *              AVX512-BF16 vdpbf16ps for bf16); 0: the F+BW path for CPUs without it
+ *   KT_VBMI    1 when AVX512-VBMI may be used (byte permutes for decoding)
+ * No include guard: included once per variant.
  *
- * Every packed block has 16 rows of 64 bytes (after FP8 decode / INT4 unpack); row r pairs
- * with the activation dword at k0 + r * KT_KPR.  A micro-tile keeps MB x NP accumulators of
- * 16 channels in registers: large M reuses each weight row across MB rows, while M = 1 streams
- * every weight byte once. */
+ * The traits header gives, for one format (with the geometry of traits_begin.h: KT_ACT, KT_BB, ...):
+ *   KT_WKIND            what a weight row holds once loaded: KT_W_S8, KT_W_U8 (unsigned code) or KT_W_BF16
+ *   KT_PREDECODE        1: panels may be decoded to bf16 blocks in scratch once per call (KT_W_BF16 after)
+ *   KT_REG_DECODE       1: rows are decoded in registers with tables that occupy registers
+ *   KT_(ctx), KT_(make_ctx)()                     decode constants
+ *   KT_(rows)(ctx, blk, r, out[2])                rows r, r+1 of a packed block (64 bytes each, in .v0)
+ *   KT_(decode_panels)(ctx, src, dst, blocks)     KT_PREDECODE only: blocks -> 1024-byte bf16 blocks
+ *   KT_(has_groups)(w)                            1 when partial sums are scaled per group (float accumulators)
+ *   KT_(group_at)(w, kb, r, nkb)                  group index ending after row r (7 or 15) of block kb, or -1
+ *   KT_(group_epilogue)(acc, facc, MB, NP, a, w, m0, p0, g)
+ *   KT_(final)(acc, facc, a, w, m, n0)            the 16 outputs of one row and panel
+ *
+ * Every packed block has 16 rows of 64 bytes once loaded; row r pairs with the activation dword
+ * at k0 + r * KT_KPR.  A micro-tile keeps MB x NP accumulators of 16 channels in registers: large
+ * M reuses each weight row across MB rows, while M = 1 streams every weight byte once. */
 
+#define KT_CAT_(a, b) a##_##b
+#define KT_CAT(a, b) KT_CAT_(a, b)
+#define KT_(x) KT_CAT(KT_GEMM, x)
 #define KT_AI static inline __attribute__((always_inline)) KT_TARGET
-#define KT_KPR ((KT_FMT == KT_INT8 || KT_FMT == KT_INT4) ? 4 : 2)
-#define KT_BK (KT_KPR * 16)
-#define KT_BB ((KT_FMT == KT_INT8 || KT_FMT == KT_BF16) ? 1024 : 512)
-#define KT_ASIZE ((KT_FMT == KT_INT8 || KT_FMT == KT_INT4) ? 1 : 2) /* bytes per activation element */
+#define KT_SKEL KT_SKEL_AVX512
 
-typedef struct { __m512i tab_lo0, tab_lo1, tab_hi0, tab_hi1, arrange; } KT_NAME(ctx);
+#include KT_TRAITS
+
+static const int KT_(formats) = KT_FORMATS; /* the descriptor rows this variant serves, for registry.h */
+
+/* Formats whose panels are always decoded to bf16 scratch first (no in-register decode). */
+#define KT_ALWAYS_PRE (KT_PREDECODE && !KT_REG_DECODE)
 
 /* Accumulators stay in their natural register type: casting between the integer and float
  * domains every step makes GCC copy them around. */
-#if KT_FMT == KT_BF16 || KT_FMT == KT_FP8
-typedef __m512 KT_NAME(acc_t);
-#define KT_ACC_ZERO _mm512_setzero_ps()
-#else
-typedef __m512i KT_NAME(acc_t);
+#if KT_INT_ACT
 #define KT_ACC_ZERO _mm512_setzero_si512()
+#define KT_ACC_ADD(x, y) _mm512_add_epi32(x, y)
+#else
+#define KT_ACC_ZERO _mm512_setzero_ps()
+#define KT_ACC_ADD(x, y) _mm512_add_ps(x, y)
 #endif
 
-KT_AI KT_NAME(ctx) KT_NAME(make_ctx)(void) {
-    KT_NAME(ctx) c;
-#if KT_FMT == KT_FP8 && KT_FAST
-    uint8_t lo[128], hi[128], arrange[64];
-    for (int i = 0; i < 128; ++i) { lo[i] = (uint8_t)KTCY_E4M3_TO_BF16[i]; hi[i] = (uint8_t)(KTCY_E4M3_TO_BF16[i] >> 8); }
-    /* codes 8q..8q+7 into the low half of 128-bit lane q and codes 32+8q.. into its high half:
-     * the in-lane byte unpacks then yield codes 0..31 and 32..63 in order */
-    for (int j = 0; j < 64; ++j) arrange[j] = (uint8_t)((j & 8 ? 32 : 0) + (j / 16) * 8 + (j & 7));
-    c.tab_lo0 = _mm512_loadu_si512(lo); c.tab_lo1 = _mm512_loadu_si512(lo + 64);
-    c.tab_hi0 = _mm512_loadu_si512(hi); c.tab_hi1 = _mm512_loadu_si512(hi + 64);
-    c.arrange = _mm512_loadu_si512(arrange);
-#else
-    c.tab_lo0 = c.tab_lo1 = c.tab_hi0 = c.tab_hi1 = c.arrange = _mm512_setzero_si512();
-#endif
-    return c;
+/* The F-path bf16 product splits every dword into its even (low) and odd (high) bf16 as floats. */
+KT_AI kt_vec2 KT_(split_bf16)(__m512i v) {
+    kt_vec2 s;
+    s.v1 = _mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000u));
+    s.v0 = _mm512_slli_epi32(v, 16);
+    return s;
 }
 
-#if KT_FMT == KT_FP8 && KT_FAST
-/* Rows r, r+1 of an FP8 block (64 codes) -> two bf16 vectors: the codes are arranged so that
- * in-lane byte unpacks interleave in order, the low and high bytes of every code's bf16 value
- * come from two 128-entry vpermi2b lookups on the 7 magnitude bits, and the sign bit is merged
- * into the high bytes. */
-KT_AI void KT_NAME(decode_fp8_rows)(const KT_NAME(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2]) {
-    __m512i codes = _mm512_permutexvar_epi8(c->arrange, _mm512_loadu_si512(blk + r * 32));
-    __m512i lo = _mm512_permutex2var_epi8(c->tab_lo0, codes, c->tab_lo1);
-    __m512i hi = _mm512_permutex2var_epi8(c->tab_hi0, codes, c->tab_hi1);
-    hi = _mm512_ternarylogic_epi32(hi, codes, _mm512_set1_epi8((char)0x80), 0xF8); /* hi | (codes & 0x80) */
-    out[0].v0 = out[0].v1 = _mm512_unpacklo_epi8(lo, hi);
-    out[1].v0 = out[1].v1 = _mm512_unpackhi_epi8(lo, hi);
-}
-#endif
-
-/* Weight row r of a block: 16 lanes x (4 int8 | 2 bf16).  v1 is the odd bf16 half as float for
- * the FMA path. */
-KT_AI kt_vec2 KT_NAME(load_w)(const KT_NAME(ctx) *c, const uint8_t *blk, int r, const int PRE) {
-    kt_vec2 w;
-    (void)c;
-    (void)PRE;
-#if KT_FMT == KT_INT4
-    __m512i raw = _mm512_loadu_si512(blk + (r & 7) * 64);
-    w.v0 = _mm512_and_si512(r < 8 ? raw : _mm512_srli_epi16(raw, 4), _mm512_set1_epi8(0x0F));
-#elif KT_FMT == KT_FP8 && KT_FAST
-    if (!PRE) { /* single-row decode; the micro-kernel uses load_w2 for row pairs */
-        kt_vec2 pair[2];
-        KT_NAME(decode_fp8_rows)(c, blk, r & ~1, pair);
-        return pair[r & 1];
-    }
-    w.v0 = _mm512_loadu_si512(blk + r * 64);
-#else /* INT8, BF16, and FP8 already decoded to bf16 in a scratch block */
-    w.v0 = _mm512_loadu_si512(blk + r * 64);
-#endif
-#if (KT_FMT == KT_BF16 || KT_FMT == KT_FP8) && !KT_FAST
-    w.v1 = _mm512_and_si512(w.v0, _mm512_set1_epi32((int)0xFFFF0000u));
-    w.v0 = _mm512_slli_epi32(w.v0, 16);
-#else
+KT_AI kt_vec2 KT_(prep_w)(kt_vec2 w, const int bf16_rows) {
+    if ((bf16_rows || KT_WKIND == KT_W_BF16) && !KT_FAST) return KT_(split_bf16)(w.v0);
     w.v1 = w.v0;
-#endif
     return w;
 }
 
-KT_AI kt_vec2 KT_NAME(load_a)(const void *row, int64_t k) {
+KT_AI kt_vec2 KT_(load_a)(const uint8_t *row, int64_t k) {
     int32_t dword;
-    memcpy(&dword, (const uint8_t *)row + k * KT_ASIZE, 4);
+    memcpy(&dword, row + k * KT_ASIZE, 4);
     kt_vec2 a;
-    a.v0 = _mm512_set1_epi32(dword);
-#if KT_FMT == KT_INT8 && KT_FAST
-    a.v0 = _mm512_xor_si512(a.v0, _mm512_set1_epi8((char)0x80)); /* s8 -> u8 = s8 + 128 */
-#endif
-#if (KT_FMT == KT_BF16 || KT_FMT == KT_FP8) && !KT_FAST
-    a.v1 = _mm512_and_si512(a.v0, _mm512_set1_epi32((int)0xFFFF0000u));
-    a.v0 = _mm512_slli_epi32(a.v0, 16);
-#else
-    a.v1 = a.v0;
+    a.v0 = a.v1 = _mm512_set1_epi32(dword);
+#if KT_INT_ACT && KT_FAST
+    if (KT_WKIND == KT_W_S8) a.v0 = a.v1 = _mm512_xor_si512(a.v0, _mm512_set1_epi8((char)0x80)); /* s8 -> u8 + 128 */
+#elif !KT_INT_ACT && !KT_FAST
+    a = KT_(split_bf16)(a.v0);
 #endif
     return a;
 }
 
-KT_AI KT_NAME(acc_t) KT_NAME(dp)(KT_NAME(acc_t) acc, kt_vec2 a, kt_vec2 w) {
-#if KT_FMT == KT_INT8 && KT_FAST
-    return _mm512_dpbusd_epi32(acc, a.v0, w.v0);
-#elif KT_FMT == KT_INT8
-    /* |a| * (w * sign a): pairs stay within int16 (2 * 127 * 127), so this is exact */
-    __m512i ws = _mm512_mask_sub_epi8(w.v0, _mm512_movepi8_mask(a.v0), _mm512_setzero_si512(), w.v0);
-    __m512i pairs = _mm512_maddubs_epi16(_mm512_abs_epi8(a.v0), ws);
-    return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
-#elif KT_FMT == KT_INT4 && KT_FAST
-    return _mm512_dpbusd_epi32(acc, w.v0, a.v0); /* unsigned nibble (code + 8) x signed activation */
-#elif KT_FMT == KT_INT4
+/* One multiply-add step of 16 channels by the compute kind (activation kind x weight kind). */
+KT_AI KT_(acc_t) KT_(dp)(KT_(acc_t) acc, kt_vec2 a, kt_vec2 w) {
+#if KT_INT_ACT
+    if (KT_WKIND == KT_W_S8) {
+#if KT_FAST
+        return _mm512_dpbusd_epi32(acc, a.v0, w.v0); /* (a + 128) * w; the skeleton subtracts 128 * colsum */
+#else
+        /* |a| * (w * sign a): pairs stay within int16 (2 * 127 * 127), so this is exact */
+        __m512i ws = _mm512_mask_sub_epi8(w.v0, _mm512_movepi8_mask(a.v0), _mm512_setzero_si512(), w.v0);
+        __m512i pairs = _mm512_maddubs_epi16(_mm512_abs_epi8(a.v0), ws);
+        return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
+#endif
+    }
+#if KT_FAST
+    return _mm512_dpbusd_epi32(acc, w.v0, a.v0); /* unsigned code x signed activation */
+#else
     __m512i pairs = _mm512_maddubs_epi16(w.v0, a.v0); /* at most 2 * 15 * 127: no saturation */
     return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
+#endif
 #elif KT_FAST
     return _mm512_dpbf16_ps(acc, (__m512bh)a.v0, (__m512bh)w.v0);
 #else
@@ -124,112 +100,74 @@ KT_AI KT_NAME(acc_t) KT_NAME(dp)(KT_NAME(acc_t) acc, kt_vec2 a, kt_vec2 w) {
 #endif
 }
 
-#if KT_FMT == KT_BF16 || KT_FMT == KT_FP8
-#define KT_ACC_ADD(x, y) _mm512_add_ps(x, y)
-#else
-#define KT_ACC_ADD(x, y) _mm512_add_epi32(x, y)
-#endif
 /* Folds the odd-row accumulators of a one-row tile into the even ones. */
-KT_AI void KT_NAME(merge_split)(KT_NAME(acc_t) acc[6][4], const int NP) {
+KT_AI void KT_(merge_split)(KT_(acc_t) acc[6][4], const int NP) {
     _Pragma("GCC unroll 8")
     for (int p = 0; p < NP; ++p) { acc[0][p] = KT_ACC_ADD(acc[0][p], acc[1][p]); acc[1][p] = KT_ACC_ZERO; }
 }
 
-/* MB rows from m0, NP panels from p0.  PRE: the panels were decoded to bf16 blocks beforehand
- * (FP8 prefill), starting at `decoded`; otherwise `decoded` is a 4 KiB per-block scratch. */
-KT_AI void KT_NAME(micro)(const int MB, const int NP, const int PRE, const KT_NAME(ctx) *c, const ktcy_act *a,
-                          const ktcy_weight *w, int64_t m0, int64_t p0, float *y, int64_t ldy, uint8_t *decoded) {
+/* MB rows from m0, NP panels from p0.  PRE: the panels were decoded to bf16 blocks beforehand,
+ * starting at `decoded` (block j of panel p at decoded + (p * nkb + j) * 1024). */
+KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const KT_(ctx) *c, const ktcy_act *a,
+                      const ktcy_weight *w, int64_t m0, int64_t p0, float *y, int64_t ldy, const uint8_t *decoded) {
     const int64_t nkb = w->k_pad / KT_BK;
-    const int64_t fp8_kblocks = (w->k + KTCY_FP8_SCALE_BLOCK - 1) / KTCY_FP8_SCALE_BLOCK;
-    KT_NAME(acc_t) acc[6][4];
+    const int64_t block_bytes = PRE ? 1024 : KT_BB;
+    const int groups = KT_(has_groups)(w);
+    KT_(acc_t) acc[6][4];
     __m512 facc[6][4];
     const uint8_t *panel[4];
-    const void *arow[6];
-    const int64_t block_bytes = PRE ? 1024 : KT_BB;
+    const uint8_t *arow[6];
     _Pragma("GCC unroll 8")
     for (int p = 0; p < NP; ++p) panel[p] = PRE ? decoded + p * nkb * 1024 : w->data + (p0 + p) * nkb * KT_BB;
     _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m) {
-#if KT_FMT == KT_INT8 || KT_FMT == KT_INT4
-        arow[m] = a->q + (m0 + m) * a->k_pad;
-#else
-        arow[m] = a->bf16 + (m0 + m) * a->k_pad;
-#endif
+        arow[m] = (KT_INT_ACT ? (const uint8_t *)a->q : (const uint8_t *)a->bf16) + (m0 + m) * a->k_pad * KT_ASIZE;
         _Pragma("GCC unroll 8")
         for (int p = 0; p < NP; ++p) { acc[m][p] = KT_ACC_ZERO; facc[m][p] = _mm512_setzero_ps(); }
     }
     _Pragma("GCC unroll 8")
     for (int p = 0; p < NP; ++p) acc[1][p] = KT_ACC_ZERO; /* the odd-row half when MB == 1 */
-    (void)decoded; (void)fp8_kblocks; (void)facc;
     for (int64_t kb = 0; kb < nkb; ++kb) {
         const uint8_t *blk[4];
         _Pragma("GCC unroll 8")
-        for (int p = 0; p < NP; ++p) {
-            blk[p] = panel[p] + kb * block_bytes;
-#if KT_FMT == KT_FP8 && !KT_FAST
-            if (PRE) continue;
-            uint16_t *dst = (uint16_t *)(decoded + p * 1024);
-            for (int i = 0; i < 512; ++i) dst[i] = ktcy_e4m3_to_bf16(blk[p][i]);
-            blk[p] = decoded + p * 1024;
-#endif
-        }
+        for (int p = 0; p < NP; ++p) blk[p] = panel[p] + kb * block_bytes;
         const uint8_t *ak[6]; /* this block's activations of each row: row offsets below are immediates */
         _Pragma("GCC unroll 8")
-        for (int m = 0; m < MB; ++m) ak[m] = (const uint8_t *)arow[m] + kb * KT_BK * KT_ASIZE;
+        for (int m = 0; m < MB; ++m) ak[m] = arow[m] + kb * KT_BK * KT_ASIZE;
         _Pragma("GCC unroll 8")
         for (int r2 = 0; r2 < 16; r2 += 2) {
             kt_vec2 wv2[4][2];
             _Pragma("GCC unroll 8")
             for (int p = 0; p < NP; ++p) {
-#if KT_FMT == KT_FP8 && KT_FAST
-                if (!PRE) { KT_NAME(decode_fp8_rows)(c, blk[p], r2, wv2[p]); continue; }
+                if (PRE || KT_ALWAYS_PRE) {
+                    wv2[p][0].v0 = _mm512_loadu_si512(blk[p] + r2 * 64);
+                    wv2[p][1].v0 = _mm512_loadu_si512(blk[p] + r2 * 64 + 64);
+                }
+#if !KT_ALWAYS_PRE
+                else {
+                    KT_(rows)(c, blk[p], r2, wv2[p]);
+                }
 #endif
-                wv2[p][0] = KT_NAME(load_w)(c, blk[p], r2, PRE);
-                wv2[p][1] = KT_NAME(load_w)(c, blk[p], r2 + 1, PRE);
+                wv2[p][0] = KT_(prep_w)(wv2[p][0], PRE);
+                wv2[p][1] = KT_(prep_w)(wv2[p][1], PRE);
             }
           _Pragma("GCC unroll 2")
           for (int u = 0; u < 2; ++u) {
             const int r = r2 + u;
             _Pragma("GCC unroll 8")
             for (int m = 0; m < MB; ++m) {
-                kt_vec2 av = KT_NAME(load_a)(ak[m], r * KT_KPR);
+                kt_vec2 av = KT_(load_a)(ak[m], r * KT_KPR);
                 /* one row: even and odd block rows go to two accumulators (twice the independent
                  * chains for the latency of the dot products); they are added before any use */
                 const int slot = MB == 1 ? u : m;
                 _Pragma("GCC unroll 8")
-                for (int p = 0; p < NP; ++p) acc[slot][p] = KT_NAME(dp)(acc[slot][p], av, wv2[p][u]);
+                for (int p = 0; p < NP; ++p) acc[slot][p] = KT_(dp)(acc[slot][p], av, wv2[p][u]);
             }
-            if (MB == 1 && u == 1 && (r == 7 || r == 15)) KT_NAME(merge_split)(acc, NP);
-#if KT_FMT == KT_INT4
-            if (r == 15 || (r == 7 && w->group == 32)) {
-                int64_t g = (kb * 64 + r * 4) / w->group;
-                if (w->group == 128 && !(kb & 1)) g = -1;
-                _Pragma("GCC unroll 8")
-                for (int m = 0; m < MB && g >= 0; ++m) {
-                    __m512i bias = _mm512_set1_epi32(8 * a->group_sum[(m0 + m) * (a->k_pad / a->group) + g]);
-                    _Pragma("GCC unroll 8")
-                    for (int p = 0; p < NP; ++p) {
-                        __m512 s = _mm512_loadu_ps(w->scale + g * w->n_pad + (p0 + p) * 16);
-                        __m512 part = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m][p], bias));
-                        facc[m][p] = _mm512_add_ps(facc[m][p], _mm512_mul_ps(part, s));
-                        acc[m][p] = KT_ACC_ZERO;
-                    }
-                }
+            if (MB == 1 && u == 1 && (r == 7 || r == 15)) KT_(merge_split)(acc, NP);
+            if (groups && u == 1 && (r == 7 || r == 15)) {
+                const int64_t g = KT_(group_at)(w, kb, r, nkb);
+                if (g >= 0) KT_(group_epilogue)(acc, facc, MB, NP, a, w, m0, p0, g);
             }
-#elif KT_FMT == KT_FP8
-            if (w->format == KTCY_FP8_BLOCK && r == 15 && ((kb + 1) % 4 == 0 || kb + 1 == nkb)) {
-                _Pragma("GCC unroll 8")
-                for (int p = 0; p < NP; ++p) {
-                    int64_t n0 = (p0 + p) * 16;
-                    __m512 s = _mm512_set1_ps(w->scale[(n0 / KTCY_FP8_SCALE_BLOCK) * fp8_kblocks + kb / 4]);
-                    _Pragma("GCC unroll 8")
-                    for (int m = 0; m < MB; ++m) {
-                        facc[m][p] = _mm512_add_ps(facc[m][p], _mm512_mul_ps(acc[m][p], s));
-                        acc[m][p] = KT_ACC_ZERO;
-                    }
-                }
-            }
-#endif
           }
         }
     }
@@ -237,30 +175,20 @@ KT_AI void KT_NAME(micro)(const int MB, const int NP, const int PRE, const KT_NA
     for (int m = 0; m < MB; ++m) {
         _Pragma("GCC unroll 8")
         for (int p = 0; p < NP && m0 + m < a->m; ++p) {
-            int64_t n0 = (p0 + p) * 16;
-            int64_t valid = w->n - n0 < 16 ? w->n - n0 : 16;
-            __mmask16 mask = (__mmask16)((1u << valid) - 1u);
-            __m512 out;
-#if KT_FMT == KT_INT8
-            __m512i exact = acc[m][p];
-#if KT_FAST
-            exact = _mm512_sub_epi32(exact, _mm512_slli_epi32(_mm512_loadu_si512(w->colsum + n0), 7));
+            const int64_t n0 = (p0 + p) * 16;
+            const int64_t valid = w->n - n0 < 16 ? w->n - n0 : 16;
+            KT_(acc_t) exact = acc[m][p];
+#if KT_INT_ACT && KT_FAST
+            if (KT_WKIND == KT_W_S8) /* undo the +128 of the unsigned activations */
+                exact = _mm512_sub_epi32(exact, _mm512_slli_epi32(_mm512_loadu_si512(w->colsum + n0), 7));
 #endif
-            out = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), _mm512_set1_ps(a->scale[m0 + m]));
-            out = _mm512_mul_ps(out, _mm512_loadu_ps(w->scale + n0));
-#elif KT_FMT == KT_INT4
-            out = _mm512_mul_ps(facc[m][p], _mm512_set1_ps(a->scale[m0 + m]));
-#elif KT_FMT == KT_BF16
-            out = acc[m][p];
-#else
-            out = w->format == KTCY_FP8_BLOCK ? facc[m][p] : _mm512_mul_ps(acc[m][p], _mm512_loadu_ps(w->scale + n0));
-#endif
-            _mm512_mask_storeu_ps(y + (m0 + m) * ldy + n0, mask, out);
+            _mm512_mask_storeu_ps(y + (m0 + m) * ldy + n0, (__mmask16)((1u << valid) - 1u),
+                                  KT_(final)(exact, facc[m][p], a, w, m0 + m, n0));
         }
     }
 }
 
-#define KT_CALL(mb, np, pre) KT_NAME(micro)(mb, np, pre, &c, a, w, m0, p, y, ldy, pre ? pre_buf : decoded)
+#define KT_CALL(mb, np, pre) KT_(micro)(mb, np, pre, &c, a, w, m0, p, y, ldy, pre_buf)
 /* Tile shapes are compile-time constants in every call, so each one is fully unrolled. */
 #define KT_DISPATCH(pre)                                                                  \
     switch (mb * 8 + np) {                                                                \
@@ -274,44 +202,35 @@ KT_AI void KT_NAME(micro)(const int MB, const int NP, const int PRE, const KT_NA
     default: if (wide) KT_CALL(6, 1, pre); break;                                         \
     }
 
-KT_TARGET static int KT_NAME(gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb,
-                                   int64_t pe, void *scratch) {
-    const KT_NAME(ctx) c = KT_NAME(make_ctx)();
-    uint8_t decoded[4 * 1024] __attribute__((aligned(64)));
-    /* Formats that keep a second set of float accumulators get fewer rows per micro-tile.
-     * FP8 decoding in registers keeps four tables there, so it gets 4 rows like the FMA paths. */
-    const int wide = (KT_FMT == KT_INT4 || w->format == KTCY_FP8_BLOCK) ? 0 : 1;
-    /* FP8 with several row blocks: decode each group of panels once into scratch (bf16, L2
-     * resident) instead of once per row block; the tile then gets the BF16 height. */
-    const int pre = KT_FMT == KT_FP8 && scratch != NULL && a->m > 4;
-    const int max_rows = !wide ? 2 : (KT_FAST && (KT_FMT != KT_FP8 || pre)) ? 6 : 4;
-    uint8_t *pre_buf = (uint8_t *)scratch;
+KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb,
+                             int64_t pe, void *scratch) {
+    if (!(KT_FORMATS & (1 << w->format))) return KTCY_ERR_FORMAT;
+    const KT_(ctx) c = KT_(make_ctx)();
+    /* Formats that keep a second set of float accumulators get fewer rows per micro-tile; so do
+     * the F paths and in-register decoding, whose extra registers (split halves, tables) would spill. */
+    const int wide = !KT_(has_groups)(w);
+    /* Decode each group of panels once into scratch (bf16, L2 resident) instead of once per row
+     * tile when several row tiles share it, or when the format has no in-register decode. */
+    const int pre = KT_PREDECODE && (a->m > 4 || !KT_REG_DECODE);
+    const int max_rows = !wide ? 2 : (KT_FAST && !(KT_REG_DECODE && !pre)) ? 6 : 4;
+    uint8_t *pre_buf = ktcy_align64(scratch);
     const int64_t nkb = w->k_pad / KT_BK;
     (void)nkb;
     for (int64_t p = pb; p < pe;) {
         const int np = pe - p >= 4 ? 4 : 1;
-#if KT_FMT == KT_FP8
-        if (pre) {
-            const uint8_t *src = w->data + p * nkb * 512;
-            uint16_t *dst = (uint16_t *)pre_buf;
-            for (int64_t i = 0; i < np * nkb * 512; i += 64) {
-#if KT_FAST
-                kt_vec2 rows[2];
-                KT_NAME(decode_fp8_rows)(&c, src + i, 0, rows);
-                _mm512_storeu_si512(dst + i, rows[0].v0);
-                _mm512_storeu_si512(dst + i + 32, rows[1].v0);
-#else
-                for (int j = 0; j < 64; ++j) dst[i + j] = ktcy_e4m3_to_bf16(src[i + j]);
-#endif
-            }
-        }
+#if KT_PREDECODE
+        if (pre) KT_(decode_panels)(&c, w->data + p * nkb * KT_BB, pre_buf, np * nkb);
 #endif
         for (int64_t m0 = 0; m0 < a->m;) {
             int64_t left = a->m - m0;
             /* rows past a->m are zero padding (m_pad), so rounding a tile up to 2/4/6 rows is safe */
             int mb = max_rows;
             if (left < max_rows) mb = left <= 1 ? 1 : left <= 2 ? 2 : (wide && left <= 4) ? 4 : max_rows;
+#if KT_ALWAYS_PRE
+            KT_DISPATCH(1)
+#else
             if (pre) { KT_DISPATCH(1) } else { KT_DISPATCH(0) }
+#endif
             m0 += mb;
         }
         p += np;
@@ -323,8 +242,5 @@ KT_TARGET static int KT_NAME(gemm)(const ktcy_act *a, const ktcy_weight *w, floa
 #undef KT_DISPATCH
 #undef KT_ACC_ZERO
 #undef KT_ACC_ADD
-#undef KT_AI
-#undef KT_KPR
-#undef KT_BK
-#undef KT_BB
-#undef KT_ASIZE
+#undef KT_ALWAYS_PRE
+#include "traits_end.h"

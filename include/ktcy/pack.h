@@ -1,28 +1,39 @@
 /* Packed weight layouts (DESIGN.md): W[N][K] padded to whole blocks, blocks stored in
- * [N/16][K/block_k] order with K inner.  Within a block, row r holds the next group of K
- * values of all 16 channels side by side:
- *   INT8  16n x 64k, 1024 B: byte r*64 + n*4 + j = W[n][4r+j]   (AMX TDPBSSD B tile, one vpdpbusd operand)
- *   BF16  16n x 32k, 1024 B: half r*32 + n*2 + j = W[n][2r+j]   (TDPBF16PS B tile, one vdpbf16ps operand)
- *   FP8   16n x 32k,  512 B: byte r*32 + n*2 + j = W[n][2r+j]   (the BF16 order, one byte each)
- *   INT4  16n x 64k,  512 B: the INT8 order of 1024 codes; code e sits in byte e%512, low nibble
- *         for e < 512 and high nibble otherwise, stored as code+8 (0..15).  So one 64-byte load
- *         gives INT8 rows r and r+8 by a mask and a shift. */
+ * [N/16][K/block_k] order with K inner, so one panel of 16 output channels is contiguous.
+ * Within a block, row r holds the next few K values of all 16 channels side by side:
+ *
+ *   int8 activations (S8, U4 codes): 4 K values per channel per row, 16 rows = 64 K
+ *        byte: 0   1   2   3   4   5   6   7  ...  60  61  62  63
+ *   row 0:  n0k0 n0k1 n0k2 n0k3 n1k0 n1k1 n1k2 n1k3 ... n15k0 .. n15k3      <- one vpdpbusd operand,
+ *   row 1:  n0k4 n0k5 n0k6 n0k7 n1k4 ...                                       one TDPBSSD B-tile row
+ *   ...
+ *   row 15: n0k60 ..                                                  n15k63
+ *
+ *   bf16 activations (BF16, E4M3 codes): 2 K values per channel per row, 16 rows = 32 K
+ *   row r:  n0k(2r) n0k(2r+1) n1k(2r) n1k(2r+1) ... n15k(2r+1)   (2 bytes each for BF16 = 64 B,
+ *                                                                   1 byte each for E4M3 = 32 B)
+ *
+ *   U4 (INT4): the 1024 codes of the S8 order, code e in byte e % 512: low nibble for e < 512,
+ *   high nibble otherwise, stored as code + 8 (0..15).  One 64-byte load gives rows r and r + 8
+ *   by a mask and a shift. */
 #ifndef KTCY_PACK_H
 #define KTCY_PACK_H
 
 #include <stdint.h>
 #include <string.h>
 
-#include "types.h"
+#include "formats.h"
 
 static inline int64_t ktcy_int8_offset(int64_t nn, int64_t kk) { return (kk >> 2) * 64 + nn * 4 + (kk & 3); }
 static inline int64_t ktcy_pair_offset(int64_t nn, int64_t kk) { return (kk >> 1) * 32 + nn * 2 + (kk & 1); }
 
-/* Lays out panels [p0, p1) of an [n][k] code matrix (1 or 2 bytes per element, row stride ld
- * elements) into dst; padding is written as zero.  INT8 also gets its per-channel code sums. */
+/* Lays out panels [p0, p1) of an [n][k] code matrix (int8 for S8/U4, bf16 bits, E4M3 bytes;
+ * row stride ld elements) into dst; padding is written as code zero.  Formats with colsum also
+ * get each channel's code sum. */
 static inline void ktcy_layout_panels(int format, const void *codes, int64_t ld, int64_t n, int64_t k,
                                       int64_t k_pad, int64_t p0, int64_t p1, uint8_t *dst, int32_t *colsum) {
-    const int bk = ktcy_block_k(format), bb = ktcy_block_bytes(format);
+    const ktcy_format_desc *d = ktcy_format(format);
+    const int bk = d->block_k, bb = d->block_bytes, kind = d->code;
     const int64_t nkb = k_pad / bk;
     for (int64_t p = p0; p < p1; ++p) {
         uint8_t *panel = dst + p * nkb * bb;
@@ -33,29 +44,29 @@ static inline void ktcy_layout_panels(int format, const void *codes, int64_t ld,
             for (int64_t kk = 0; row < n && kk < k; ++kk) {
                 uint8_t *blk = panel + (kk / bk) * bb;
                 int64_t kin = kk % bk;
-                if (format == KTCY_BF16) {
+                if (kind == KTCY_CODE_BF16) {
                     ((uint16_t *)blk)[ktcy_pair_offset(nn, kin)] = ((const uint16_t *)codes)[row * ld + kk];
-                } else if (format == KTCY_FP8_PERCHANNEL || format == KTCY_FP8_BLOCK) {
+                } else if (kind == KTCY_CODE_E4M3) {
                     blk[ktcy_pair_offset(nn, kin)] = ((const uint8_t *)codes)[row * ld + kk];
                 } else {
                     int8_t c = ((const int8_t *)codes)[row * ld + kk];
                     int64_t e = ktcy_int8_offset(nn, kin);
-                    if (format == KTCY_INT8) {
+                    sum += c;
+                    if (kind == KTCY_CODE_S8) {
                         blk[e] = (uint8_t)c;
-                        sum += c;
                     } else {
                         uint8_t nib = (uint8_t)(c + 8) & 0x0F;
                         blk[e & 511] |= e < 512 ? nib : (uint8_t)(nib << 4);
                     }
                 }
             }
-            if (format == KTCY_INT4) /* padding codes are 0, i.e. nibble 8 */
+            if (kind == KTCY_CODE_U4) /* padding codes are 0, i.e. nibble 8 */
                 for (int64_t kk = (row < n ? k : 0); kk < k_pad; ++kk) {
                     int64_t e = ktcy_int8_offset(nn, kk % bk);
                     uint8_t *blk = panel + (kk / bk) * bb;
                     blk[e & 511] |= e < 512 ? 8 : 0x80;
                 }
-            if (colsum) colsum[row] = sum;
+            if (colsum && d->colsum) colsum[row] = sum;
         }
     }
 }

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "formats.h"
 #include "numeric.h"
 
 /* Round half to even for |v| < 2^22 by adding and removing 1.5 * 2^23 (exact in the default
@@ -120,7 +121,7 @@ static inline int64_t ktcy_quantize_fp8_rows(const float *w, int64_t ldw, int64_
  * (128 output channels starting at n0) at a time.  Dequantization multiplies by the scale. */
 static inline int64_t ktcy_quantize_fp8_block_rows(const float *w, int64_t ldw, int64_t n, int64_t k, int64_t n0,
                                                    uint8_t *q, int64_t ldq, float *scale_inv) {
-    const int64_t B = KTCY_FP8_SCALE_BLOCK, kblocks = (k + B - 1) / B;
+    const int64_t B = KTCY_SCALE_BLOCK, kblocks = (k + B - 1) / B;
     int64_t n1 = n0 + B < n ? n0 + B : n;
     for (int64_t r = n0; r < n1; ++r)
         if (!ktcy_row_finite(w + r * ldw, k)) return r;

@@ -1,13 +1,13 @@
-/* Every compiled GEMM variant with the CPU features it needs, best first within an ISA.
- * This table is constant; the dispatcher (Cython, at import) picks from it per format. */
+/* Every compiled GEMM variant with the CPU features it needs, best first within an ISA: one
+ * X(name, isa, needs) line each.  ktcy_gemm_<name> and the formats it serves
+ * (ktcy_gemm_<name>_formats, from its traits header) come from the block of that name in
+ * kernels.h; the Python name is <name>.  The table is constant; the dispatcher (Cython, at
+ * import) picks from it per format. */
 #ifndef KTCY_REGISTRY_H
 #define KTCY_REGISTRY_H
 
 #include "cpu.h"
-#include "gemm_amx.h"
-#include "gemm_avx2.h"
-#include "gemm_avx512.h"
-#include "gemm_ref.h"
+#include "kernels.h"
 #include "types.h"
 
 enum ktcy_need {
@@ -20,47 +20,63 @@ enum ktcy_need {
     KTCY_NEED_AMX_BF16 = 1 << 6,
 };
 
-#define KTCY_FMT_BIT(f) (1 << (f))
-#define KTCY_FP8_BITS (KTCY_FMT_BIT(KTCY_FP8_PERCHANNEL) | KTCY_FMT_BIT(KTCY_FP8_BLOCK))
-#define KTCY_BF16_FAMILY (KTCY_FMT_BIT(KTCY_BF16) | KTCY_FP8_BITS)
+#if KTCY_ENABLE_AMX
+#define KTCY_IF_AMX(x) x
+#else
+#define KTCY_IF_AMX(x)
+#endif
+#if KTCY_ENABLE_AVX512_BF16
+#define KTCY_IF_AVX512_BF16(x) x
+#else
+#define KTCY_IF_AVX512_BF16(x)
+#endif
+#if KTCY_ENABLE_AVX512_BF16 && KTCY_ENABLE_AVX512_VBMI
+#define KTCY_IF_AVX512_BF16_VBMI(x) x
+#else
+#define KTCY_IF_AVX512_BF16_VBMI(x)
+#endif
+
+#define KTCY_NEED_AMX_I8 (KTCY_NEED_AMX_INT8 | KTCY_NEED_AVX512)
+#define KTCY_NEED_AMX_B16 (KTCY_NEED_AMX_BF16 | KTCY_NEED_AVX512)
+
+#define KTCY_VARIANT_LIST(X)                                                                   \
+    KTCY_IF_AMX(X(amx_int8, KTCY_AMX, KTCY_NEED_AMX_I8))                                       \
+    KTCY_IF_AMX(X(amx_int4, KTCY_AMX, KTCY_NEED_AMX_I8))                                       \
+    KTCY_IF_AMX(X(amx_bf16, KTCY_AMX, KTCY_NEED_AMX_B16))                                      \
+    KTCY_IF_AMX(X(amx_fp8, KTCY_AMX, KTCY_NEED_AMX_B16))                                       \
+    X(int8_avx512_vnni, KTCY_AVX512, KTCY_NEED_AVX512 | KTCY_NEED_VNNI)                        \
+    X(int8_avx512bw, KTCY_AVX512, KTCY_NEED_AVX512)                                            \
+    X(int4_avx512_vnni, KTCY_AVX512, KTCY_NEED_AVX512 | KTCY_NEED_VNNI)                        \
+    X(int4_avx512bw, KTCY_AVX512, KTCY_NEED_AVX512)                                            \
+    KTCY_IF_AVX512_BF16(X(bf16_avx512_bf16, KTCY_AVX512, KTCY_NEED_AVX512 | KTCY_NEED_BF16))   \
+    X(bf16_avx512f, KTCY_AVX512, KTCY_NEED_AVX512)                                             \
+    KTCY_IF_AVX512_BF16_VBMI(X(fp8_avx512_vbmi, KTCY_AVX512,                                   \
+                               KTCY_NEED_AVX512 | KTCY_NEED_BF16 | KTCY_NEED_VBMI))            \
+    X(fp8_avx512f, KTCY_AVX512, KTCY_NEED_AVX512)                                              \
+    X(int8_avx2, KTCY_AVX2, KTCY_NEED_AVX2)                                                    \
+    X(int4_avx2, KTCY_AVX2, KTCY_NEED_AVX2)                                                    \
+    X(bf16_avx2, KTCY_AVX2, KTCY_NEED_AVX2)                                                    \
+    X(fp8_avx2, KTCY_AVX2, KTCY_NEED_AVX2)                                                     \
+    X(int8_ref, KTCY_REF, 0)                                                                   \
+    X(int4_ref, KTCY_REF, 0)                                                                   \
+    X(bf16_ref, KTCY_REF, 0)                                                                   \
+    X(fp8_ref, KTCY_REF, 0)                                                                    \
+    X(amx_emu_int8, KTCY_AMX_EMU, 0)                                                           \
+    X(amx_emu_int4, KTCY_AMX_EMU, 0)                                                           \
+    X(amx_emu_bf16, KTCY_AMX_EMU, 0)                                                           \
+    X(amx_emu_fp8, KTCY_AMX_EMU, 0)
 
 typedef struct {
     const char *name;
-    int formats;  /* KTCY_FMT_BIT mask */
+    int formats;  /* bit f set: serves format f (enum ktcy_format) */
     int isa;
     int needs;    /* KTCY_NEED_* mask */
     ktcy_gemm_fn fn;
 } ktcy_variant;
 
-static const ktcy_variant KTCY_VARIANTS[] = {
-#if KTCY_ENABLE_AMX
-    {"amx_int8", KTCY_FMT_BIT(KTCY_INT8), KTCY_AMX, KTCY_NEED_AMX_INT8 | KTCY_NEED_AVX512, ktcy_amx_int8_gemm},
-    {"amx_int4", KTCY_FMT_BIT(KTCY_INT4), KTCY_AMX, KTCY_NEED_AMX_INT8 | KTCY_NEED_AVX512, ktcy_amx_int4_gemm},
-    {"amx_bf16", KTCY_BF16_FAMILY, KTCY_AMX, KTCY_NEED_AMX_BF16 | KTCY_NEED_AVX512, ktcy_amx_bf16_gemm},
-#endif
-    {"int8_avx512_vnni", KTCY_FMT_BIT(KTCY_INT8), KTCY_AVX512, KTCY_NEED_AVX512 | KTCY_NEED_VNNI, ktcy_int8_avx512_vnni_gemm},
-    {"int8_avx512bw", KTCY_FMT_BIT(KTCY_INT8), KTCY_AVX512, KTCY_NEED_AVX512, ktcy_int8_avx512bw_gemm},
-    {"int4_avx512_vnni", KTCY_FMT_BIT(KTCY_INT4), KTCY_AVX512, KTCY_NEED_AVX512 | KTCY_NEED_VNNI, ktcy_int4_avx512_vnni_gemm},
-    {"int4_avx512bw", KTCY_FMT_BIT(KTCY_INT4), KTCY_AVX512, KTCY_NEED_AVX512, ktcy_int4_avx512bw_gemm},
-#if KTCY_ENABLE_AVX512_BF16
-    {"bf16_avx512_bf16", KTCY_FMT_BIT(KTCY_BF16), KTCY_AVX512, KTCY_NEED_AVX512 | KTCY_NEED_BF16, ktcy_bf16_avx512_bf16_gemm},
-#endif
-    {"bf16_avx512f", KTCY_FMT_BIT(KTCY_BF16), KTCY_AVX512, KTCY_NEED_AVX512, ktcy_bf16_avx512f_gemm},
-#if KTCY_ENABLE_AVX512_BF16 && KTCY_ENABLE_AVX512_VBMI
-    {"fp8_avx512_vbmi", KTCY_FP8_BITS, KTCY_AVX512, KTCY_NEED_AVX512 | KTCY_NEED_BF16 | KTCY_NEED_VBMI, ktcy_fp8_avx512_vbmi_gemm},
-#endif
-    {"fp8_avx512f", KTCY_FP8_BITS, KTCY_AVX512, KTCY_NEED_AVX512, ktcy_fp8_avx512f_gemm},
-    {"int8_avx2", KTCY_FMT_BIT(KTCY_INT8), KTCY_AVX2, KTCY_NEED_AVX2, ktcy_int8_avx2_gemm},
-    {"int4_avx2", KTCY_FMT_BIT(KTCY_INT4), KTCY_AVX2, KTCY_NEED_AVX2, ktcy_int4_avx2_gemm},
-    {"bf16_avx2", KTCY_FMT_BIT(KTCY_BF16), KTCY_AVX2, KTCY_NEED_AVX2, ktcy_bf16_avx2_gemm},
-    {"fp8_avx2", KTCY_FP8_BITS, KTCY_AVX2, KTCY_NEED_AVX2, ktcy_fp8_avx2_gemm},
-    {"int8_ref", KTCY_FMT_BIT(KTCY_INT8), KTCY_REF, 0, ktcy_gemm_int8_ref},
-    {"int4_ref", KTCY_FMT_BIT(KTCY_INT4), KTCY_REF, 0, ktcy_gemm_int4_ref},
-    {"bf16_family_ref", KTCY_BF16_FAMILY, KTCY_REF, 0, ktcy_gemm_bf16_family_ref},
-    {"amx_emu_int8", KTCY_FMT_BIT(KTCY_INT8), KTCY_AMX_EMU, 0, ktcy_amx_emu_int8_gemm},
-    {"amx_emu_int4", KTCY_FMT_BIT(KTCY_INT4), KTCY_AMX_EMU, 0, ktcy_amx_emu_int4_gemm},
-    {"amx_emu_bf16", KTCY_BF16_FAMILY, KTCY_AMX_EMU, 0, ktcy_amx_emu_bf16_gemm},
-};
+#define KTCY_VARIANT_ROW(name, isa, needs) {#name, ktcy_gemm_##name##_formats, isa, needs, ktcy_gemm_##name},
+static const ktcy_variant KTCY_VARIANTS[] = {KTCY_VARIANT_LIST(KTCY_VARIANT_ROW)};
+#undef KTCY_VARIANT_ROW
 
 #define KTCY_NUM_VARIANTS ((int)(sizeof KTCY_VARIANTS / sizeof KTCY_VARIANTS[0]))
 

@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "gemm_amx.h"
+#include "kernels.h"
 
 /* Streaming reads: XOR of every byte in 8/32/64-byte words (cheap enough to stay load bound). */
 static inline uint64_t ktcy_read_ref(const uint8_t *p, int64_t n) {

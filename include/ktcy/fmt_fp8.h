@@ -1,0 +1,151 @@
+/* FP8 E4M3 traits, for both descriptor rows FP8_PERCHANNEL (one scale per output channel,
+ * applied at the end) and FP8_BLOCK (one scale per 128 x 128 block of W, DeepSeek-V3's
+ * weight_scale_inv, applied to each 128-wide K group's partial sum).  Codes decode exactly to
+ * bf16 (numeric.h); activations are bf16, sums float.
+ * Included by a skeleton instantiation; no include guard. */
+#define KT_ROW KTCY_ROW_FP8_PERCHANNEL
+#define KT_FORMATS ((1 << KTCY_FMT_FP8_PERCHANNEL) | (1 << KTCY_FMT_FP8_BLOCK))
+#include "traits_begin.h"
+
+#define KT_FP8_BLOCKWISE(w) ((w)->format == KTCY_FMT_FP8_BLOCK)
+#define KT_FP8_KBLOCKS(w) (((w)->k + KTCY_SCALE_BLOCK - 1) / KTCY_SCALE_BLOCK)
+/* The block scale of channel n (every panel lies inside one 128-channel block row). */
+#define KT_FP8_BLOCK_SCALE(w, n, g) ((w)->scale[((n) / KTCY_SCALE_BLOCK) * KT_FP8_KBLOCKS(w) + (g)])
+
+#if KT_SKEL == KT_SKEL_REF
+KT_AI float KT_(code)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) {
+    const uint8_t *blk = w->data + (p * (w->k_pad / 32) + k / 32) * 512;
+    return ktcy_bf16_to_f32(ktcy_e4m3_to_bf16(blk[ktcy_pair_offset(nn, k % 32)]));
+}
+KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return KT_FP8_BLOCKWISE(w) ? KTCY_SCALE_BLOCK : w->k_pad; }
+KT_AI float KT_(group)(float acc, float part, const ktcy_weight *w, int64_t n, int64_t g) {
+    return KT_FP8_BLOCKWISE(w) ? acc + part * KT_FP8_BLOCK_SCALE(w, n, g) : acc + part;
+}
+KT_AI float KT_(final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
+    (void)a; (void)m;
+    return KT_FP8_BLOCKWISE(w) ? acc : acc * w->scale[n];
+}
+
+#elif KT_SKEL == KT_SKEL_AVX2 || KT_SKEL == KT_SKEL_AVX512
+KT_AI int KT_(has_groups)(const ktcy_weight *w) { return KT_FP8_BLOCKWISE(w); }
+/* a 128-wide K group is 4 blocks; the last group may be shorter */
+KT_AI int64_t KT_(group_at)(const ktcy_weight *w, int64_t kb, int r, int64_t nkb) {
+    (void)w;
+    return r == 15 && ((kb + 1) % 4 == 0 || kb + 1 == nkb) ? kb / 4 : -1;
+}
+
+#if KT_SKEL == KT_SKEL_AVX2
+#define KT_WKIND KT_W_BF16
+#define KT_PREDECODE 1
+KT_AI void KT_(decode_panels)(const uint8_t *src, uint8_t *dst, int64_t blocks) {
+    for (int64_t i = 0; i < blocks * 512; ++i) ((uint16_t *)dst)[i] = ktcy_e4m3_to_bf16(src[i]);
+}
+KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int MB, const ktcy_act *a,
+                               const ktcy_weight *w, int64_t m0, int64_t p, int64_t g) {
+    (void)a; (void)m0;
+    const __m256 s = _mm256_set1_ps(KT_FP8_BLOCK_SCALE(w, p * 16, g));
+    _Pragma("GCC unroll 8")
+    for (int m = 0; m < MB; ++m)
+        _Pragma("GCC unroll 8")
+        for (int h = 0; h < 2; ++h) {
+            facc[m][h] = _mm256_add_ps(facc[m][h], _mm256_mul_ps(_mm256_castsi256_ps(acc[m][h]), s));
+            acc[m][h] = _mm256_setzero_si256();
+        }
+}
+KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n0) {
+    (void)a; (void)m;
+    return KT_FP8_BLOCKWISE(w) ? facc : _mm256_mul_ps(_mm256_castsi256_ps(acc), _mm256_loadu_ps(w->scale + n0));
+}
+
+#else /* AVX-512 */
+#define KT_WKIND KT_W_BF16
+#define KT_PREDECODE 1
+#define KT_REG_DECODE KT_VBMI
+typedef struct { __m512i tab_lo0, tab_lo1, tab_hi0, tab_hi1, arrange; } KT_(ctx);
+KT_AI KT_(ctx) KT_(make_ctx)(void) {
+    KT_(ctx) c;
+#if KT_VBMI
+    uint8_t lo[128], hi[128], arrange[64];
+    for (int i = 0; i < 128; ++i) { lo[i] = (uint8_t)KTCY_E4M3_TO_BF16[i]; hi[i] = (uint8_t)(KTCY_E4M3_TO_BF16[i] >> 8); }
+    /* codes 8q..8q+7 into the low half of 128-bit lane q and codes 32+8q.. into its high half:
+     * the in-lane byte unpacks then yield codes 0..31 and 32..63 in order */
+    for (int j = 0; j < 64; ++j) arrange[j] = (uint8_t)((j & 8 ? 32 : 0) + (j / 16) * 8 + (j & 7));
+    c.tab_lo0 = _mm512_loadu_si512(lo); c.tab_lo1 = _mm512_loadu_si512(lo + 64);
+    c.tab_hi0 = _mm512_loadu_si512(hi); c.tab_hi1 = _mm512_loadu_si512(hi + 64);
+    c.arrange = _mm512_loadu_si512(arrange);
+#else
+    c.tab_lo0 = c.tab_lo1 = c.tab_hi0 = c.tab_hi1 = c.arrange = _mm512_setzero_si512();
+#endif
+    return c;
+}
+#if KT_VBMI
+/* Rows r, r+1 of an FP8 block (64 codes) -> two bf16 vectors: the codes are arranged so that
+ * in-lane byte unpacks interleave in order, the low and high bytes of every code's bf16 value
+ * come from two 128-entry vpermi2b lookups on the 7 magnitude bits, and the sign bit is merged
+ * into the high bytes. */
+KT_AI void KT_(rows)(const KT_(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2]) {
+    __m512i codes = _mm512_permutexvar_epi8(c->arrange, _mm512_loadu_si512(blk + r * 32));
+    __m512i lo = _mm512_permutex2var_epi8(c->tab_lo0, codes, c->tab_lo1);
+    __m512i hi = _mm512_permutex2var_epi8(c->tab_hi0, codes, c->tab_hi1);
+    hi = _mm512_ternarylogic_epi32(hi, codes, _mm512_set1_epi8((char)0x80), 0xF8); /* hi | (codes & 0x80) */
+    out[0].v0 = _mm512_unpacklo_epi8(lo, hi);
+    out[1].v0 = _mm512_unpackhi_epi8(lo, hi);
+}
+#endif
+KT_AI void KT_(decode_panels)(const KT_(ctx) *c, const uint8_t *src, uint8_t *dst, int64_t blocks) {
+    (void)c;
+    for (int64_t i = 0; i < blocks * 512; i += 64) {
+#if KT_VBMI
+        kt_vec2 rows[2];
+        KT_(rows)(c, src + i, 0, rows);
+        _mm512_storeu_si512(dst + 2 * i, rows[0].v0);
+        _mm512_storeu_si512(dst + 2 * i + 64, rows[1].v0);
+#else
+        for (int j = 0; j < 64; ++j) ((uint16_t *)dst)[i + j] = ktcy_e4m3_to_bf16(src[i + j]);
+#endif
+    }
+}
+KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const int MB, const int NP,
+                               const ktcy_act *a, const ktcy_weight *w, int64_t m0, int64_t p0, int64_t g) {
+    (void)a; (void)m0;
+    _Pragma("GCC unroll 8")
+    for (int p = 0; p < NP; ++p) {
+        const __m512 s = _mm512_set1_ps(KT_FP8_BLOCK_SCALE(w, (p0 + p) * 16, g));
+        _Pragma("GCC unroll 8")
+        for (int m = 0; m < MB; ++m) {
+            facc[m][p] = _mm512_add_ps(facc[m][p], _mm512_mul_ps(acc[m][p], s));
+            acc[m][p] = _mm512_setzero_ps();
+        }
+    }
+}
+KT_AI __m512 KT_(final)(KT_(acc_t) acc, __m512 facc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n0) {
+    (void)a; (void)m;
+    return KT_FP8_BLOCKWISE(w) ? facc : _mm512_mul_ps(acc, _mm512_loadu_ps(w->scale + n0));
+}
+#endif
+
+#elif KT_SKEL == KT_SKEL_AMX
+/* The np panels decoded once to bf16 blocks (the BF16 tile layout). */
+KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uint8_t *buf) {
+    const int64_t nkb = w->k_pad / 32;
+    const uint8_t *src = w->data + p * nkb * 512;
+    for (int64_t i = 0; i < np * nkb * 512; ++i) ((uint16_t *)buf)[i] = ktcy_e4m3_to_bf16(src[i]);
+    return buf;
+}
+KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return KT_FP8_BLOCKWISE(w) ? KTCY_SCALE_BLOCK : w->k_pad; }
+KT_AI float KT_(tile_group)(float acc, float c, const ktcy_weight *w, int64_t n, int64_t g) {
+    if (!KT_FP8_BLOCKWISE(w)) return acc + c;
+    return acc + c * (n < w->n ? KT_FP8_BLOCK_SCALE(w, n, g) : 0.0f);
+}
+KT_AI float KT_(tile_final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
+    (void)a; (void)m;
+    return KT_FP8_BLOCKWISE(w) ? acc : acc * w->scale[n];
+}
+
+#else
+#error "fmt_fp8.h: no traits for this skeleton"
+#endif
+
+#undef KT_FP8_BLOCKWISE
+#undef KT_FP8_KBLOCKS
+#undef KT_FP8_BLOCK_SCALE

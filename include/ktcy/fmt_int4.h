@@ -1,0 +1,120 @@
+/* INT4 traits: codes in [-8, 7] stored as code + 8 in nibbles (pack.h), one scale per
+ * (K group, output channel) stored group-major [k_pad/group][n_pad], int8 activations.
+ *   y[m][n] = (sum over groups g in order of acc + (float)sum_{k in g}(q_x * code) * s[g][n]) * x_scale[m]
+ * The vector kernels multiply the unsigned nibble (code + 8) and subtract 8 x the activation
+ * group sum; AMX unpacks to signed codes.  Included by a skeleton instantiation; no include guard. */
+#define KT_ROW KTCY_ROW_INT4
+#define KT_FORMATS (1 << KTCY_FMT_INT4)
+#include "traits_begin.h"
+
+#if KT_SKEL == KT_SKEL_REF
+KT_AI int32_t KT_(code)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) {
+    const int64_t e = ktcy_int8_offset(nn, k % 64);
+    const uint8_t byte = w->data[(p * (w->k_pad / 64) + k / 64) * 512 + (e & 511)];
+    return (e < 512 ? byte & 0x0F : byte >> 4) - 8;
+}
+KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return w->group; }
+KT_AI float KT_(group)(float acc, int32_t part, const ktcy_weight *w, int64_t n, int64_t g) {
+    return acc + (float)part * w->scale[g * w->n_pad + n];
+}
+KT_AI float KT_(final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
+    (void)w; (void)n;
+    return acc * a->scale[m];
+}
+
+#elif KT_SKEL == KT_SKEL_AVX2 || KT_SKEL == KT_SKEL_AVX512
+/* A group ends after row 15 of a block, or after row 7 too for group 32; group 128 spans two blocks. */
+KT_AI int KT_(has_groups)(const ktcy_weight *w) { (void)w; return 1; }
+KT_AI int64_t KT_(group_at)(const ktcy_weight *w, int64_t kb, int r, int64_t nkb) {
+    (void)nkb;
+    if (!(r == 15 || (r == 7 && w->group == 32))) return -1;
+    if (w->group == 128 && !(kb & 1)) return -1;
+    return (kb * 64 + r * 4) / w->group;
+}
+
+#if KT_SKEL == KT_SKEL_AVX2
+#define KT_WKIND KT_W_U8
+#define KT_PREDECODE 0
+KT_AI __m256i KT_(half)(const uint8_t *blk, int r, int h) {
+    __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + (r & 7) * 64 + h * 32));
+    return _mm256_and_si256(r < 8 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
+}
+KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int MB, const ktcy_act *a,
+                               const ktcy_weight *w, int64_t m0, int64_t p, int64_t g) {
+    _Pragma("GCC unroll 8")
+    for (int m = 0; m < MB; ++m) {
+        __m256i bias = _mm256_set1_epi32(8 * a->group_sum[(m0 + m) * (a->k_pad / a->group) + g]);
+        _Pragma("GCC unroll 8")
+        for (int h = 0; h < 2; ++h) {
+            __m256 s = _mm256_loadu_ps(w->scale + g * w->n_pad + p * 16 + h * 8);
+            __m256 part = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[m][h], bias));
+            facc[m][h] = _mm256_add_ps(facc[m][h], _mm256_mul_ps(part, s));
+            acc[m][h] = _mm256_setzero_si256();
+        }
+    }
+}
+KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n0) {
+    (void)acc; (void)w; (void)n0;
+    return _mm256_mul_ps(facc, _mm256_set1_ps(a->scale[m]));
+}
+
+#else /* AVX-512 */
+#define KT_WKIND KT_W_U8
+#define KT_PREDECODE 0
+#define KT_REG_DECODE 0
+typedef struct { int unused; } KT_(ctx);
+KT_AI KT_(ctx) KT_(make_ctx)(void) { KT_(ctx) c = {0}; return c; }
+KT_AI __m512i KT_(row)(const uint8_t *blk, int r) {
+    __m512i raw = _mm512_loadu_si512(blk + (r & 7) * 64);
+    return _mm512_and_si512(r < 8 ? raw : _mm512_srli_epi16(raw, 4), _mm512_set1_epi8(0x0F));
+}
+KT_AI void KT_(rows)(const KT_(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2]) {
+    (void)c;
+    out[0].v0 = KT_(row)(blk, r);
+    out[1].v0 = KT_(row)(blk, r + 1);
+}
+KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const int MB, const int NP,
+                               const ktcy_act *a, const ktcy_weight *w, int64_t m0, int64_t p0, int64_t g) {
+    _Pragma("GCC unroll 8")
+    for (int m = 0; m < MB; ++m) {
+        __m512i bias = _mm512_set1_epi32(8 * a->group_sum[(m0 + m) * (a->k_pad / a->group) + g]);
+        _Pragma("GCC unroll 8")
+        for (int p = 0; p < NP; ++p) {
+            __m512 s = _mm512_loadu_ps(w->scale + g * w->n_pad + (p0 + p) * 16);
+            __m512 part = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m][p], bias));
+            facc[m][p] = _mm512_add_ps(facc[m][p], _mm512_mul_ps(part, s));
+            acc[m][p] = _mm512_setzero_si512();
+        }
+    }
+}
+KT_AI __m512 KT_(final)(KT_(acc_t) acc, __m512 facc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n0) {
+    (void)acc; (void)w; (void)n0;
+    return _mm512_mul_ps(facc, _mm512_set1_ps(a->scale[m]));
+}
+#endif
+
+#elif KT_SKEL == KT_SKEL_AMX
+/* The np panels unpacked once to signed int8 blocks (the INT8 tile layout). */
+KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uint8_t *buf) {
+    const int64_t nkb = w->k_pad / 64;
+    const uint8_t *src = w->data + p * nkb * 512;
+    int8_t *dst = (int8_t *)buf;
+    for (int64_t i = 0; i < np * nkb * 512; ++i) {
+        const int64_t blk = i / 512, e = i % 512;
+        dst[blk * 1024 + e] = (int8_t)((src[i] & 0x0F) - 8);
+        dst[blk * 1024 + e + 512] = (int8_t)((src[i] >> 4) - 8);
+    }
+    return buf;
+}
+KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return w->group; }
+KT_AI float KT_(tile_group)(float acc, int32_t c, const ktcy_weight *w, int64_t n, int64_t g) {
+    return acc + (float)c * w->scale[g * w->n_pad + n];
+}
+KT_AI float KT_(tile_final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
+    (void)w; (void)n;
+    return acc * a->scale[m];
+}
+
+#else
+#error "fmt_int4.h: no traits for this skeleton"
+#endif

@@ -1,0 +1,66 @@
+/* INT8 traits: s8 codes, one symmetric scale per output channel, int8 activations.
+ *   y[m][n] = (float)sum_k(q_x[m][k] * q_w[n][k]) * x_scale[m] * w_scale[n]   (this order on every ISA)
+ * Included by a skeleton instantiation (KT_SKEL says which); no include guard. */
+#define KT_ROW KTCY_ROW_INT8
+#define KT_FORMATS (1 << KTCY_FMT_INT8)
+#include "traits_begin.h"
+
+#if KT_SKEL == KT_SKEL_REF
+KT_AI int32_t KT_(code)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) {
+    return ((const int8_t *)w->data)[(p * (w->k_pad / 64) + k / 64) * 1024 + ktcy_int8_offset(nn, k % 64)];
+}
+KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return w->k_pad; }
+KT_AI float KT_(group)(float acc, int32_t part, const ktcy_weight *w, int64_t n, int64_t g) {
+    (void)w; (void)n; (void)g;
+    return acc + (float)part;
+}
+KT_AI float KT_(final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
+    return acc * a->scale[m] * w->scale[n];
+}
+
+#elif KT_SKEL == KT_SKEL_AVX2
+#define KT_WKIND KT_W_S8
+#define KT_PREDECODE 0
+KT_AI __m256i KT_(half)(const uint8_t *blk, int r, int h) { return _mm256_loadu_si256((const __m256i *)(blk + r * 64 + h * 32)); }
+#include "traits_no_groups.h"
+KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n0) {
+    (void)facc;
+    __m256 out = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(a->scale[m]));
+    return _mm256_mul_ps(out, _mm256_loadu_ps(w->scale + n0));
+}
+
+#elif KT_SKEL == KT_SKEL_AVX512
+#define KT_WKIND KT_W_S8
+#define KT_PREDECODE 0
+#define KT_REG_DECODE 0
+typedef struct { int unused; } KT_(ctx);
+KT_AI KT_(ctx) KT_(make_ctx)(void) { KT_(ctx) c = {0}; return c; }
+KT_AI void KT_(rows)(const KT_(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2]) {
+    (void)c;
+    out[0].v0 = _mm512_loadu_si512(blk + r * 64);
+    out[1].v0 = _mm512_loadu_si512(blk + r * 64 + 64);
+}
+#include "traits_no_groups.h"
+KT_AI __m512 KT_(final)(KT_(acc_t) acc, __m512 facc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n0) {
+    (void)facc;
+    __m512 out = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(a->scale[m]));
+    return _mm512_mul_ps(out, _mm512_loadu_ps(w->scale + n0));
+}
+
+#elif KT_SKEL == KT_SKEL_AMX
+KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uint8_t *buf) {
+    (void)np; (void)buf;
+    return w->data + p * (w->k_pad / 64) * 1024; /* the packed block is the B tile */
+}
+KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return w->k_pad; }
+KT_AI float KT_(tile_group)(float acc, int32_t c, const ktcy_weight *w, int64_t n, int64_t g) {
+    (void)w; (void)n; (void)g;
+    return acc + (float)c;
+}
+KT_AI float KT_(tile_final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
+    return acc * a->scale[m] * w->scale[n];
+}
+
+#else
+#error "fmt_int8.h: no traits for this skeleton"
+#endif

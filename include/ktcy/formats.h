@@ -1,0 +1,113 @@
+/* The weight formats: one descriptor row each.  Everything that depends on a format's geometry
+ * (padding, block bytes, scale shapes, which activations it multiplies) reads this table; the
+ * Cython layer exports it to Python (ktcy._native.format_descriptors()).
+ *
+ * Columns of a row (KTCY_ROW_<id>; <id> is the enum suffix KTCY_FMT_<id> and the Python name):
+ *   code          how one weight is stored:  S8 int8 | U4 4-bit code+8 | BF16 bits | E4M3 byte
+ *   block_k       K values of one channel in a packed block (16 channels per block)
+ *   block_bytes   bytes of one packed block
+ *   act           activations the kernels multiply by: INT8 (per-row symmetric) | BF16
+ *   scale         NONE | CHANNEL [n_pad] | GROUP [k_pad/group][n_pad] | BLOCK128 [ceil(n/128)][ceil(k/128)]
+ *   groups        allowed group sizes (bit mask of 32/64/128) for GROUP scales, else 0
+ *   zero_points   1 when codes carry a per-group zero point (none of today's formats)
+ *   colsum        1 when the packed weight keeps each channel's code sum [n_pad] (s8 codes on VNNI)
+ *
+ * Adding a format: a row and a KTCY_FORMAT_LIST entry here, one traits header fmt_<id>.h, its
+ * instantiation lines in kernels.h/registry.h, its quantizer/packer, tests (README: how to add a format). */
+#ifndef KTCY_FORMATS_H
+#define KTCY_FORMATS_H
+
+#include <stdint.h>
+
+/* Kinds are macros, not enums, so the kernel skeletons can test them in #if. */
+#define KTCY_CODE_S8 0
+#define KTCY_CODE_U4 1
+#define KTCY_CODE_BF16 2
+#define KTCY_CODE_E4M3 3
+#define KTCY_ACT_INT8 0
+#define KTCY_ACT_BF16 1
+#define KTCY_SCALE_NONE 0
+#define KTCY_SCALE_CHANNEL 1
+#define KTCY_SCALE_GROUP 2
+#define KTCY_SCALE_BLOCK128 3
+#define KTCY_GROUPS_32_64_128 (32 | 64 | 128)
+
+/*                       code            block_k block_bytes act            scale                groups                 zp colsum */
+#define KTCY_ROW_BF16           KTCY_CODE_BF16, 32, 1024, KTCY_ACT_BF16, KTCY_SCALE_NONE,     0,                     0, 0
+#define KTCY_ROW_INT8           KTCY_CODE_S8,   64, 1024, KTCY_ACT_INT8, KTCY_SCALE_CHANNEL,  0,                     0, 1
+#define KTCY_ROW_INT4           KTCY_CODE_U4,   64, 512,  KTCY_ACT_INT8, KTCY_SCALE_GROUP,    KTCY_GROUPS_32_64_128, 0, 0
+#define KTCY_ROW_FP8_PERCHANNEL KTCY_CODE_E4M3, 32, 512,  KTCY_ACT_BF16, KTCY_SCALE_CHANNEL,  0,                     0, 0
+#define KTCY_ROW_FP8_BLOCK      KTCY_CODE_E4M3, 32, 512,  KTCY_ACT_BF16, KTCY_SCALE_BLOCK128, 0,                     0, 0
+
+/* Every format, in enum order (the numbers are part of the packed-file metadata: append only). */
+#define KTCY_FORMAT_LIST(X) X(BF16) X(INT8) X(INT4) X(FP8_PERCHANNEL) X(FP8_BLOCK)
+
+/* One column of a row, usable in #if: KTCY_ROW_COL(BLOCK_K, KTCY_ROW_INT8) -> 64. */
+#define KTCY_COL_CODE(c, bk, bb, act, scale, groups, zp, cs) c
+#define KTCY_COL_BLOCK_K(c, bk, bb, act, scale, groups, zp, cs) bk
+#define KTCY_COL_BLOCK_BYTES(c, bk, bb, act, scale, groups, zp, cs) bb
+#define KTCY_COL_ACT(c, bk, bb, act, scale, groups, zp, cs) act
+#define KTCY_COL_SCALE(c, bk, bb, act, scale, groups, zp, cs) scale
+#define KTCY_ROW_COL_(col, ...) KTCY_COL_##col(__VA_ARGS__)
+#define KTCY_ROW_COL(col, row) KTCY_ROW_COL_(col, row)
+
+#define KTCY_FMT_ENUM(id) KTCY_FMT_##id,
+enum ktcy_format { KTCY_FORMAT_LIST(KTCY_FMT_ENUM) KTCY_NUM_FORMATS };
+#undef KTCY_FMT_ENUM
+
+typedef struct {
+    const char *name;
+    int32_t code, block_k, block_bytes, act, scale, groups, zero_points, colsum;
+} ktcy_format_desc;
+
+#define KTCY_DESC_(id, ...) {id, __VA_ARGS__}
+#define KTCY_DESC(id, row) KTCY_DESC_(id, row)
+#define KTCY_FMT_ROW(id) KTCY_DESC(#id, KTCY_ROW_##id),
+static const ktcy_format_desc KTCY_FORMAT_DESCS[KTCY_NUM_FORMATS] = {KTCY_FORMAT_LIST(KTCY_FMT_ROW)};
+#undef KTCY_FMT_ROW
+
+/* Every packed block holds 16 output channels ("a panel"). */
+#define KTCY_PANEL 16
+#define KTCY_SCALE_BLOCK 128
+
+static inline const ktcy_format_desc *ktcy_format(int format) {
+    return format >= 0 && format < KTCY_NUM_FORMATS ? &KTCY_FORMAT_DESCS[format] : 0;
+}
+
+/* 1 when `group` is a legal group size of the format (0 for formats without groups). */
+static inline int ktcy_group_ok(int format, int group) {
+    const ktcy_format_desc *d = ktcy_format(format);
+    if (!d) return 0;
+    if (d->scale != KTCY_SCALE_GROUP) return group == 0;
+    return group > 0 && (group & (group - 1)) == 0 && (d->groups & group) != 0;
+}
+
+/* K is padded so that a block (and a scale group) never straddles the end. */
+static inline int64_t ktcy_k_pad(int format, int64_t k, int group) {
+    const ktcy_format_desc *d = ktcy_format(format);
+    int64_t unit = d->block_k;
+    if (d->scale == KTCY_SCALE_GROUP && group > unit) unit = group;
+    return (k + unit - 1) / unit * unit;
+}
+static inline int64_t ktcy_n_pad(int64_t n) { return (n + KTCY_PANEL - 1) / KTCY_PANEL * KTCY_PANEL; }
+
+static inline int64_t ktcy_data_bytes(int format, int64_t n, int64_t k, int group) {
+    const ktcy_format_desc *d = ktcy_format(format);
+    return ktcy_n_pad(n) / KTCY_PANEL * (ktcy_k_pad(format, k, group) / d->block_k) * d->block_bytes;
+}
+
+/* The scale array a kernel reads, as [rows][cols] float32 (0 x 0 when the format has none). */
+static inline void ktcy_scale_shape(int format, int64_t n, int64_t k, int group, int64_t shape[2]) {
+    const ktcy_format_desc *d = ktcy_format(format);
+    const int64_t B = KTCY_SCALE_BLOCK;
+    shape[0] = shape[1] = 0;
+    if (d->scale == KTCY_SCALE_CHANNEL) { shape[0] = 1; shape[1] = ktcy_n_pad(n); }
+    if (d->scale == KTCY_SCALE_GROUP) { shape[0] = ktcy_k_pad(format, k, group) / group; shape[1] = ktcy_n_pad(n); }
+    if (d->scale == KTCY_SCALE_BLOCK128) { shape[0] = (n + B - 1) / B; shape[1] = (k + B - 1) / B; }
+}
+
+static inline int64_t ktcy_colsum_count(int format, int64_t n) {
+    return ktcy_format(format)->colsum ? ktcy_n_pad(n) : 0;
+}
+
+#endif

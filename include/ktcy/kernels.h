@@ -1,0 +1,265 @@
+/* Every GEMM kernel variant: a format's traits header (fmt_*.h) compiled into an ISA skeleton
+ * (gemm_*_tpl.h), one block per variant, each defining the entry point ktcy_gemm_<variant>
+ * that registry.h lists with the CPU features it needs.  The target attribute of a block is
+ * exactly the set of features the variant executes. */
+#ifndef KTCY_KERNELS_H
+#define KTCY_KERNELS_H
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "numeric.h"
+#include "pack.h"
+#include "tile_emu.h"
+#include "types.h"
+
+/* Skeletons (KT_SKEL) and what a loaded weight row holds (KT_WKIND). */
+#define KT_SKEL_REF 0
+#define KT_SKEL_AVX2 1
+#define KT_SKEL_AVX512 2
+#define KT_SKEL_AMX 3
+#define KT_W_S8 0
+#define KT_W_U8 1
+#define KT_W_BF16 2
+
+typedef struct { __m512i v0, v1; } kt_vec2; /* one AVX-512 operand, or its even/odd bf16 halves as floats */
+
+#define KTCY_AVX512_BASE "avx512f,avx512bw,avx512vl,avx512dq"
+
+/* ---- portable C ---- */
+#define KT_GEMM ktcy_gemm_int8_ref
+#define KT_TRAITS "fmt_int8.h"
+#include "gemm_ref_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#define KT_GEMM ktcy_gemm_int4_ref
+#define KT_TRAITS "fmt_int4.h"
+#include "gemm_ref_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#define KT_GEMM ktcy_gemm_bf16_ref
+#define KT_TRAITS "fmt_bf16.h"
+#include "gemm_ref_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#define KT_GEMM ktcy_gemm_fp8_ref
+#define KT_TRAITS "fmt_fp8.h"
+#include "gemm_ref_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+
+/* ---- AVX2 + FMA ---- */
+#define KT_GEMM ktcy_gemm_int8_avx2
+#define KT_TRAITS "fmt_int8.h"
+#define KT_TARGET __attribute__((target("avx2,fma")))
+#include "gemm_avx2_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#undef KT_TARGET
+#define KT_GEMM ktcy_gemm_int4_avx2
+#define KT_TRAITS "fmt_int4.h"
+#define KT_TARGET __attribute__((target("avx2,fma")))
+#include "gemm_avx2_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#undef KT_TARGET
+#define KT_GEMM ktcy_gemm_bf16_avx2
+#define KT_TRAITS "fmt_bf16.h"
+#define KT_TARGET __attribute__((target("avx2,fma")))
+#include "gemm_avx2_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#undef KT_TARGET
+#define KT_GEMM ktcy_gemm_fp8_avx2
+#define KT_TRAITS "fmt_fp8.h"
+#define KT_TARGET __attribute__((target("avx2,fma")))
+#include "gemm_avx2_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#undef KT_TARGET
+
+/* ---- AVX-512: a fast variant per format (VNNI, AVX512-BF16, VBMI) and an F+BW one ---- */
+#define KT_GEMM ktcy_gemm_int8_avx512_vnni
+#define KT_TRAITS "fmt_int8.h"
+#define KT_TARGET __attribute__((target(KTCY_AVX512_BASE ",avx512vnni")))
+#define KT_FAST 1
+#define KT_VBMI 0
+#include "gemm_avx512_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#undef KT_TARGET
+#undef KT_FAST
+#undef KT_VBMI
+#define KT_GEMM ktcy_gemm_int8_avx512bw
+#define KT_TRAITS "fmt_int8.h"
+#define KT_TARGET __attribute__((target(KTCY_AVX512_BASE)))
+#define KT_FAST 0
+#define KT_VBMI 0
+#include "gemm_avx512_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#undef KT_TARGET
+#undef KT_FAST
+#undef KT_VBMI
+#define KT_GEMM ktcy_gemm_int4_avx512_vnni
+#define KT_TRAITS "fmt_int4.h"
+#define KT_TARGET __attribute__((target(KTCY_AVX512_BASE ",avx512vnni")))
+#define KT_FAST 1
+#define KT_VBMI 0
+#include "gemm_avx512_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#undef KT_TARGET
+#undef KT_FAST
+#undef KT_VBMI
+#define KT_GEMM ktcy_gemm_int4_avx512bw
+#define KT_TRAITS "fmt_int4.h"
+#define KT_TARGET __attribute__((target(KTCY_AVX512_BASE)))
+#define KT_FAST 0
+#define KT_VBMI 0
+#include "gemm_avx512_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#undef KT_TARGET
+#undef KT_FAST
+#undef KT_VBMI
+#if KTCY_ENABLE_AVX512_BF16
+#define KT_GEMM ktcy_gemm_bf16_avx512_bf16
+#define KT_TRAITS "fmt_bf16.h"
+#define KT_TARGET __attribute__((target(KTCY_AVX512_BASE ",avx512bf16")))
+#define KT_FAST 1
+#define KT_VBMI 0
+#include "gemm_avx512_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#undef KT_TARGET
+#undef KT_FAST
+#undef KT_VBMI
+#endif
+#define KT_GEMM ktcy_gemm_bf16_avx512f
+#define KT_TRAITS "fmt_bf16.h"
+#define KT_TARGET __attribute__((target(KTCY_AVX512_BASE)))
+#define KT_FAST 0
+#define KT_VBMI 0
+#include "gemm_avx512_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#undef KT_TARGET
+#undef KT_FAST
+#undef KT_VBMI
+#if KTCY_ENABLE_AVX512_BF16 && KTCY_ENABLE_AVX512_VBMI
+#define KT_GEMM ktcy_gemm_fp8_avx512_vbmi
+#define KT_TRAITS "fmt_fp8.h"
+#define KT_TARGET __attribute__((target(KTCY_AVX512_BASE ",avx512bf16,avx512vbmi")))
+#define KT_FAST 1
+#define KT_VBMI 1
+#include "gemm_avx512_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#undef KT_TARGET
+#undef KT_FAST
+#undef KT_VBMI
+#endif
+#define KT_GEMM ktcy_gemm_fp8_avx512f
+#define KT_TRAITS "fmt_fp8.h"
+#define KT_TARGET __attribute__((target(KTCY_AVX512_BASE)))
+#define KT_FAST 0
+#define KT_VBMI 0
+#include "gemm_avx512_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#undef KT_TARGET
+#undef KT_FAST
+#undef KT_VBMI
+
+/* ---- AMX over the emulated tile unit: always built, never picked automatically ---- */
+#define KT_TARGET
+#define KT_TILE_CONFIG(cfg) ktcy_emu_ldtilecfg(cfg)
+#define KT_TILE_LOADED(cfg) (memcmp(ktcy_emu.cfg, (cfg), 64) == 0)
+#define KT_TILE_LOAD(t, p, stride) ktcy_emu_tileloadd(t, p, stride)
+#define KT_TILE_STORE(t, p, stride) ktcy_emu_tilestored(t, p, stride)
+#define KT_TILE_ZERO(t) ktcy_emu_tilezero(t)
+#define KT_TILE_DP_I8(c, a, b) ktcy_emu_tdpbssd(c, a, b)
+#define KT_TILE_DP_BF16(c, a, b) ktcy_emu_tdpbf16ps(c, a, b)
+#define KT_TILE_FAILED() (ktcy_emu.error)
+#define KT_GEMM ktcy_gemm_amx_emu_int8
+#define KT_TRAITS "fmt_int8.h"
+#include "gemm_amx_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#define KT_GEMM ktcy_gemm_amx_emu_int4
+#define KT_TRAITS "fmt_int4.h"
+#include "gemm_amx_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#define KT_GEMM ktcy_gemm_amx_emu_bf16
+#define KT_TRAITS "fmt_bf16.h"
+#include "gemm_amx_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#define KT_GEMM ktcy_gemm_amx_emu_fp8
+#define KT_TRAITS "fmt_fp8.h"
+#include "gemm_amx_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#undef KT_TARGET
+#undef KT_TILE_CONFIG
+#undef KT_TILE_LOADED
+#undef KT_TILE_LOAD
+#undef KT_TILE_STORE
+#undef KT_TILE_ZERO
+#undef KT_TILE_DP_I8
+#undef KT_TILE_DP_BF16
+#undef KT_TILE_FAILED
+
+/* ---- real AMX tiles ---- */
+#if KTCY_ENABLE_AMX
+/* The configuration this thread last loaded (tile state is per thread, like the registers). */
+static _Thread_local uint8_t ktcy_amx_loaded_cfg[64];
+
+/* Anything else that loads a tile configuration on this thread (the roofline probe) must call
+ * this afterwards, or the next kernel would trust a configuration that is no longer there. */
+static inline void ktcy_amx_forget_config(void) { memset(ktcy_amx_loaded_cfg, 0, sizeof ktcy_amx_loaded_cfg); }
+
+#define KT_TARGET __attribute__((target("amx-tile,amx-int8,amx-bf16,avx512f,avx512bw,avx512vl")))
+#define KT_TILE_CONFIG(cfg) (_tile_loadconfig(cfg), memcpy(ktcy_amx_loaded_cfg, (cfg), 64))
+#define KT_TILE_LOADED(cfg) (memcmp(ktcy_amx_loaded_cfg, (cfg), 64) == 0)
+#define KT_TILE_LOAD(t, p, stride) _tile_loadd(t, p, stride)
+#define KT_TILE_STORE(t, p, stride) _tile_stored(t, p, stride)
+#define KT_TILE_ZERO(t) _tile_zero(t)
+#define KT_TILE_DP_I8(c, a, b) _tile_dpbssd(c, a, b)
+#define KT_TILE_DP_BF16(c, a, b) _tile_dpbf16ps(c, a, b)
+#define KT_TILE_FAILED() 0
+#define KT_GEMM ktcy_gemm_amx_int8
+#define KT_TRAITS "fmt_int8.h"
+#include "gemm_amx_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#define KT_GEMM ktcy_gemm_amx_int4
+#define KT_TRAITS "fmt_int4.h"
+#include "gemm_amx_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#define KT_GEMM ktcy_gemm_amx_bf16
+#define KT_TRAITS "fmt_bf16.h"
+#include "gemm_amx_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#define KT_GEMM ktcy_gemm_amx_fp8
+#define KT_TRAITS "fmt_fp8.h"
+#include "gemm_amx_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#undef KT_TARGET
+#undef KT_TILE_CONFIG
+#undef KT_TILE_LOADED
+#undef KT_TILE_LOAD
+#undef KT_TILE_STORE
+#undef KT_TILE_ZERO
+#undef KT_TILE_DP_I8
+#undef KT_TILE_DP_BF16
+#undef KT_TILE_FAILED
+#endif
+
+#endif

@@ -1,0 +1,30 @@
+"""Deterministic inputs for the stored-reference tests, from integer formulas (no RNG whose
+stream could change between numpy versions), and the stored outputs' file names."""
+from pathlib import Path
+
+import numpy as np
+
+DATA = Path(__file__).parent / "data"
+GEMM_REFERENCE = DATA / "gemm_reference_v1.npz"   # kernels.linear outputs before the descriptor redesign
+MOE_REFERENCE = DATA / "moe_reference_v1.npz"     # MoE.forward outputs on the portable path (isa="ref")
+
+MOE_SHAPE = dict(E=5, k=3, H=136, I=48, T=9)      # H, I not multiples of 64; expert 4 gets no token
+
+
+def formula(shape, seed, scale):
+    """A fixed pseudo-random array in [-scale, scale] from integer arithmetic."""
+    i = np.arange(int(np.prod(shape)), dtype=np.int64)
+    v = ((i * 7919 + seed * 104729) ** 2 + i * 31) % 20011
+    return (v.astype(np.float64) / 10005.5 - 1.0).astype(np.float32).reshape(shape) * np.float32(scale)
+
+
+def moe_inputs():
+    s = MOE_SHAPE
+    gate = formula((s["E"], s["I"], s["H"]), 1, 0.05)
+    up = formula((s["E"], s["I"], s["H"]), 2, 0.05)
+    down = formula((s["E"], s["H"], s["I"]), 3, 0.05)
+    x = formula((s["T"], s["H"]), 4, 1.0)
+    ids = (np.arange(s["T"] * s["k"]).reshape(s["T"], s["k"]) * 7) % (s["E"] - 1)
+    ids[0] = [0, 0, 1]  # a repeated id
+    weights = formula((s["T"], s["k"]), 5, 0.5) + np.float32(0.5)
+    return gate, up, down, x, ids.astype(np.int64), weights
