@@ -24,7 +24,8 @@ class MoeConfig:
 
     backend (optional) overrides quant_config.method with a KTransformers backend name; an AMX
     backend on a CPU without usable AMX falls back to the best ISA for its format.  isa forces one
-    ISA and fails if it can't run.  num_threads sets ktcy's thread count when the layer is built."""
+    ISA and fails if it can't run.  num_threads: threads of this layer's forward (default: ktcy's
+    count at call time, ktcy.set_num_threads); it does not change the process-wide count."""
     num_experts: int
     top_k: int
     hidden_size: int
@@ -41,6 +42,9 @@ class MoeConfig:
                 raise ValueError(f"MoeConfig.{name} must be a positive integer, got {value!r}")
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
+        if self.num_threads is not None and (isinstance(self.num_threads, bool) or not isinstance(self.num_threads, int)
+                                             or self.num_threads < 1):
+            raise ValueError(f"MoeConfig.num_threads must be a positive integer, got {self.num_threads!r}")
         if not isinstance(self.quant_config, QuantConfig):
             raise TypeError("quant_config must be a ktcy.QuantConfig")
         self.weight_format  # validates backend

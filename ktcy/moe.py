@@ -4,6 +4,7 @@ Contract (used from outside the repo): ``MoE.from_weights(config, gate, up, down
 ``MoE.forward(x, topk_ids, topk_weights, out=None)``, ``MoE.kernel``.
 """
 import logging
+import os
 import threading
 
 import ml_dtypes
@@ -12,7 +13,7 @@ import numpy as np
 from ktcy import _native, kernels
 from ktcy.config import MoeConfig
 from ktcy.errors import UnsupportedISAError
-from ktcy.threads import set_num_threads
+from ktcy.safetensors_io import CheckpointError
 
 log = logging.getLogger("ktcy")
 
@@ -31,8 +32,8 @@ def choose_kernels(fmt, config):
     else:
         big_isa, big = _native.resolve(fmt)
         if config.wants_amx and big_isa != "amx":
-            log.info("ktcy: backend %s asks for AMX, which this CPU/OS/build cannot run; using %s (%s) for %s",
-                     config.backend, big_isa, big, fmt)
+            _warn_once(f"backend {config.backend} asks for AMX, which this CPU/OS/build cannot run; "
+                       f"using {big_isa} ({big}) for {fmt}")
     if big_isa not in ("amx", "amx_emu"):
         return big_isa, big, big_isa, big
     for isa in _DECODE_LADDER:
@@ -44,6 +45,17 @@ def choose_kernels(fmt, config):
     raise UnsupportedISAError(f"no decode kernel for {fmt}")  # ref always exists; kept for clarity
 
 
+_warned = set()
+
+
+def _warn_once(message):
+    """A WARNING the first time a message is seen in this process (one per layer would drown a
+    60-layer model's load in repeats)."""
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)
+
+
 class MoE:
     """The routed experts of one MoE layer: y = sum_j w[t,j] * down_e(silu(gate_e x) * up_e x)."""
 
@@ -53,17 +65,24 @@ class MoE:
             raise TypeError("config must be a ktcy.MoeConfig")
         E, H, I = config.num_experts, config.hidden_size, config.intermediate_size
         fmt = config.weight_format
+        group = None
         for name, ws, shape in (("gate", gate, (I, H)), ("up", up, (I, H)), ("down", down, (H, I))):
             if len(ws) != E:
                 raise ValueError(f"{name}: {len(ws)} experts, config says {E}")
             for e, w in enumerate(ws):
+                if not isinstance(w, kernels.PackedWeight):
+                    raise TypeError(f"{name}[{e}] must be a kernels.PackedWeight, got {type(w).__name__}")
                 if w.format != fmt or tuple(w.shape) != shape:
                     raise ValueError(f"{name}[{e}] is {w.format} {tuple(w.shape)}, expected {fmt} {shape}")
+                group = w.group_size if group is None else group
+                if w.group_size != group:  # one group size per layer: the activation sums depend on it
+                    raise ValueError(f"{name}[{e}] has group size {w.group_size}, the layer's first expert {group}")
+        if config.num_threads is not None:
+            _native.check_thread_count(config.num_threads, "MoeConfig.num_threads")
         self.config = config
         self.format = fmt
         self.gate, self.up, self.down = list(gate), list(up), list(down)
-        if config.num_threads is not None:
-            set_num_threads(config.num_threads)
+        self._mapped = []  # (fd, size, path) of files the weights are mapped from, see watch_file
         big_isa, big, small_isa, small = choose_kernels(fmt, config)
         self.isa, self.variant, self.decode_isa, self.decode_variant = big_isa, big, small_isa, small
         self._engine = _native.MoEEngine(fmt, [w.native() for w in self.gate], [w.native() for w in self.up],
@@ -116,6 +135,30 @@ class MoE:
     def nbytes(self):
         return sum(w.nbytes for ws in (self.gate, self.up, self.down) for w in ws)
 
+    @property
+    def num_threads(self):
+        """Threads of this layer's forward: MoeConfig.num_threads, else ktcy's current count."""
+        return self.config.num_threads or _native.get_num_threads()
+
+    def __repr__(self):
+        c = self.config
+        group = f" group {self.gate[0].group_size}" if self.gate[0].group_size else ""
+        return (f"MoE({self.format}{group}, {c.num_experts} experts, top-{c.top_k}, H={c.hidden_size}, "
+                f"I={c.intermediate_size}, {self.nbytes / 2**30:.2f} GiB, kernel: {self.kernel})")
+
+    def watch_file(self, fd, size, path):
+        """The weights are memory-mapped from the open file fd of `size` bytes: before each
+        forward an fstat checks it still has that size, since reading a mapping past a file that
+        another program truncated kills the process with SIGBUS."""
+        self._mapped.append((fd, size, path))
+
+    def _check_mapped(self):
+        for fd, size, path in self._mapped:
+            now = os.fstat(fd).st_size
+            if now != size:
+                raise CheckpointError(f"{path} changed size on disk ({size} -> {now} bytes) while mapped; "
+                                      f"reload the layer")
+
     def forward(self, x, topk_ids, topk_weights, out=None):
         """x [T, H] float32/bfloat16, topk_ids [T, k] int, topk_weights [T, k] float32 -> [T, H] float32."""
         c = self.config
@@ -129,6 +172,8 @@ class MoE:
         if ids.size and (ids.min() < 0 or ids.max() >= c.num_experts):
             bad = ids[(ids < 0) | (ids >= c.num_experts)][0]
             raise ValueError(f"topk_ids holds expert id {bad}, outside [0, {c.num_experts})")
+        if ids.shape[1] != c.top_k:
+            raise ValueError(f"topk_ids has {ids.shape[1]} experts per token; this layer routes top_k = {c.top_k}")
         w = np.asarray(topk_weights)
         if w.shape != ids.shape:
             raise ValueError(f"topk_weights must have the shape of topk_ids {ids.shape}, got {w.shape}")
@@ -146,7 +191,8 @@ class MoE:
         # One forward at a time per layer: the arena is shared, and the OpenMP team already uses
         # every configured core, so concurrent calls would not run faster.
         with self._lock:
-            self._engine.forward(x, ids, w, out, _native.get_num_threads())
+            self._check_mapped()
+            self._engine.forward(x, ids, w, out, self.num_threads)
         return out
 
     __call__ = forward

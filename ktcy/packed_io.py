@@ -3,11 +3,15 @@ blocks stacked per projection ("gate.data" [E, bytes], "gate.scale" [E, ...], "g
 [E, N_pad] for INT8), with metadata naming the format, layout version, shapes, group size,
 scale kind and ktcy version.  Loading maps the file and wraps the stacked arrays, no copy; the
 layout is ISA-independent, so a file packed on one machine runs on any other."""
+import os
+import weakref
+
 import numpy as np
 
+from ktcy import _native
 from ktcy.version import __version__
 from ktcy.config import MoeConfig, QuantConfig
-from ktcy.formats import FORMATS
+from ktcy.formats import DEFAULT_INT4_GROUP, DESCRIPTORS, FORMATS
 from ktcy.kernels import PackedWeight
 from ktcy.moe import MoE, pack_expert_weight
 from ktcy.safetensors_io import CheckpointError, SafetensorsFile, write
@@ -15,8 +19,9 @@ from ktcy.safetensors_io import CheckpointError, SafetensorsFile, write
 FILE_FORMAT = "ktcy.packed_experts"
 LAYOUT_VERSION = "1"
 PROJECTIONS = ("gate", "up", "down")
-SCALE_KIND = {"BF16": "none", "INT8": "per_channel", "INT4": "group", "FP8_PERCHANNEL": "per_channel",
-              "FP8_BLOCK": "block_128x128"}
+# Largest dimension a metadata value may claim: far above any model, far below what could
+# overflow the size arithmetic.
+_MAX_DIM = 1 << 24
 
 
 def layer_file_name(layer):
@@ -30,10 +35,10 @@ def pack_layer(num_experts, fmt, group, expert, progress=None):
     for e in range(num_experts):
         for proj, (w, scale) in expert(e).items():
             p = pack_expert_weight(w, scale, fmt, group, f"{proj}[{e}]")
-            parts = {"data": p.data, "scale": p.scale}
-            if p.colsum is not None:
-                parts["colsum"] = p.colsum
+            parts = {"data": p.data, "scale": p.scale, "colsum": p.colsum}
             for part, a in parts.items():
+                if a is None:
+                    continue
                 key = f"{proj}.{part}"
                 if key not in arrays:
                     arrays[key] = np.empty((num_experts,) + a.shape, a.dtype)
@@ -45,7 +50,8 @@ def pack_layer(num_experts, fmt, group, expert, progress=None):
 
 def write_layer(path, arrays, fmt, group, num_experts, top_k, hidden, inter, layer, source=""):
     meta = {"format": FILE_FORMAT, "layout_version": LAYOUT_VERSION, "weight_format": fmt,
-            "group_size": group if fmt == "INT4" else 0, "scale_kind": SCALE_KIND[fmt],
+            "group_size": group if DESCRIPTORS[fmt]["scale"] == "group" else 0,
+            "scale_kind": DESCRIPTORS[fmt]["scale"],
             "num_experts": num_experts, "top_k": top_k, "hidden_size": hidden, "intermediate_size": inter,
             "layer": layer, "ktcy_version": __version__, "source": source}
     write(path, arrays, meta)
@@ -62,36 +68,72 @@ def read_metadata(path):
                               f"({__version__}) reads version {LAYOUT_VERSION} - convert the checkpoint again")
     if m.get("weight_format") not in FORMATS:
         raise CheckpointError(f"{path}: unknown weight format {m.get('weight_format')!r}")
-    try:
-        dims = {k: int(m[k]) for k in ("num_experts", "top_k", "hidden_size", "intermediate_size", "group_size", "layer")}
-    except (KeyError, ValueError) as e:
-        raise CheckpointError(f"{path}: metadata lacks or garbles {e}") from None
+    dims = {}
+    for key in ("num_experts", "top_k", "hidden_size", "intermediate_size", "group_size", "layer"):
+        value = m.get(key)
+        if not isinstance(value, str) or not value.isdigit() or int(value) > _MAX_DIM:
+            raise CheckpointError(f"{path}: metadata {key}={value!r} is not a whole number up to {_MAX_DIM}")
+        dims[key] = int(value)
+    for key in ("num_experts", "top_k", "hidden_size", "intermediate_size"):
+        if dims[key] < 1:
+            raise CheckpointError(f"{path}: metadata {key}={dims[key]} must be positive")
+    if dims["top_k"] > dims["num_experts"]:
+        raise CheckpointError(f"{path}: metadata top_k {dims['top_k']} exceeds num_experts {dims['num_experts']}")
+    kind = DESCRIPTORS[m["weight_format"]]["scale"]
+    if m.get("scale_kind", kind) != kind:
+        raise CheckpointError(f"{path}: metadata scale_kind {m.get('scale_kind')!r} contradicts "
+                              f"{m['weight_format']} ({kind})")
     return f, m, dims
 
 
+def _stacked(f, path, name, dtype, experts, shape):
+    """Tensor `name` as [experts, *shape] (or [experts, prod(shape)]) of dtype, else CheckpointError:
+    the check that comes before any kernel reads the mapped bytes."""
+    if name not in f:
+        raise CheckpointError(f"{path}: incomplete packed layer (no tensor {name!r})")
+    a = f.get(name)
+    flat = (experts, int(np.prod(shape)))
+    if a.dtype != dtype or a.shape not in ((experts,) + tuple(shape), flat):
+        raise CheckpointError(f"{path}: {name} is {a.dtype} {a.shape}; the metadata implies {np.dtype(dtype)} "
+                              f"{(experts,) + tuple(shape)}")
+    return a.reshape(flat)
+
+
 def load_layer(path, isa=None, backend=None):
-    """MoE over the mapped file (no copy of the packed weights)."""
-    f, m, d = read_metadata(path)
-    fmt = m["weight_format"]
-    E, H, I, group = d["num_experts"], d["hidden_size"], d["intermediate_size"], d["group_size"]
-    shapes = {"gate": (I, H), "up": (I, H), "down": (H, I)}
-    experts = {}
-    for proj in PROJECTIONS:
-        try:
-            data, scale = f.get(f"{proj}.data"), f.get(f"{proj}.scale")
-            colsum = f.get(f"{proj}.colsum") if fmt == "INT8" else None
-        except CheckpointError as e:
-            raise CheckpointError(f"{path}: incomplete packed layer ({e})") from None
-        if data.shape[0] != E or scale.shape[0] != E:
-            raise CheckpointError(f"{path}: {proj} holds {data.shape[0]} experts, metadata says {E}")
-        experts[proj] = []
-        for e in range(E):
-            w = PackedWeight(fmt, shapes[proj], data[e], scale[e], None if colsum is None else colsum[e], group)
+    """MoE over the mapped file (no copy of the packed weights).  Every array is checked against
+    the shapes the metadata implies by the format descriptor before any kernel sees it."""
+    fd = os.open(path, os.O_RDONLY)  # held for the layer's life: fstat before each forward
+    try:
+        size = os.fstat(fd).st_size
+        f, m, d = read_metadata(path)
+        fmt = m["weight_format"]
+        code = FORMATS.index(fmt)
+        E, H, I, group = d["num_experts"], d["hidden_size"], d["intermediate_size"], d["group_size"]
+        shapes = {"gate": (I, H), "up": (I, H), "down": (H, I)}
+        experts = {}
+        for proj in PROJECTIONS:
             try:
-                w.native()  # checks the byte count against the layout
-            except ValueError as err:
-                raise CheckpointError(f"{path}: {proj}[{e}]: {err}") from None
-            experts[proj].append(w)
-    quant = QuantConfig(fmt, group_size=group if fmt == "INT4" else 64)
-    config = MoeConfig(E, d["top_k"], H, I, quant, isa=isa)
-    return MoE(config, experts["gate"], experts["up"], experts["down"])
+                want = _native.packed_shapes(code, *shapes[proj], group)
+            except ValueError as e:
+                raise CheckpointError(f"{path}: {proj}: {e}") from None
+            data = _stacked(f, path, f"{proj}.data", np.uint8, E, want["data"])
+            scale = _stacked(f, path, f"{proj}.scale", np.float32, E, want["scale"]) if want["scale"] else None
+            colsum = _stacked(f, path, f"{proj}.colsum", np.int32, E, want["colsum"]) if want["colsum"] else None
+            experts[proj] = []
+            for e in range(E):
+                w = PackedWeight(fmt, shapes[proj], data[e], None if scale is None else scale[e],
+                                 None if colsum is None else colsum[e], group)
+                try:
+                    w.native()
+                except (TypeError, ValueError) as err:
+                    raise CheckpointError(f"{path}: {proj}[{e}]: {err}") from None
+                experts[proj].append(w)
+        quant = QuantConfig(fmt, group_size=group or DEFAULT_INT4_GROUP)
+        config = MoeConfig(E, d["top_k"], H, I, quant, isa=isa)
+        moe = MoE(config, experts["gate"], experts["up"], experts["down"])
+    except BaseException:
+        os.close(fd)
+        raise
+    moe.watch_file(fd, size, path)
+    weakref.finalize(moe, os.close, fd)
+    return moe

@@ -6,6 +6,7 @@ import pytest
 from conftest import (bf16_round, int8_exact_reference, isa_params, quantize_rows_int8, rel_err_rows,
                       runnable_variants)
 import ktcy
+from ktcy import _native
 from ktcy import kernels
 
 AMX_GRID = [(m, n, k) for m in (1, 3, 16, 17, 40) for n in (16, 48, 80) for k in (64, 100, 192)]
@@ -73,15 +74,25 @@ def test_threads_do_not_change_int8_results():
     rng = np.random.default_rng(2)
     W, X = weights(rng, 1000, 512), rng.standard_normal((9, 512)).astype(np.float32)
     packed = kernels.pack(W, "INT8")
-    old = ktcy.get_num_threads()
+    old, most = ktcy.get_num_threads(), _native.usable_cpus()
+    if most < 2:
+        pytest.skip("one usable CPU: no second thread count to compare")
     try:
         ktcy.set_num_threads(1)
         one = kernels.linear(X, packed)
-        ktcy.set_num_threads(3)
-        three = kernels.linear(X, packed)
+        ktcy.set_num_threads(most)
+        many = kernels.linear(X, packed)
     finally:
         ktcy.set_num_threads(old)
-    assert np.array_equal(one, three)
+    assert np.array_equal(one, many)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 10**5, "4", 2.0, True])
+def test_thread_count_is_bounded_by_usable_cpus(bad):
+    before = ktcy.get_num_threads()
+    with pytest.raises((ValueError, TypeError), match="thread count"):
+        ktcy.set_num_threads(bad)
+    assert ktcy.get_num_threads() == before
 
 
 def test_empty_inputs():
