@@ -1,0 +1,253 @@
+"""Untrusted packed files and hand-made weights never reach a kernel unchecked; layers keep to
+their own thread count, group size and routing width; memory of one huge batch is given back."""
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ktcy
+from ktcy import _native, kernels
+from ktcy.packed_io import load_layer, pack_layer, write_layer
+from ktcy.safetensors_io import CheckpointError
+
+E, K_TOP, H, I = 3, 2, 128, 64
+
+
+def write_packed(path, fmt, group=64, seed=0):
+    rng = np.random.default_rng(seed)
+    src = {e: {"gate": (rng.standard_normal((I, H), np.float32), None),
+               "up": (rng.standard_normal((I, H), np.float32), None),
+               "down": (rng.standard_normal((H, I), np.float32), None)} for e in range(E)}
+    arrays = pack_layer(E, fmt, group, lambda e: src[e])
+    write_layer(str(path), arrays, fmt, group, E, K_TOP, H, I, 0)
+    return path
+
+
+def read_header(path):
+    raw = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8:8 + n]), raw[8 + n:]
+
+
+def write_header(path, header, body):
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + body)
+
+
+def tamper_metadata(path, **changes):
+    header, body = read_header(path)
+    header["__metadata__"].update({k: str(v) for k, v in changes.items()})
+    write_header(path, header, body)
+
+
+def forward(layer, T=3):
+    rng = np.random.default_rng(1)
+    ids = np.stack([rng.permutation(E)[:K_TOP] for _ in range(T)])
+    return layer.forward(rng.standard_normal((T, H), np.float32), ids, np.full((T, K_TOP), 0.5, np.float32))
+
+
+@pytest.mark.parametrize("fmt,changes", [
+    ("FP8_BLOCK", {"weight_format": "FP8_PERCHANNEL"}),
+    ("FP8_PERCHANNEL", {"weight_format": "FP8_BLOCK"}),
+    ("INT4", {"group_size": 32}),
+    ("INT4", {"group_size": 128}),
+    ("INT4", {"group_size": 48}),
+    ("INT8", {"hidden_size": I, "intermediate_size": H}),
+    ("INT8", {"weight_format": "INT4"}),
+    ("BF16", {"weight_format": "INT8"}),
+    ("INT8", {"num_experts": E + 1}),
+    ("INT8", {"hidden_size": "1e3"}),
+    ("INT8", {"top_k": 0}),
+    ("INT8", {"scale_kind": "group"}),
+])
+def test_tampered_metadata_is_refused_before_any_kernel_runs(tmp_path, fmt, changes):
+    path = write_packed(tmp_path / "layer.safetensors", fmt)
+    tamper_metadata(path, **changes)
+    with pytest.raises(CheckpointError):
+        load_layer(str(path))
+
+
+def test_scale_of_the_wrong_shape_is_refused(tmp_path):
+    path = write_packed(tmp_path / "layer.safetensors", "INT4")
+    header, body = read_header(path)
+    header["gate.scale"]["shape"] = [E, header["gate.scale"]["shape"][1] * header["gate.scale"]["shape"][2]]
+    write_header(path, header, body)
+    load_layer(str(path))  # the same floats as one flat row per expert are fine
+    header["gate.scale"]["shape"] = [E * 2, header["gate.scale"]["shape"][1] // 2]
+    write_header(path, header, body)
+    with pytest.raises(CheckpointError, match="gate.scale"):
+        load_layer(str(path))
+
+
+def test_untampered_file_loads_and_matches(tmp_path):
+    for fmt in ktcy.FORMATS:
+        path = write_packed(tmp_path / f"{fmt}.safetensors", fmt)
+        layer = load_layer(str(path))
+        assert layer.format == fmt and np.isfinite(forward(layer)).all()
+
+
+@pytest.mark.parametrize("what", ["scale_short", "scale_dtype", "colsum_missing", "data_short", "group"])
+def test_hand_made_packed_weight_is_checked_at_the_c_boundary(what):
+    W = np.random.default_rng(2).standard_normal((64, 128)).astype(np.float32)
+    p = kernels.pack(W, "INT8")
+    X = np.ones((2, 128), np.float32)
+    bad = {"scale_short": dict(scale=np.ones(1, np.float32)),
+           "scale_dtype": dict(scale=p.scale.astype(np.float64)),
+           "colsum_missing": dict(colsum=None),
+           "data_short": dict(data=p.data[:-64]),
+           "group": dict(group_size=32)}[what]
+    fields = dict(format=p.format, shape=p.shape, data=p.data, scale=p.scale, colsum=p.colsum, group_size=0)
+    fields.update(bad)
+    hand = kernels.PackedWeight(**fields)
+    with pytest.raises((ValueError, TypeError)):
+        kernels.linear(X, hand)
+
+
+def test_truncated_mapped_file_raises_instead_of_sigbus(tmp_path):
+    path = write_packed(tmp_path / "layer.safetensors", "INT8")
+    code = ("import os, numpy as np\n"
+            "from ktcy.packed_io import load_layer\n"
+            "from ktcy.safetensors_io import CheckpointError\n"
+            f"layer = load_layer({str(path)!r})\n"
+            "x = np.ones((1, %d), np.float32)\n"
+            "ids = np.array([[0, 1]]); w = np.ones((1, 2), np.float32)\n"
+            "layer.forward(x, ids, w)\n"
+            f"os.truncate({str(path)!r}, 4096)\n"
+            "try:\n"
+            "    layer.forward(x, ids, w)\n"
+            "except CheckpointError as e:\n"
+            "    print('refused:', e)\n" % H)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "refused:" in r.stdout and "changed size" in r.stdout
+
+
+def test_mixed_int4_group_sizes_are_refused():
+    rng = np.random.default_rng(3)
+    g64 = [kernels.pack(rng.standard_normal((I, H)).astype(np.float32), "INT4", group_size=64) for _ in range(E)]
+    g32 = kernels.pack(rng.standard_normal((I, H)).astype(np.float32), "INT4", group_size=32)
+    down = [kernels.pack(rng.standard_normal((H, I)).astype(np.float32), "INT4", group_size=64) for _ in range(E)]
+    cfg = ktcy.MoeConfig(E, K_TOP, H, I, ktcy.QuantConfig("INT4"))
+    with pytest.raises(ValueError, match="group size"):
+        ktcy.MoE(cfg, g64[:-1] + [g32], g64, down)
+
+
+def small_layer(fmt="INT8", **cfg):
+    rng = np.random.default_rng(4)
+    gate, up = (rng.standard_normal((E, I, H), np.float32) for _ in range(2))
+    down = rng.standard_normal((E, H, I), np.float32)
+    return ktcy.MoE.from_weights(ktcy.MoeConfig(E, K_TOP, H, I, ktcy.QuantConfig(fmt), **cfg), gate, up, down)
+
+
+def test_routing_width_must_be_top_k():
+    layer = small_layer()
+    x = np.ones((2, H), np.float32)
+    with pytest.raises(ValueError, match="top_k"):
+        layer.forward(x, np.zeros((2, 1), np.int64), np.ones((2, 1), np.float32))
+
+
+def test_layer_thread_count_is_its_own():
+    before = ktcy.get_num_threads()
+    layer = small_layer(num_threads=1)
+    assert ktcy.get_num_threads() == before and layer.num_threads == 1
+    with pytest.raises(ValueError, match="num_threads"):
+        ktcy.MoeConfig(E, K_TOP, H, I, num_threads=0)
+    with pytest.raises(ValueError, match="between 1 and"):
+        small_layer(num_threads=_native.usable_cpus() + 1)
+
+
+def test_large_batch_arena_is_released(monkeypatch):
+    monkeypatch.setattr(_native, "ARENA_KEEP_BYTES", 1 << 20)
+    layer = small_layer("BF16")
+    forward(layer, 4)
+    small = layer._engine.arena_bytes()
+    assert 0 < small < 1 << 20
+    forward(layer, 2000)  # needs several MiB of buffers: given back after the call
+    assert layer._engine.arena_bytes() == 0
+    forward(layer, 4)
+    assert layer._engine.arena_bytes() == small
+
+
+def test_repr_names_format_and_shapes():
+    layer = small_layer("INT4")
+    text = repr(layer)
+    assert "INT4" in text and "group 64" in text and f"H={H}" in text and "kernel" in text
+    assert "INT4" in repr(layer.gate[0]) and "N=64" in repr(layer.gate[0])
+
+
+@pytest.fixture(scope="module")
+def clean_file(tmp_path_factory):
+    path = write_packed(tmp_path_factory.mktemp("fuzz") / "layer.safetensors", "INT4")
+    return read_header(path)
+
+
+def check_mutated(tmp_path, header, body, expect):
+    """Either a clear refusal, or exactly the untampered file's numbers."""
+    path = tmp_path / "mutated.safetensors"
+    write_header(path, header, body)
+    try:
+        got = forward(load_layer(str(path)))
+    except (CheckpointError, ValueError):
+        return
+    assert np.array_equal(got, expect)
+
+
+@pytest.fixture(scope="module")
+def clean_output(tmp_path_factory, clean_file):
+    path = tmp_path_factory.mktemp("fuzz_ref") / "layer.safetensors"
+    write_header(path, *clean_file)
+    return forward(load_layer(str(path)))
+
+
+META_KEYS = ["weight_format", "group_size", "num_experts", "top_k", "hidden_size", "intermediate_size",
+             "scale_kind", "layout_version", "format"]
+META_VALUES = st.one_of(st.sampled_from(list(ktcy.FORMATS) + ["32", "64", "128", "0", "-1", "3", "2", "64", "128",
+                                                                "256", "1e9", "", "x", "99999999999"]),
+                        st.integers(-5, 10**6).map(str))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(META_KEYS), value=META_VALUES)
+def test_fuzz_packed_metadata(tmp_path, clean_file, clean_output, key, value):
+    header, body = clean_file
+    header = json.loads(json.dumps(header))
+    header["__metadata__"][key] = value
+    check_mutated(tmp_path, header, body, clean_output)
+
+
+SHAPE_EDITS = st.lists(st.integers(-2, 70000), min_size=0, max_size=4)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tensor=st.sampled_from(["gate.data", "gate.scale", "up.scale", "down.data", "down.scale"]), shape=SHAPE_EDITS,
+       dtype=st.sampled_from(["U8", "F32", "I32", "F16", "BF16", "I8"]))
+def test_fuzz_packed_tensor_entries(tmp_path, clean_file, clean_output, tensor, shape, dtype):
+    header, body = clean_file
+    header = json.loads(json.dumps(header))
+    entry = header[tensor]
+    entry["dtype"] = dtype
+    if shape:
+        entry["shape"] = shape
+    check_mutated(tmp_path, header, body, clean_output)
+
+
+@pytest.mark.fuzz
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(META_KEYS), value=META_VALUES, tensor=st.sampled_from(["gate.data", "gate.scale", "down.scale"]),
+       shape=SHAPE_EDITS, dtype=st.sampled_from(["U8", "F32", "I32", "BF16"]))
+def test_fuzz_packed_file_long(tmp_path, clean_file, clean_output, key, value, tensor, shape, dtype):
+    header, body = clean_file
+    header = json.loads(json.dumps(header))
+    header["__metadata__"][key] = value
+    header[tensor]["dtype"] = dtype
+    if shape:
+        header[tensor]["shape"] = shape
+    check_mutated(tmp_path, header, body, clean_output)
