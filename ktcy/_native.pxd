@@ -11,7 +11,8 @@ cdef extern from "ktcy/ktcy.h" nogil:
     void ktcy_cpu_probe(ktcy_cpu *cpu)
 
     enum:
-        KTCY_FMT_BF16, KTCY_FMT_INT8, KTCY_FMT_INT4, KTCY_FMT_FP8_PERCHANNEL, KTCY_FMT_FP8_BLOCK, KTCY_NUM_FORMATS
+        KTCY_FMT_BF16, KTCY_FMT_INT8, KTCY_FMT_INT4, KTCY_FMT_FP8_PERCHANNEL, KTCY_FMT_FP8_BLOCK, KTCY_FMT_INT4_ZP
+        KTCY_NUM_FORMATS
         KTCY_CODE_S8, KTCY_CODE_U4, KTCY_CODE_BF16, KTCY_CODE_E4M3
         KTCY_ACT_INT8, KTCY_ACT_BF16
         KTCY_SCALE_NONE, KTCY_SCALE_CHANNEL, KTCY_SCALE_GROUP, KTCY_SCALE_BLOCK128
@@ -32,6 +33,7 @@ cdef extern from "ktcy/ktcy.h" nogil:
     int64_t ktcy_n_pad(int64_t n)
     int64_t ktcy_data_bytes(int format, int64_t n, int64_t k, int group)
     void ktcy_scale_shape(int format, int64_t n, int64_t k, int group, int64_t shape[2])
+    void ktcy_zero_shape(int format, int64_t n, int64_t k, int group, int64_t shape[2])
     int64_t ktcy_colsum_count(int format, int64_t n)
 
     ctypedef struct ktcy_weight:
@@ -40,6 +42,7 @@ cdef extern from "ktcy/ktcy.h" nogil:
         const uint8_t *data
         const float *scale
         const int32_t *colsum
+        const uint8_t *zero
 
     ctypedef struct ktcy_act:
         int64_t m, m_pad, k_pad
@@ -71,6 +74,9 @@ cdef extern from "ktcy/ktcy.h" nogil:
                                     int8_t *q, int64_t ldq, float *scale)
     int64_t ktcy_quantize_int4_rows(const float *w, int64_t ldw, int64_t k, int group, int64_t n0,
                                     int64_t n1, int8_t *q, int64_t ldq, float *scale, int64_t ld_scale)
+    int64_t ktcy_quantize_int4_zp_rows(const float *w, int64_t ldw, int64_t k, int group, int64_t n0,
+                                       int64_t n1, int8_t *q, int64_t ldq, float *scale, uint8_t *zero,
+                                       int64_t ld_scale)
     int64_t ktcy_quantize_fp8_rows(const float *w, int64_t ldw, int64_t k, int64_t n0, int64_t n1,
                                    uint8_t *q, int64_t ldq, float *scale)
     int64_t ktcy_quantize_fp8_block_rows(const float *w, int64_t ldw, int64_t n, int64_t k, int64_t n0,

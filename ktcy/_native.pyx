@@ -224,13 +224,15 @@ def get_num_threads():
 # ---------------------------------------------------------------- weight quantization and layout
 
 cdef int64_t _quantize_unit(int fmt, const float *w, int64_t n, int64_t k, int group, int64_t i, void *q,
-                            int64_t ldq, float *scale, int64_t ld_scale) noexcept nogil:
+                            int64_t ldq, float *scale, uint8_t *zero, int64_t ld_scale) noexcept nogil:
     """Quantizes unit i (a row; for FP8 blocks a stripe of 128 rows) by the format's rule
     (include/ktcy/quantize.h); >= 0 names a bad row."""
     if fmt == KTCY_FMT_INT8:
         return ktcy_quantize_int8_rows(w, k, k, i, i + 1, <int8_t *>q, ldq, scale)
     if fmt == KTCY_FMT_INT4:
         return ktcy_quantize_int4_rows(w, k, k, group, i, i + 1, <int8_t *>q, ldq, scale, ld_scale)
+    if fmt == KTCY_FMT_INT4_ZP:
+        return ktcy_quantize_int4_zp_rows(w, k, k, group, i, i + 1, <int8_t *>q, ldq, scale, zero, ld_scale)
     if fmt == KTCY_FMT_FP8_PERCHANNEL:
         return ktcy_quantize_fp8_rows(w, k, k, i, i + 1, <uint8_t *>q, ldq, scale)
     if fmt == KTCY_FMT_FP8_BLOCK:
@@ -240,7 +242,8 @@ cdef int64_t _quantize_unit(int fmt, const float *w, int64_t n, int64_t k, int g
 def quantize_weights(int fmt, const float[:, ::1] w, int group=0):
     """(codes, scales) of W[n][k] by the format's rule (include/ktcy/quantize.h): INT8 and FP8
     per-channel scales [n]; INT4 codes [n][k_pad] with scales [k_pad/group][n_pad]; FP8 block
-    scales [ceil(n/128)][ceil(k/128)].  Rows are quantized in parallel."""
+    scales [ceil(n/128)][ceil(k/128)]; formats with zero points return (codes, scales, zero
+    points [k_pad/group][n_pad]) with codes minus 8.  Rows are quantized in parallel."""
     _check_format_code(fmt)
     cdef const ktcy_format_desc *d = ktcy_format(fmt)
     cdef int64_t n = w.shape[0], k = w.shape[1], i, bad = 0, B = KTCY_SCALE_BLOCK
@@ -260,17 +263,19 @@ def quantize_weights(int fmt, const float[:, ::1] w, int group=0):
         scale = np.zeros((units, (k + B - 1) // B), np.float32)
     else:
         scale = np.zeros(n, np.float32)
+    zero = np.full(scale.shape, 8, np.uint8) if d.zero_points else np.zeros(1, np.uint8)
     cdef const uint8_t[:, ::1] qv = q.view(np.uint8)
     cdef float[::1] sv = scale.reshape(-1)
+    cdef uint8_t[::1] zv = zero.reshape(-1)
     if n == 0 or k == 0:
-        return q, scale
+        return (q, scale, zero) if d.zero_points else (q, scale)
     for i in prange(units, nogil=True, num_threads=_num_threads, schedule="dynamic"):
-        if _quantize_unit(fmt, &w[0, 0], n, k, group, i, <void *>&qv[0, 0], k_pad, &sv[0], ld_scale) >= 0:
+        if _quantize_unit(fmt, &w[0, 0], n, k, group, i, <void *>&qv[0, 0], k_pad, &sv[0], &zv[0], ld_scale) >= 0:
             bad += 1
     if bad:  # prange reductions give a count, not the row; numpy finds the first offender
         row = int(np.flatnonzero(~np.isfinite(np.asarray(w)).all(axis=1))[0])
         raise ValueError(f"weight row {row} holds NaN or infinity; it cannot be quantized")
-    return q, scale
+    return (q, scale, zero) if d.zero_points else (q, scale)
 
 def to_bf16_bits(const float[:, ::1] w):
     """float32 -> bfloat16 bit patterns, round to nearest even, NaN kept NaN."""
@@ -304,7 +309,8 @@ def padded_shape(int fmt, int64_t n, int64_t k, int group=0):
     return ktcy_n_pad(n), ktcy_k_pad(fmt, k, group), ktcy_format(fmt).block_k
 
 def packed_shapes(int fmt, int64_t n, int64_t k, int group=0):
-    """{"data": (bytes,), "scale": (rows, cols) or None, "colsum": (n_pad,) or None}: the arrays a
+    """{"data": (bytes,), "scale": (rows, cols) or None, "colsum": (n_pad,) or None, "zero": (rows,
+    cols) or None}: the arrays a
     packed W[n][k] consists of, by the descriptor (what every loader checks before C reads them)."""
     _check_format_code(fmt)
     if n < 1 or k < 1:
@@ -312,10 +318,12 @@ def packed_shapes(int fmt, int64_t n, int64_t k, int group=0):
     if not ktcy_group_ok(fmt, group):
         raise ValueError(f"group size {group} is not valid for {FORMATS[fmt]}")
     cdef int64_t shape[2]
+    cdef int64_t zshape[2]
     ktcy_scale_shape(fmt, n, k, group, shape)
+    ktcy_zero_shape(fmt, n, k, group, zshape)
     cs = ktcy_colsum_count(fmt, n)
     return {"data": (ktcy_data_bytes(fmt, n, k, group),), "scale": (shape[0], shape[1]) if shape[0] else None,
-            "colsum": (cs,) if cs else None}
+            "colsum": (cs,) if cs else None, "zero": (zshape[0], zshape[1]) if zshape[0] else None}
 
 def layout(int fmt, codes, int64_t n, int64_t k, int group=0):
     """Packs an [n][>=k] code matrix (int8, uint8 or uint16 bits) into the format's blocks."""
@@ -394,7 +402,7 @@ cdef class Weight:
     cdef object keep
     cdef public int fmt
 
-    def __init__(self, int fmt, int group, int64_t n, int64_t k, data, scale, colsum):
+    def __init__(self, int fmt, int group, int64_t n, int64_t k, data, scale, colsum, zero=None):
         shapes = packed_shapes(fmt, n, k, group)
         name = FORMATS[fmt]
         if ktcy_format(fmt).code == KTCY_CODE_S8 and k > INT8_MAX_K:
@@ -402,6 +410,7 @@ cdef class Weight:
         cdef const uint8_t[::1] dv = _checked(data, np.uint8, shapes["data"], f"{name} packed data")
         cdef const float[::1] sv
         cdef const int32_t[::1] cv
+        cdef const uint8_t[::1] zv
         memset(&self.view, 0, sizeof(ktcy_weight))
         self.fmt = fmt
         self.view.format, self.view.group, self.view.n, self.view.k = fmt, group, n, k
@@ -413,7 +422,12 @@ cdef class Weight:
         if shapes["colsum"] is not None:
             cv = _checked(colsum, np.int32, shapes["colsum"], f"{name} colsum")
             self.view.colsum = &cv[0]
-        self.keep = (data, scale, colsum)
+        if shapes["zero"] is not None:
+            zv = _checked(zero, np.uint8, shapes["zero"], f"{name} zero points")
+            if np.asarray(zv).max() > 15:
+                raise ValueError(f"{name} zero points must lie in [0, 15]")
+            self.view.zero = &zv[0]
+        self.keep = (data, scale, colsum, zero)
 
     @property
     def group(self):

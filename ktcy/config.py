@@ -1,7 +1,7 @@
 """MoE layer configuration in the seeds' vocabulary: QuantConfig and MoeConfig."""
 from dataclasses import dataclass, field
 
-from ktcy.formats import AMX_BACKENDS, DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format
+from ktcy.formats import AMX_BACKENDS, DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format, has_groups
 
 
 @dataclass(frozen=True)
@@ -14,8 +14,9 @@ class QuantConfig:
 
     def __post_init__(self):
         canonical_format(self.method, self.per_channel)  # validates the name
-        if canonical_format(self.method) == "INT4" and self.group_size not in INT4_GROUP_SIZES:
-            raise ValueError(f"INT4 group_size must be one of {INT4_GROUP_SIZES}, got {self.group_size}")
+        fmt = canonical_format(self.method)
+        if has_groups(fmt) and self.group_size not in INT4_GROUP_SIZES:
+            raise ValueError(f"{fmt} group_size must be one of {INT4_GROUP_SIZES}, got {self.group_size}")
 
 
 @dataclass(frozen=True)

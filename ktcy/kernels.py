@@ -44,7 +44,8 @@ class PackedWeight:
     data: np.ndarray          # uint8 blocks
     scale: np.ndarray         # float32 as formats.descriptor(format)["scale"] says; None when "none"
     colsum: np.ndarray = None  # formats whose descriptor keeps colsum (INT8)
-    group_size: int = 0       # formats with group scales (INT4)
+    group_size: int = 0       # formats with group scales (INT4, INT4_ZP)
+    zero: np.ndarray = None   # formats with zero points (INT4_ZP): uint8 [k_pad/group][n_pad]
     _view: object = field(default=None, repr=False)
 
     def __repr__(self):
@@ -54,7 +55,7 @@ class PackedWeight:
 
     @property
     def nbytes(self):
-        return sum(a.nbytes for a in (self.data, self.scale, self.colsum) if a is not None)
+        return sum(a.nbytes for a in (self.data, self.scale, self.colsum, self.zero) if a is not None)
 
     @property
     def k_pad(self):
@@ -71,12 +72,13 @@ class PackedWeight:
                 raise ValueError(f"unknown weight format {self.format!r}; known: {', '.join(FORMATS)}")
             n, k = (int(v) for v in self.shape)
             self._view = _native.Weight(_CODE[self.format], int(self.group_size or 0), n, k, self.data,
-                                        self.scale, self.colsum)
+                                        self.scale, self.colsum, self.zero)
         return self._view
 
     def codes(self):
-        """The stored codes as [N, K]: int8 (INT8, INT4), E4M3 bytes (FP8) or bf16 bits (BF16).
-        Read back from the block layout with numpy, independently of the C packer."""
+        """The stored codes as [N, K]: int8 (INT8, INT4), uint8 nibbles 0..15 (INT4_ZP), E4M3 bytes
+        (FP8) or bf16 bits (BF16).  Read back from the block layout with numpy, independently of
+        the C packer."""
         n, k = self.shape
         d = descriptor(self.format)
         n_pad, k_pad, block_k = _padded(self.format, n, k, self.group_size)
@@ -84,7 +86,9 @@ class PackedWeight:
         per_lane = 4 if d["activations"] == "int8" else 2  # K values of a channel in one block row
         if d["code"] == "u4":
             raw = self.data.reshape(panels, kb, d["block_bytes"])
-            codes = np.concatenate([raw & 0x0F, raw >> 4], axis=2).astype(np.int8) - 8
+            codes = np.concatenate([raw & 0x0F, raw >> 4], axis=2)
+            if not d["zero_points"]:
+                codes = codes.astype(np.int8) - 8
         elif d["code"] == "s8":
             codes = self.data.view(np.int8)
         elif d["code"] == "bf16":
@@ -113,6 +117,8 @@ class PackedWeight:
         if kind == "per_channel":
             return values * self.scale.reshape(-1)[:n, None].astype(dtype)
         if kind == "group":
+            if d["zero_points"]:
+                values = values - np.repeat(self.zero[:, :n].T.astype(dtype), self.group_size, axis=1)[:, :k]
             return values * np.repeat(self.scale[:, :n].T.astype(dtype), self.group_size, axis=1)[:, :k]
         return values * expand_block_scale(self.scale.astype(dtype), n, k)
 
@@ -131,7 +137,11 @@ def pack(W, format="INT8", group_size=DEFAULT_INT4_GROUP):
     if fmt == "BF16":
         _refuse_non_finite(w)
         return pack_quantized(_native.to_bf16_bits(w), None, fmt)
-    codes, scale = _native.quantize_weights(_CODE[fmt], w, group)
+    quantized = _native.quantize_weights(_CODE[fmt], w, group)
+    if descriptor(fmt)["zero_points"]:
+        codes, scale, zero = quantized
+        return pack_quantized((codes[:, :k] + 8).astype(np.uint8), scale, fmt, group_size=group, zero_points=zero)
+    codes, scale = quantized
     return pack_quantized(codes[:, :k], scale, fmt, group_size=group or None)
 
 
@@ -141,10 +151,12 @@ def _refuse_non_finite(w):
         raise ValueError(f"weight row {int(np.flatnonzero(bad)[0])} holds NaN or infinity; it cannot be packed")
 
 
-def pack_quantized(codes, scale, format, group_size=None):
+def pack_quantized(codes, scale, format, group_size=None, zero_points=None):
     """Pack codes that are already quantized: int8 [N,K] + scale [N] (INT8); int8 in [-8,7] +
-    scale [K_pad/group, N_pad] or [N, K/group] (INT4); E4M3 bytes or float8_e4m3fn [N,K] + scale
-    [N] / [N,1] (FP8 per channel) or [ceil(N/128), ceil(K/128)] (FP8 block); bf16 bits (BF16)."""
+    scale [K_pad/group, N_pad] or [N, K/group] (INT4); unsigned codes 0..15 [N,K] + scale and
+    zero_points 0..15, each [K_pad/group, N_pad] or [N, K/group] (INT4_ZP: w = s * (q - z));
+    E4M3 bytes or float8_e4m3fn [N,K] + scale [N] / [N,1] (FP8 per channel) or
+    [ceil(N/128), ceil(K/128)] (FP8 block); bf16 bits (BF16)."""
     fmt = canonical_format(format)
     d = descriptor(fmt)
     codes = np.asarray(codes)
@@ -165,6 +177,12 @@ def pack_quantized(codes, scale, format, group_size=None):
         if codes.dtype == ml_dtypes.float8_e4m3fn:
             codes = codes.view(np.uint8)
         _expect_dtype(codes, np.uint8, f"{fmt} codes (E4M3 bytes or float8_e4m3fn)")
+    elif d["zero_points"]:
+        if not np.issubdtype(codes.dtype, np.integer):
+            raise TypeError(f"{fmt} codes must be integers 0..15, got {codes.dtype}")
+        if codes.min() < 0 or codes.max() > 15:
+            raise ValueError(f"{fmt} codes must lie in [0, 15]")
+        codes = (codes.astype(np.int16) - 8).astype(np.int8)  # the layout stores code + 8
     else:
         _expect_dtype(codes, np.int8, f"{fmt} codes")
         if code == "s8" and k > INT8_MAX_K:
@@ -182,21 +200,36 @@ def pack_quantized(codes, scale, format, group_size=None):
         if group not in d["group_sizes"]:
             raise ValueError(f"{fmt} group_size must be one of {tuple(d['group_sizes'])}, got {group}")
         groups = _padded(fmt, n, k, group)[1] // group
-        scale = np.asarray(scale, np.float32)
-        if scale.shape == (n, -(-k // group)):
-            full = np.zeros((groups, n_pad), np.float32)
-            full[: scale.shape[1], :n] = scale.T
-            scale = full
-        if scale.shape != (groups, n_pad):
-            raise ValueError(f"{fmt} scale must be [{groups}, {n_pad}] or [{n}, {-(-k // group)}], got {scale.shape}")
-        scale = np.ascontiguousarray(scale)
+        scale = _group_major(scale, np.float32, 0, n, k, group, groups, n_pad, f"{fmt} scale")
+        if d["zero_points"]:
+            if zero_points is None:
+                raise ValueError(f"{fmt} needs zero points")
+            z = np.asarray(zero_points)
+            if not np.issubdtype(z.dtype, np.integer) or (z.size and (z.min() < 0 or z.max() > 15)):
+                raise ValueError(f"{fmt} zero points must be integers in [0, 15]")
+            zero_points = _group_major(z, np.uint8, 8, n, k, group, groups, n_pad, f"{fmt} zero points")
+        elif zero_points is not None:
+            raise ValueError(f"{fmt} has no zero points; got some")
     else:
         grid = (-(-n // 128), -(-k // 128))
         scale = np.ascontiguousarray(scale, np.float32)
         if scale.shape != grid:
             raise ValueError(f"{fmt} block scale_inv must be {grid} for a {n}x{k} weight, got {scale.shape}")
     data, colsum = _native.layout(_CODE[fmt], np.ascontiguousarray(codes), n, k, group)
-    return PackedWeight(fmt, (n, k), data, scale, colsum, group)
+    return PackedWeight(fmt, (n, k), data, scale, colsum, group, zero_points if d["zero_points"] else None)
+
+
+def _group_major(a, dtype, fill, n, k, group, groups, n_pad, what):
+    """A per-(channel, group) array given as [N, ceil(K/group)] or already [groups, N_pad], as the
+    kernels read it: group-major [groups][N_pad], padding filled with `fill`."""
+    a = np.asarray(a)
+    if a.shape == (n, -(-k // group)):
+        full = np.full((groups, n_pad), fill, dtype)
+        full[: a.shape[1], :n] = a.T
+        a = full
+    if a.shape != (groups, n_pad):
+        raise ValueError(f"{what} must be [{groups}, {n_pad}] or [{n}, {-(-k // group)}], got {a.shape}")
+    return np.ascontiguousarray(a, dtype)
 
 
 def _expect_dtype(a, dtype, what):

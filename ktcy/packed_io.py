@@ -1,6 +1,6 @@
 """Packed MoE layers on disk: one safetensors file per layer holding every expert's packed
 blocks stacked per projection ("gate.data" [E, bytes], "gate.scale" [E, ...], "gate.colsum"
-[E, N_pad] for INT8), with metadata naming the format, layout version, shapes, group size,
+[E, N_pad] for INT8, "gate.zero" [E, groups, N_pad] for zero-point formats), with metadata naming the format, layout version, shapes, group size,
 scale kind and ktcy version.  Loading maps the file and wraps the stacked arrays, no copy; the
 layout is ISA-independent, so a file packed on one machine runs on any other."""
 import os
@@ -35,7 +35,7 @@ def pack_layer(num_experts, fmt, group, expert, progress=None):
     for e in range(num_experts):
         for proj, (w, scale) in expert(e).items():
             p = pack_expert_weight(w, scale, fmt, group, f"{proj}[{e}]")
-            parts = {"data": p.data, "scale": p.scale, "colsum": p.colsum}
+            parts = {"data": p.data, "scale": p.scale, "colsum": p.colsum, "zero": p.zero}
             for part, a in parts.items():
                 if a is None:
                     continue
@@ -119,10 +119,11 @@ def load_layer(path, isa=None, backend=None):
             data = _stacked(f, path, f"{proj}.data", np.uint8, E, want["data"])
             scale = _stacked(f, path, f"{proj}.scale", np.float32, E, want["scale"]) if want["scale"] else None
             colsum = _stacked(f, path, f"{proj}.colsum", np.int32, E, want["colsum"]) if want["colsum"] else None
+            zero = _stacked(f, path, f"{proj}.zero", np.uint8, E, want["zero"]) if want["zero"] else None
             experts[proj] = []
             for e in range(E):
                 w = PackedWeight(fmt, shapes[proj], data[e], None if scale is None else scale[e],
-                                 None if colsum is None else colsum[e], group)
+                                 None if colsum is None else colsum[e], group, None if zero is None else zero[e])
                 try:
                     w.native()
                 except (TypeError, ValueError) as err:

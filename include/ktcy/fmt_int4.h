@@ -1,17 +1,22 @@
-/* INT4 traits: codes in [-8, 7] stored as code + 8 in nibbles (pack.h), one scale per
- * (K group, output channel) stored group-major [k_pad/group][n_pad], int8 activations.
- *   y[m][n] = (sum over groups g in order of acc + (float)sum_{k in g}(q_x * code) * s[g][n]) * x_scale[m]
- * The vector kernels multiply the unsigned nibble (code + 8) and subtract 8 x the activation
- * group sum; AMX unpacks to signed codes.  Included by a skeleton instantiation; no include guard. */
+/* 4-bit traits, for both descriptor rows INT4 (symmetric: code c in [-8, 7] stored as the
+ * nibble c + 8, so w = s * (nibble - 8)) and INT4_ZP (w = s * (nibble - z) with a zero point z per
+ * (K group, channel), as GPTQ/AWQ/compressed-tensors store them).  Scales and zero points are
+ * group-major [k_pad/group][n_pad]; activations int8.
+ *   y[m][n] = (sum over groups g in order of acc + (float)sum_{k in g}(q_x * (nibble - z)) * s[g][n]) * x_scale[m]
+ * The vector kernels multiply the unsigned nibble and subtract z x the activation group sum (an
+ * exact int32); AMX unpacks nibble - z to int8.  Included by a skeleton instantiation; no include guard. */
 #define KT_ROW KTCY_ROW_INT4
-#define KT_FORMATS (1 << KTCY_FMT_INT4)
+#define KT_FORMATS ((1 << KTCY_FMT_INT4) | (1 << KTCY_FMT_INT4_ZP))
 #include "traits_begin.h"
+
+/* The zero point of (group g, channel n): stored, or the symmetric format's fixed 8. */
+#define KT_INT4_ZERO(w, g, n) ((w)->zero ? (int32_t)(w)->zero[(g) * (w)->n_pad + (n)] : 8)
 
 #if KT_SKEL == KT_SKEL_REF
 KT_AI int32_t KT_(code)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) {
     const int64_t e = ktcy_int8_offset(nn, k % 64);
     const uint8_t byte = w->data[(p * (w->k_pad / 64) + k / 64) * 512 + (e & 511)];
-    return (e < 512 ? byte & 0x0F : byte >> 4) - 8;
+    return (e < 512 ? byte & 0x0F : byte >> 4) - KT_INT4_ZERO(w, k / w->group, p * KTCY_PANEL + nn);
 }
 KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return w->group; }
 KT_AI float KT_(group)(float acc, int32_t part, const ktcy_weight *w, int64_t n, int64_t g) {
@@ -41,12 +46,18 @@ KT_AI __m256i KT_(half)(const uint8_t *blk, int r, int h) {
 }
 KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int MB, const ktcy_act *a,
                                const ktcy_weight *w, int64_t m0, int64_t p, int64_t g) {
+    __m256i zero[2];
+    _Pragma("GCC unroll 2")
+    for (int h = 0; h < 2; ++h)
+        zero[h] = w->zero ? _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w->zero + g * w->n_pad + p * 16 + h * 8)))
+                          : _mm256_set1_epi32(8);
     _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m) {
-        __m256i bias = _mm256_set1_epi32(8 * a->group_sum[(m0 + m) * (a->k_pad / a->group) + g]);
+        const __m256i gsum = _mm256_set1_epi32(a->group_sum[(m0 + m) * (a->k_pad / a->group) + g]);
         _Pragma("GCC unroll 8")
         for (int h = 0; h < 2; ++h) {
             __m256 s = _mm256_loadu_ps(w->scale + g * w->n_pad + p * 16 + h * 8);
+            __m256i bias = _mm256_mullo_epi32(zero[h], gsum);
             __m256 part = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[m][h], bias));
             facc[m][h] = _mm256_add_ps(facc[m][h], _mm256_mul_ps(part, s));
             acc[m][h] = _mm256_setzero_si256();
@@ -75,13 +86,18 @@ KT_AI void KT_(rows)(const KT_(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2
 }
 KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const int MB, const int NP,
                                const ktcy_act *a, const ktcy_weight *w, int64_t m0, int64_t p0, int64_t g) {
+    __m512i zero[4];
+    _Pragma("GCC unroll 8")
+    for (int p = 0; p < NP; ++p)
+        zero[p] = w->zero ? _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w->zero + g * w->n_pad + (p0 + p) * 16)))
+                          : _mm512_set1_epi32(8);
     _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m) {
-        __m512i bias = _mm512_set1_epi32(8 * a->group_sum[(m0 + m) * (a->k_pad / a->group) + g]);
+        const __m512i gsum = _mm512_set1_epi32(a->group_sum[(m0 + m) * (a->k_pad / a->group) + g]);
         _Pragma("GCC unroll 8")
         for (int p = 0; p < NP; ++p) {
             __m512 s = _mm512_loadu_ps(w->scale + g * w->n_pad + (p0 + p) * 16);
-            __m512 part = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m][p], bias));
+            __m512 part = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m][p], _mm512_mullo_epi32(zero[p], gsum)));
             facc[m][p] = _mm512_add_ps(facc[m][p], _mm512_mul_ps(part, s));
             acc[m][p] = _mm512_setzero_si512();
         }
@@ -94,15 +110,19 @@ KT_AI __m512 KT_(final)(KT_(acc_t) acc, __m512 facc, const ktcy_act *a, const kt
 #endif
 
 #elif KT_SKEL == KT_SKEL_AMX
-/* The np panels unpacked once to signed int8 blocks (the INT8 tile layout). */
+/* The np panels unpacked once to signed int8 blocks nibble - z (the INT8 tile layout). */
 KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uint8_t *buf) {
     const int64_t nkb = w->k_pad / 64;
     const uint8_t *src = w->data + p * nkb * 512;
     int8_t *dst = (int8_t *)buf;
     for (int64_t i = 0; i < np * nkb * 512; ++i) {
-        const int64_t blk = i / 512, e = i % 512;
-        dst[blk * 1024 + e] = (int8_t)((src[i] & 0x0F) - 8);
-        dst[blk * 1024 + e + 512] = (int8_t)((src[i] >> 4) - 8);
+        const int64_t blk = i / 512, e = i % 512; /* block blk of the np panels, code e and e + 512 */
+        for (int half = 0; half < 2; ++half) {
+            const int64_t code = e + 512 * half, k = (blk % nkb) * 64 + (code >> 6) * 4 + (code & 3);
+            const int64_t n = (p + blk / nkb) * KTCY_PANEL + ((code >> 2) & 15);
+            const int nibble = half ? src[i] >> 4 : src[i] & 0x0F;
+            dst[blk * 1024 + code] = (int8_t)(nibble - KT_INT4_ZERO(w, k / w->group, n));
+        }
     }
     return buf;
 }
@@ -118,3 +138,5 @@ KT_AI float KT_(tile_final)(float acc, const ktcy_act *a, const ktcy_weight *w, 
 #else
 #error "fmt_int4.h: no traits for this skeleton"
 #endif
+
+#undef KT_INT4_ZERO

@@ -9,7 +9,8 @@
  *   act           activations the kernels multiply by: INT8 (per-row symmetric) | BF16
  *   scale         NONE | CHANNEL [n_pad] | GROUP [k_pad/group][n_pad] | BLOCK128 [ceil(n/128)][ceil(k/128)]
  *   groups        allowed group sizes (bit mask of 32/64/128) for GROUP scales, else 0
- *   zero_points   1 when codes carry a per-group zero point (none of today's formats)
+ *   zero_points   1: each (K group, channel) has a zero point z, w = s * (code - z), stored uint8
+ *                 [k_pad/group][n_pad] like the scales; 0: the code's fixed bias (INT4: z = 8)
  *   colsum        1 when the packed weight keeps each channel's code sum [n_pad] (s8 codes on VNNI)
  *
  * Adding a format: a row and a KTCY_FORMAT_LIST entry here, one traits header fmt_<id>.h, its
@@ -38,9 +39,10 @@
 #define KTCY_ROW_INT4           KTCY_CODE_U4,   64, 512,  KTCY_ACT_INT8, KTCY_SCALE_GROUP,    KTCY_GROUPS_32_64_128, 0, 0
 #define KTCY_ROW_FP8_PERCHANNEL KTCY_CODE_E4M3, 32, 512,  KTCY_ACT_BF16, KTCY_SCALE_CHANNEL,  0,                     0, 0
 #define KTCY_ROW_FP8_BLOCK      KTCY_CODE_E4M3, 32, 512,  KTCY_ACT_BF16, KTCY_SCALE_BLOCK128, 0,                     0, 0
+#define KTCY_ROW_INT4_ZP        KTCY_CODE_U4,   64, 512,  KTCY_ACT_INT8, KTCY_SCALE_GROUP,    KTCY_GROUPS_32_64_128, 1, 0
 
 /* Every format, in enum order (the numbers are part of the packed-file metadata: append only). */
-#define KTCY_FORMAT_LIST(X) X(BF16) X(INT8) X(INT4) X(FP8_PERCHANNEL) X(FP8_BLOCK)
+#define KTCY_FORMAT_LIST(X) X(BF16) X(INT8) X(INT4) X(FP8_PERCHANNEL) X(FP8_BLOCK) X(INT4_ZP)
 
 /* One column of a row, usable in #if: KTCY_ROW_COL(BLOCK_K, KTCY_ROW_INT8) -> 64. */
 #define KTCY_COL_CODE(c, bk, bb, act, scale, groups, zp, cs) c
@@ -104,6 +106,12 @@ static inline void ktcy_scale_shape(int format, int64_t n, int64_t k, int group,
     if (d->scale == KTCY_SCALE_CHANNEL) { shape[0] = 1; shape[1] = ktcy_n_pad(n); }
     if (d->scale == KTCY_SCALE_GROUP) { shape[0] = ktcy_k_pad(format, k, group) / group; shape[1] = ktcy_n_pad(n); }
     if (d->scale == KTCY_SCALE_BLOCK128) { shape[0] = (n + B - 1) / B; shape[1] = (k + B - 1) / B; }
+}
+
+/* Zero points, uint8 [rows][cols] (0 x 0 when the format has none): laid out like GROUP scales. */
+static inline void ktcy_zero_shape(int format, int64_t n, int64_t k, int group, int64_t shape[2]) {
+    shape[0] = shape[1] = 0;
+    if (ktcy_format(format)->zero_points) ktcy_scale_shape(format, n, k, group, shape);
 }
 
 static inline int64_t ktcy_colsum_count(int format, int64_t n) {

@@ -1,0 +1,117 @@
+"""INT4 with zero points (w = s * (q - z) per channel and K group, as GPTQ/AWQ/compressed-tensors
+store it): layout round trip, the same numbers on every ISA as an integer numpy reference,
+symmetric INT4 as the case z = 8, the quantizer's range, MoE and packed files."""
+import numpy as np
+import pytest
+
+import ktcy
+from conftest import quantize_rows_int8, runnable_variants
+from ktcy import kernels
+from ktcy.packed_io import load_layer, pack_layer, write_layer
+
+
+def zp_exact_reference(x, packed):
+    """Per group: int32 sum of q_x * (q - z), then acc = acc + float(sum) * scale (float32, groups
+    in order), then times the row scale."""
+    n, k = packed.shape
+    g, k_pad = packed.group_size, packed.k_pad
+    q_x, s_x = quantize_rows_int8(x)
+    qx = np.zeros((x.shape[0], k_pad), np.int64)
+    qx[:, :k] = q_x
+    qw = np.zeros((n, k_pad), np.int64)
+    qw[:, :k] = packed.codes().astype(np.int64)
+    qw -= np.repeat(packed.zero[:, :n].T.astype(np.int64), g, axis=1)
+    qw[:, k:] = 0  # padding codes are zero weights
+    acc = np.zeros((x.shape[0], n), np.float32)
+    for j in range(k_pad // g):
+        part = qx[:, j * g:(j + 1) * g] @ qw[:, j * g:(j + 1) * g].T
+        acc = (acc + part.astype(np.float32) * packed.scale[j, :n][None, :]).astype(np.float32)
+    return (acc * s_x[:, None]).astype(np.float32)
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_codes_and_zero_points_round_trip_exactly(group):
+    rng = np.random.default_rng(group)
+    n, k = 37, 300
+    codes = rng.integers(0, 16, (n, k), dtype=np.uint8)
+    scale = rng.uniform(0.1, 1, (n, -(-k // group))).astype(np.float32)
+    zero = rng.integers(0, 16, (n, -(-k // group)), dtype=np.uint8)
+    p = kernels.pack_quantized(codes, scale, "INT4_ZP", group_size=group, zero_points=zero)
+    assert p.codes().dtype == np.uint8 and np.array_equal(p.codes(), codes)
+    rep = lambda a: np.repeat(a.astype(np.float64), group, axis=1)[:, :k]  # noqa: E731
+    assert np.array_equal(p.dequantize(), (codes - rep(zero)) * rep(scale))
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("m,n,k", [(1, 16, 64), (3, 48, 100), (17, 80, 192), (40, 130, 300), (512, 32, 256),
+                                   (2, 1000, 520)])
+def test_gemm_bit_identical_on_every_isa(group, m, n, k):
+    rng = np.random.default_rng(m * 1000 + n + k + group)
+    W = (rng.standard_normal((n, k)) * 0.02 + 0.01).astype(np.float32)
+    X = rng.standard_normal((m, k)).astype(np.float32)
+    p = kernels.pack(W, "INT4_ZP", group_size=group)
+    ref = zp_exact_reference(X, p)
+    variants = runnable_variants("INT4_ZP")
+    assert {"int4_ref", "amx_emu_int4"} <= set(variants)
+    for v in variants:
+        assert np.array_equal(kernels.linear_variant(X, p, v), ref), v
+
+
+def test_symmetric_int4_is_the_case_z_8():
+    rng = np.random.default_rng(5)
+    W = rng.standard_normal((48, 256)).astype(np.float32)
+    X = rng.standard_normal((5, 256)).astype(np.float32)
+    sym = kernels.pack(W, "INT4", group_size=64)
+    zp = kernels.pack_quantized(sym.codes() + 8, sym.scale, "INT4_ZP", group_size=64,
+                                zero_points=np.full(sym.scale.shape, 8, np.uint8))
+    for v in runnable_variants("INT4"):
+        assert np.array_equal(kernels.linear_variant(X, zp, v), kernels.linear_variant(X, sym, v)), v
+
+
+def test_quantizer_covers_each_group_range():
+    rng = np.random.default_rng(6)
+    W = (rng.standard_normal((32, 192)) + np.linspace(-2, 2, 32)[:, None]).astype(np.float32)
+    p = kernels.pack(W, "INT4_ZP", group_size=32)
+    Wg = W.reshape(32, 6, 32)
+    step = (np.maximum(Wg.max(axis=2), 0) - np.minimum(Wg.min(axis=2), 0)) / 15
+    err = np.abs(p.dequantize() - W).reshape(32, 6, 32).max(axis=2)
+    assert (err <= step * 0.5 + 1e-6).all()  # every weight within half a step: no clipping
+
+
+@pytest.mark.parametrize("bad", ["codes", "zero", "missing"])
+def test_bad_codes_and_zero_points_are_refused(bad):
+    codes = np.zeros((16, 64), np.uint8)
+    zero = np.full((16, 1), 8, np.uint8)
+    if bad == "codes":
+        codes[3, 3] = 16
+    if bad == "zero":
+        zero[2, 0] = 200
+    with pytest.raises(ValueError):
+        kernels.pack_quantized(codes, np.ones((16, 1), np.float32), "INT4_ZP", group_size=64,
+                               zero_points=None if bad == "missing" else zero)
+
+
+def test_moe_and_packed_file(tmp_path):
+    rng = np.random.default_rng(7)
+    E, k, H, I = 4, 2, 128, 96
+    gate, up = (rng.standard_normal((E, I, H), np.float32) * 0.05 + 0.01 for _ in range(2))
+    down = rng.standard_normal((E, H, I), np.float32) * 0.05
+    cfg = ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig("INT4_ASYM", group_size=32))
+    layer = ktcy.MoE.from_weights(cfg, gate, up, down)
+    x = rng.standard_normal((6, H)).astype(np.float32)
+    ids = np.array([[0, 1], [2, 3], [1, 1], [0, 2], [3, 0], [1, 2]])
+    w = rng.random((6, k)).astype(np.float32)
+    y = layer.forward(x, ids, w)
+    exact = sum(w[:, j:j + 1] * np.stack([
+        (lambda g, u: (g / (1 + np.exp(-g)) * u) @ layer.down[e].dequantize().T)(
+            x[t].astype(np.float64) @ layer.gate[e].dequantize().T, x[t].astype(np.float64) @ layer.up[e].dequantize().T)
+        for t, e in enumerate(ids[:, j])]) for j in range(k))
+    assert np.linalg.norm(y - exact) / np.linalg.norm(exact) < 0.03  # int8 activation error only
+    for isa in [i for i in ktcy.available_isas() if i != "amx"] + ["amx_emu"]:
+        other = ktcy.MoE(ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig("INT4_ZP", group_size=32), isa=isa),
+                         layer.gate, layer.up, layer.down)
+        assert np.array_equal(other.forward(x, ids, w), y), isa
+    experts = {e: {p: (a[e], None) for p, a in (("gate", gate), ("up", up), ("down", down))} for e in range(E)}
+    write_layer(str(tmp_path / "l.safetensors"), pack_layer(E, "INT4_ZP", 32, experts.__getitem__), "INT4_ZP", 32,
+                E, k, H, I, 0)
+    assert np.array_equal(load_layer(str(tmp_path / "l.safetensors")).forward(x, ids, w), y)
