@@ -25,7 +25,7 @@ from ktcy.version import __version__
 
 METHODS = ("AMXINT8", "AMXBF16", "AMXINT4", "INT8", "INT4", "BF16", "FP8", "FP8_PERCHANNEL")
 _LAYER_FILE = re.compile(r"ktcy_layer_([0-9]{4,9})\.safetensors")
-_LAYER_PART = re.compile(r"([0-9]{1,9})(?:-([0-9]{1,9}))?")
+_LAYER_PART = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 
 
 def parse_layers(text, available, num_layers=None):
@@ -41,8 +41,12 @@ def parse_layers(text, available, num_layers=None):
     chosen = set()
     for part in text.split(","):
         m = _LAYER_PART.fullmatch(part.strip())
+        if m is None and part.strip().startswith("-"):
+            raise ValueError(f"--layers: layer numbers start at 0; got {part.strip()[:40]!r}")
         if m is None:
             raise ValueError(f"--layers takes layer numbers and ranges like 0,3,5-7; {part.strip()[:40]!r} is neither")
+        if max(len(m[1]), len(m[2] or "")) > 9:
+            raise ValueError(f"--layers: {m[0][:40]} goes past the checkpoint's last layer ({top - 1})")
         lo, hi = int(m[1]), int(m[2] or m[1])
         if hi < lo:
             raise ValueError(f"--layers: the range {m[0]} runs backwards")
