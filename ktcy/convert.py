@@ -7,6 +7,7 @@ about one packed layer plus one expert's source tensors).  The output folder is 
 whole run; every file is written under a unique temporary name and renamed when complete.  Each
 layer file records its format, group size and a fingerprint of the source checkpoint, and
 --resume keeps only layers whose record matches what is asked."""
+import functools
 import json
 import os
 import re
@@ -111,7 +112,7 @@ class Progress:
         self.stream.flush()
 
 
-def _check_input_type(experts, input_type):
+def check_input_type(experts, input_type):
     if input_type and experts.dtype.name != INPUT_TYPES[input_type]:
         raise CheckpointError(f"--input-type {input_type}, but layer {experts.layer}'s experts are {experts.dtype}")
 
@@ -173,7 +174,7 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
     progress = progress or Progress()
     refuse_output_in_input(input_path, output_path)
     asked = canonical_format(method) if method else None
-    group = check_group_size(group_size, asked) if group_size is not None else DEFAULT_INT4_GROUP
+    group = check_group_size(group_size, asked)
     if resume_layer is not None and (isinstance(resume_layer, bool) or not isinstance(resume_layer, int) or resume_layer < 0):
         raise ValueError(f"--resume-layer must be a layer number >= 0, got {resume_layer!r}")
     ckpt = Checkpoint(input_path)
@@ -183,7 +184,9 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
     source = json.dumps({"path": os.path.abspath(input_path), "fingerprint": fingerprint})
     moe_layers = set(arch.moe_layers)
 
+    @functools.lru_cache(maxsize=None)
     def wanted(L):
+        """The record a layer file must carry to belong to this conversion (None: not a layer)."""
         if L not in moe_layers:
             return None
         fmt = asked or ckpt.layer(L).native_format
@@ -218,7 +221,7 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
             if on_disk.get(L, 0) is None:
                 progress.line(f"layer {L}: the existing file is not a readable packed layer; converting again")
             experts = ckpt.layer(L)
-            _check_input_type(experts, input_type)
+            check_input_type(experts, input_type)
             want = wanted(L)
             fmt = want["weight_format"]
             label = f"layer {L} ({i + 1}/{len(chosen)}) {fmt}"

@@ -3,6 +3,7 @@ kt-kernel spellings (--quant-method, --cpuinfer-threads, --resume-layer, -i/-o),
 one line on stderr with a non-zero exit (--debug shows the traceback)."""
 import argparse
 import json
+import logging
 import os
 import sys
 
@@ -68,6 +69,9 @@ def build_parser(prog="convert_cpu_weights.py"):
     run.add_argument("--threads", "--cpuinfer-threads", dest="threads", type=int, metavar="N",
                      help="threads for quantizing (default: every CPU this process may use)")
     run.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    talk = run.add_mutually_exclusive_group()
+    talk.add_argument("-q", "--quiet", action="store_true", help="no progress output, only notes and errors")
+    talk.add_argument("-v", "--verbose", action="store_true", help="also show ktcy's log messages (logger 'ktcy')")
     fp8 = p.add_argument_group("Hugging Face FP8 per-channel output (compressed-tensors float-quantized, channel)")
     fp8.add_argument("--input-bf16-hf-path", metavar="DIR", help="unquantized checkpoint to read")
     fp8.add_argument("--output-fp8-hf-path", metavar="DIR", help="folder of the FP8 per-channel checkpoint to write")
@@ -178,10 +182,13 @@ def run_cli(argv=None, prog="convert_cpu_weights.py"):
 
 def _run(args):
     from ktcy.convert import Progress, convert
-    progress = Progress()
+    progress = Progress(open(os.devnull, "w") if args.quiet else None)
+    if args.verbose:
+        logging.basicConfig(format="%(name)s: %(levelname)s: %(message)s")
+        logging.getLogger("ktcy").setLevel(logging.INFO)
 
     def note(text):
-        progress.line(f"note: {text}")
+        print(f"note: {text}", file=sys.stderr)
 
     for flag, text in IGNORED_FLAGS.items():
         if getattr(args, flag) is not None:

@@ -20,7 +20,7 @@ import ml_dtypes
 import numpy as np
 
 from ktcy.checkpoint import Checkpoint
-from ktcy.convert import Progress, _check_input_type, parse_layers
+from ktcy.convert import Progress, check_input_type, parse_layers
 from ktcy.output_guard import (ConvertError, OutputLock, copy_file, refuse_output_in_input, source_fingerprint,
                                write_json, write_safetensors)
 from ktcy.safetensors_io import CheckpointError, SafetensorsFile
@@ -53,7 +53,7 @@ class _LayerPlan:
     """One converted layer: the output name of each expert weight and the source tensors it
     replaces."""
 
-    def __init__(self, ckpt, L):
+    def __init__(self, ckpt, L, all_names):
         self.experts = ckpt.layer(L)
         kind, pattern, names = self.experts.scheme
         E = self.experts.num_experts
@@ -68,7 +68,7 @@ class _LayerPlan:
             self.leaves = ["gate_proj", "up_proj", "down_proj"]
             fused = {pattern.format(proj=p) for p in names.values()}
             self.replaced = {n + s for n in fused for s in ("", "_scale", "_scale_inv")}
-        self.replaced &= set(ckpt.tensor_names())
+        self.replaced &= all_names
 
     def tensor_names(self):
         return [n + s for n in self.names.values() for s in ("", "_scale")]
@@ -162,9 +162,10 @@ def convert_to_hf_fp8(input_path, output_path, layers=None, resume=False, progre
                            "--input-bf16-hf-path takes an unquantized BF16/F16/F32 checkpoint")
     arch = ckpt.arch
     chosen = parse_layers(layers, arch.moe_layers, arch.num_layers)
-    plans = {L: _LayerPlan(ckpt, L) for L in chosen}
+    all_names = set(ckpt.tensor_names())
+    plans = {L: _LayerPlan(ckpt, L, all_names) for L in chosen}
     for plan in plans.values():
-        _check_input_type(plan.experts, input_type)
+        check_input_type(plan.experts, input_type)
     replaced = set().union(*(p.replaced for p in plans.values())) if plans else set()
     rest = _rest_shards(ckpt, replaced)
     rest_files = [f"model-rest-{i + 1:05d}-of-{len(rest):05d}.safetensors" for i in range(len(rest))]

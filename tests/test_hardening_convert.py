@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import ktcy
 from checkpoints import make_checkpoint
@@ -240,6 +241,52 @@ def test_parse_layers_checks_bounds_before_expanding():
     assert convert_mod.parse_layers("5-7, 1,6", range(1, 48), num_layers=48) == [1, 5, 6, 7]
 
 
+LAYER_TEXT = st.text(alphabet="0123456789,- x٣", max_size=40)
+QUANT_CONFIG = st.dictionaries(st.sampled_from(["method", "per_channel", "group_size", "extra"]),
+                               st.one_of(st.none(), st.booleans(), st.integers(-1, 200), st.text(max_size=8),
+                                         st.sampled_from(["INT4", "int8", "FP8", "FP8_PERCHANNEL", "BF16", "no"])))
+
+
+def _layers_property(text):
+    available = list(range(1, 48, 2))
+    try:
+        chosen = convert_mod.parse_layers(text, available, num_layers=48)
+    except ValueError:
+        return
+    assert chosen == sorted(set(chosen)) and set(chosen) <= set(available)
+
+
+def _quant_config_property(qc):
+    try:
+        fmt, group = parse_quant_config(json.dumps(qc))
+    except (ValueError, TypeError):
+        return
+    assert set(qc) <= {"method", "per_channel", "group_size"} and fmt in ktcy.FORMATS
+    assert qc.get("per_channel") in (None, True, False) and (group is None or fmt == "INT4")
+
+
+@settings(max_examples=300, deadline=None)
+@given(LAYER_TEXT)
+def test_layers_text_property(text):
+    """Any --layers text: a ValueError, or sorted distinct MoE layers."""
+    _layers_property(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(QUANT_CONFIG)
+def test_quant_config_property(qc):
+    """Any --quant-config object: a ValueError, or a known format with only known keys."""
+    _quant_config_property(qc)
+
+
+@pytest.mark.fuzz
+@settings(max_examples=3000, deadline=None)
+@given(LAYER_TEXT, QUANT_CONFIG)
+def test_converter_arguments_fuzz(text, qc):
+    _layers_property(text)
+    _quant_config_property(qc)
+
+
 # -- item 6: --quant-config ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("text,needle", [
@@ -288,6 +335,14 @@ def test_kt_kernel_command_line_runs_unchanged(src, tmp_path):
     assert r.returncode == 0 and ktcy.load_experts(tmp_path / "o2", 2).format == "INT8"
     assert_one_line_error(cli("-i", src, "-o", tmp_path / "o3", "--quant-method", "awq"), "AWQ")
     assert_one_line_error(cli("-i", src, "-o", tmp_path / "o3", "--quant-method", "int8", "--method", "BF16"), "disagree")
+
+
+def test_quiet_and_verbose(src, tmp_path):
+    r = cli("--input", src, "--output", tmp_path / "q", "--method", "INT8", "-q", "--gpu")
+    assert r.returncode == 0 and r.stderr.splitlines() == ["note: --gpu: ktcy converts on the CPU; ignored"]
+    r = cli("--input", src, "--output", tmp_path / "v", "--method", "INT8", "-v")
+    assert r.returncode == 0 and r.stderr.count("layer ") >= 3
+    assert_one_line_error(cli("--input", src, "--output", tmp_path / "x", "-q", "-v"), "not allowed with")
 
 
 @pytest.mark.parametrize("args,needle", [
