@@ -216,7 +216,8 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
                 done.append(L)
                 continue
             if below:
-                progress.line(f"layer {L}: below --resume-layer {resume_layer} and not in {output_path}; not converted")
+                progress.line(f"layer {L}: below --resume-layer {resume_layer} but {output_path} has no usable file "
+                              "for it; not converted")
                 continue
             if on_disk.get(L, 0) is None:
                 progress.line(f"layer {L}: the existing file is not a readable packed layer; converting again")

@@ -181,6 +181,9 @@ def run_cli(argv=None, prog="convert_cpu_weights.py"):
 
 
 def _run(args):
+    for flag in ("input", "output", "input_bf16_hf_path", "output_fp8_hf_path"):
+        if getattr(args, flag):
+            setattr(args, flag, os.path.expanduser(getattr(args, flag)))
     from ktcy.convert import Progress, convert
     progress = Progress(open(os.devnull, "w") if args.quiet else None)
     if args.verbose:

@@ -331,8 +331,8 @@ def test_kt_kernel_command_line_runs_unchanged(src, tmp_path):
     assert ktcy.load_experts(out, 1).format == "INT4"
     # not a terminal: one line per layer
     assert [l.split(" (")[0] for l in r.stderr.splitlines() if l.startswith("layer ")] == ["layer 1", "layer 2", "layer 3"]
-    r = cli("-i", src, "-o", tmp_path / "o2", "--quant-method", "moe_int8", "--layers", "2")
-    assert r.returncode == 0 and ktcy.load_experts(tmp_path / "o2", 2).format == "INT8"
+    r = cli("-i", src, "-o", "~/o2", "--quant-method", "moe_int8", "--layers", "2", env=dict(os.environ, HOME=str(tmp_path)))
+    assert r.returncode == 0 and ktcy.load_experts(tmp_path / "o2", 2).format == "INT8"  # ~ expanded
     assert_one_line_error(cli("-i", src, "-o", tmp_path / "o3", "--quant-method", "awq"), "AWQ")
     assert_one_line_error(cli("-i", src, "-o", tmp_path / "o3", "--quant-method", "int8", "--method", "BF16"), "disagree")
 
