@@ -95,11 +95,21 @@ class Progress:
         if self._bar is None or self._label != label:
             from tqdm import tqdm
             self.close()
-            self._bar = tqdm(total=total, desc=label, unit="expert", file=self.stream, leave=False, dynamic_ncols=True)
+            width = self._width()
+            self._bar = tqdm(total=total, desc=label, unit="expert", file=self.stream, leave=False,
+                             dynamic_ncols=width is None, ncols=width, nrows=None if width is None else 24)
             self._label = label
         self._bar.update(done - self._bar.n)
         if done >= total:
             self.close()
+
+    def _width(self):
+        """None where the terminal reports its size (tqdm follows resizes); 80 columns where it
+        reports none (a bare pty: tqdm would draw nothing there, nrows being -1)."""
+        try:
+            return None if os.get_terminal_size(self.stream.fileno()).columns > 0 else 80
+        except (OSError, ValueError, AttributeError):
+            return 80
 
     def close(self):
         if self._bar is not None:

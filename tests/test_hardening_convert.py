@@ -5,6 +5,7 @@ Hugging Face FP8 per-channel checkpoint."""
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -343,6 +344,49 @@ def test_quiet_and_verbose(src, tmp_path):
     r = cli("--input", src, "--output", tmp_path / "v", "--method", "INT8", "-v")
     assert r.returncode == 0 and r.stderr.count("layer ") >= 3
     assert_one_line_error(cli("--input", src, "--output", tmp_path / "x", "-q", "-v"), "not allowed with")
+
+
+def test_progress_on_a_terminal_uses_tqdm(src, tmp_path):
+    import pty
+    leader, follower = pty.openpty()
+    r = subprocess.run(KTCY + ["--input", str(src), "--output", str(tmp_path / "o"), "--method", "INT8"],
+                       stdout=subprocess.DEVNULL, stderr=follower, timeout=120)
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    assert r.returncode == 0
+    text = shown.decode(errors="replace")
+    assert "expert/s" in text and "\r" in text  # tqdm's bar: redrawn in place, with a rate
+    assert text.count("experts/s)") == 3  # and the summary line of each layer stays
+
+
+def test_interrupt_leaves_complete_files_only(tmp_path):
+    src, out = tmp_path / "hf", tmp_path / "out"
+    make_checkpoint(src, E=8, H=512, I=256, num_layers=8, dense_layers=())
+    proc = subprocess.Popen(KTCY + ["--input", str(src), "--output", str(out), "--method", "INT4"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and not os.path.exists(out / layer_file_name(0)):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=60)[1]
+    if proc.returncode == 0:  # finished before the signal landed: nothing to check about interrupts
+        return
+    assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
+    assert leftovers(out) == []
+    for name in os.listdir(out):
+        if name.endswith(".safetensors"):
+            read_metadata(out / name)
+    r = cli("--input", src, "--output", out, "--method", "INT4", "--resume")
+    assert r.returncode == 0 and json.load(open(out / "ktcy_model.json"))["layers"] == list(range(8))
 
 
 @pytest.mark.parametrize("args,needle", [
