@@ -1,213 +1,274 @@
 """Offline conversion: Hugging Face MoE checkpoint -> a folder of packed ktcy layers (or, with
-the seeds' FP8 spelling, a Hugging Face-style FP8 per-channel checkpoint).  The same code backs
-`ktcy convert` and tools/convert_cpu_weights.py.
+the seeds' FP8 spelling, a complete Hugging Face FP8 per-channel checkpoint: ktcy.hf_fp8).  The
+same code backs `ktcy convert` and tools/convert_cpu_weights.py.
 
 One layer is in memory at a time, packed expert by expert into buffers allocated once (peak:
-about one packed layer plus one expert's source tensors).  Every file is written under a
-temporary name and renamed when complete; --resume skips layers whose final file is valid."""
-import argparse
+about one packed layer plus one expert's source tensors).  The output folder is locked for the
+whole run; every file is written under a unique temporary name and renamed when complete.  Each
+layer file records its format, group size and a fingerprint of the source checkpoint, and
+--resume keeps only layers whose record matches what is asked."""
+import functools
 import json
 import os
-import shutil
+import re
 import sys
 import time
 
-import ml_dtypes
-import numpy as np
-
 from ktcy.checkpoint import Checkpoint
-from ktcy.formats import canonical_format
+from ktcy.convert_args import INPUT_TYPES, run_cli
+from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format
 from ktcy.loading import MODEL_FILE, source_for
+from ktcy.output_guard import (ConvertError, OutputLock, copy_file, refuse_output_in_input, remove,
+                               source_fingerprint, write_json, publish)
 from ktcy.packed_io import LAYOUT_VERSION, layer_file_name, pack_layer, read_metadata, write_layer
-from ktcy.safetensors_io import CheckpointError, write
+from ktcy.safetensors_io import CheckpointError
 from ktcy.version import __version__
 
-INPUT_TYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "float8_e4m3fn"}
 METHODS = ("AMXINT8", "AMXBF16", "AMXINT4", "INT8", "INT4", "BF16", "FP8", "FP8_PERCHANNEL")
+_LAYER_FILE = re.compile(r"ktcy_layer_([0-9]{4,9})\.safetensors")
+_LAYER_PART = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 
 
-def parse_layers(text, available):
-    """'0,3,5-7' -> the listed MoE layers (all when text is None)."""
-    if not text:
-        return list(available)
-    chosen = []
+def parse_layers(text, available, num_layers=None):
+    """'0,3,5-7' -> the listed MoE layers, sorted (all when text is None).  Every number is
+    checked against the checkpoint's layer count before a range is expanded, so no input can
+    make a large list."""
+    available = list(available)
+    if text is None:
+        return available
+    top = num_layers if num_layers is not None else (max(available) + 1 if available else 0)
+    if not text.strip() or len(text) > 10000:
+        raise ValueError(f"--layers takes layer numbers and ranges like 0,3,5-7; got {text[:40]!r}")
+    chosen = set()
     for part in text.split(","):
-        lo, _, hi = part.strip().partition("-")
-        try:
-            chosen.extend(range(int(lo), int(hi or lo) + 1))
-        except ValueError:
-            raise ValueError(f"--layers takes numbers and ranges like 0,3,5-7; got {text!r}") from None
-    bad = [L for L in chosen if L not in available]
+        m = _LAYER_PART.fullmatch(part.strip())
+        if m is None and part.strip().startswith("-"):
+            raise ValueError(f"--layers: layer numbers start at 0; got {part.strip()[:40]!r}")
+        if m is None:
+            raise ValueError(f"--layers takes layer numbers and ranges like 0,3,5-7; {part.strip()[:40]!r} is neither")
+        if max(len(m[1]), len(m[2] or "")) > 9:
+            raise ValueError(f"--layers: {m[0][:40]} goes past the checkpoint's last layer ({top - 1})")
+        lo, hi = int(m[1]), int(m[2] or m[1])
+        if hi < lo:
+            raise ValueError(f"--layers: the range {m[0]} runs backwards")
+        if hi >= top:
+            raise ValueError(f"--layers: {m[0]} goes past the checkpoint's last layer ({top - 1})")
+        chosen.update(range(lo, hi + 1))
+    bad = sorted(chosen - set(available))
     if bad:
-        raise ValueError(f"--layers: {bad} are not MoE layers of this checkpoint")
-    return chosen
+        shown = ", ".join(map(str, bad[:8])) + (", ..." if len(bad) > 8 else "")
+        raise ValueError(f"--layers: {shown} are not MoE layers of this checkpoint "
+                         f"(MoE layers: {_span(available)})")
+    return sorted(chosen)
+
+
+def _span(layers):
+    return f"{layers[0]}-{layers[-1]}" if len(layers) > 2 and layers == list(range(layers[0], layers[-1] + 1)) \
+        else ", ".join(map(str, layers[:16])) + (", ..." if len(layers) > 16 else "")
+
+
+def check_group_size(group_size, fmt):
+    """The INT4 group size to use (the default when None); refused when not 32/64/128 or given
+    for a format without groups."""
+    if group_size is None:
+        return DEFAULT_INT4_GROUP
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size not in INT4_GROUP_SIZES:
+        raise ValueError(f"group size {group_size!r}: INT4 supports {', '.join(map(str, INT4_GROUP_SIZES))}")
+    if fmt != "INT4":
+        raise ValueError(f"a group size ({group_size}) applies to INT4 only; the target format is "
+                         f"{fmt or 'the checkpoint’s own precision'}")
+    return group_size
 
 
 class Progress:
-    """A one-line progress bar on a terminal, plain lines elsewhere."""
+    """On a terminal a tqdm bar per layer (experts done, rate, ETA); elsewhere one line per
+    layer, written when the layer is done."""
 
-    def __init__(self, stream=sys.stderr):
-        self.stream, self.tty = stream, stream.isatty()
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self._bar, self._label = None, None
 
     def bar(self, label, done, total):
         if not self.tty:
-            if done == total:
-                self.line(f"{label}: {total}/{total}")
             return
-        filled = int(30 * done / max(total, 1))
-        self.stream.write(f"\r{label}: [{'#' * filled}{'.' * (30 - filled)}] {done}/{total}")
-        if done == total:
-            self.stream.write("\n")
-        self.stream.flush()
+        if self._bar is None or self._label != label:
+            from tqdm import tqdm
+            self.close()
+            width = self._width()
+            self._bar = tqdm(total=total, desc=label, unit="expert", file=self.stream, leave=False,
+                             dynamic_ncols=width is None, ncols=width, nrows=None if width is None else 24)
+            self._label = label
+        self._bar.update(done - self._bar.n)
+        if done >= total:
+            self.close()
+
+    def _width(self):
+        """None where the terminal reports its size (tqdm follows resizes); 80 columns where it
+        reports none (a bare pty: tqdm would draw nothing there, nrows being -1)."""
+        try:
+            return None if os.get_terminal_size(self.stream.fileno()).columns > 0 else 80
+        except (OSError, ValueError, AttributeError):
+            return 80
+
+    def close(self):
+        if self._bar is not None:
+            self._bar.close()
+            self._bar, self._label = None, None
 
     def line(self, text):
+        self.close()
         self.stream.write(text + "\n")
         self.stream.flush()
 
 
-def _check_input_type(experts, input_type):
+def check_input_type(experts, input_type):
     if input_type and experts.dtype.name != INPUT_TYPES[input_type]:
         raise CheckpointError(f"--input-type {input_type}, but layer {experts.layer}'s experts are {experts.dtype}")
 
 
-def convert(input_path, output_path, method=None, input_type=None, layers=None, resume=False, group_size=64,
-            progress=None):
-    """Packs the chosen MoE layers of a checkpoint into output_path; returns the layers written."""
-    progress = progress or Progress()
-    ckpt = Checkpoint(input_path)
-    arch = ckpt.arch
-    chosen = parse_layers(layers, arch.moe_layers)
-    os.makedirs(output_path, exist_ok=True)
-    written = []
-    for i, L in enumerate(chosen):
-        final = os.path.join(output_path, layer_file_name(L))
-        experts = ckpt.layer(L)
-        _check_input_type(experts, input_type)
-        fmt = canonical_format(method) if method else experts.native_format
-        if resume and os.path.exists(final):
-            try:
-                read_metadata(final)
-                progress.line(f"layer {L}: already converted, skipped")
-                written.append(L)
-                continue
-            except CheckpointError as e:
-                progress.line(f"layer {L}: existing file unusable ({e}); converting again")
-        source = source_for(fmt, experts.scale_kind, experts.expert)
-        t0 = time.perf_counter()
-        arrays = pack_layer(arch.num_experts, fmt, group_size, source,
-                            lambda done, total: progress.bar(f"layer {L} ({i + 1}/{len(chosen)}) {fmt}", done, total))
-        write_layer(final, arrays, fmt, group_size, arch.num_experts, arch.top_k, arch.hidden_size,
-                    arch.intermediate_size, L, source=os.path.abspath(input_path))
-        del arrays
-        progress.line(f"layer {L}: {os.path.getsize(final) / 2**20:.1f} MiB in {time.perf_counter() - t0:.1f} s")
-        written.append(L)
-    done = sorted(set(written) | _already_listed(output_path))
-    model = {"format": "ktcy.packed_model", "layout_version": LAYOUT_VERSION, "ktcy_version": __version__,
-             "layers": done, "num_experts": arch.num_experts, "top_k": arch.top_k,
-             "hidden_size": arch.hidden_size, "intermediate_size": arch.intermediate_size,
-             "source": os.path.abspath(input_path)}
-    _write_json(os.path.join(output_path, MODEL_FILE), model)
-    shutil.copyfile(os.path.join(input_path, "config.json"), os.path.join(output_path, "config.json"))
-    return written
-
-
-def _already_listed(output_path):
+def _record(meta, dims):
+    """What a packed layer file was made from: format, group size, source fingerprint."""
     try:
-        with open(os.path.join(output_path, MODEL_FILE)) as f:
-            return set(json.load(f).get("layers", []))
-    except (OSError, json.JSONDecodeError):
-        return set()
+        source = json.loads(meta.get("source", ""))
+    except json.JSONDecodeError:
+        source = None
+    fingerprint = source.get("fingerprint") if isinstance(source, dict) else None
+    return {"weight_format": meta["weight_format"], "group_size": dims["group_size"], "source_fingerprint": fingerprint}
 
 
-def _write_json(path, obj):
-    tmp = path + ".partial"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-    os.replace(tmp, path)
+def _layers_on_disk(output_path):
+    """{layer: record, or None for a file that is not a readable packed layer} of every
+    ktcy_layer_NNNN.safetensors in the folder."""
+    found = {}
+    for name in os.listdir(output_path):
+        m = _LAYER_FILE.fullmatch(name)
+        if m is None:
+            continue
+        try:
+            _, meta, dims = read_metadata(os.path.join(output_path, name))
+            found[int(m[1])] = _record(meta, dims)
+        except CheckpointError:
+            found[int(m[1])] = None
+    return found
 
 
-def convert_to_hf_fp8(input_path, output_path, layers=None, resume=False, progress=None):
-    """A Hugging Face-style FP8 per-channel checkpoint of the routed experts: for every expert
-    weight `X.weight` an F8_E4M3 tensor plus `X.weight_scale` F32 [N, 1] (compressed-tensors'
-    channel-wise convention), one shard per layer, an index, and config.json."""
-    from ktcy import _native  # the kernels' own FP8 quantizer, so both paths give the same codes
+def _difference(record, wanted, input_path):
+    if wanted is None:
+        return "it is not an MoE layer of this checkpoint"
+    parts = []
+    if record["weight_format"] != wanted["weight_format"]:
+        parts.append(f"format {record['weight_format']} on disk, {wanted['weight_format']} asked")
+    if record["group_size"] != wanted["group_size"]:
+        parts.append(f"group size {record['group_size'] or 'none'} on disk, {wanted['group_size'] or 'none'} asked")
+    if record["source_fingerprint"] != wanted["source_fingerprint"]:
+        parts.append(f"converted from another checkpoint (source fingerprint {record['source_fingerprint'] or 'not recorded'}"
+                     f" on disk, {wanted['source_fingerprint']} for {input_path})")
+    return "; ".join(parts)
+
+
+def _refuse_foreign_config(output_path, overwrite):
+    """config.json in an output folder that has no ktcy_model.json belongs to someone else (a
+    checkpoint?): it is never replaced without --overwrite."""
+    if not overwrite and os.path.exists(os.path.join(output_path, "config.json")) \
+            and not os.path.exists(os.path.join(output_path, MODEL_FILE)):
+        raise ConvertError(f"{output_path} holds a config.json that ktcy convert did not write (is it a checkpoint?);"
+                           " choose an empty folder, or pass --overwrite to replace it")
+
+
+def convert(input_path, output_path, method=None, input_type=None, layers=None, resume=False, group_size=None,
+            progress=None, overwrite=False, resume_layer=None):
+    """Packs the chosen MoE layers of a checkpoint into output_path; returns the layers now in
+    the output (written or, with resume / resume_layer, kept)."""
+    input_path, output_path = os.fspath(input_path), os.fspath(output_path)
     progress = progress or Progress()
+    refuse_output_in_input(input_path, output_path)
+    asked = canonical_format(method) if method else None
+    group = check_group_size(group_size, asked)
+    if resume_layer is not None and (isinstance(resume_layer, bool) or not isinstance(resume_layer, int) or resume_layer < 0):
+        raise ValueError(f"--resume-layer must be a layer number >= 0, got {resume_layer!r}")
     ckpt = Checkpoint(input_path)
     arch = ckpt.arch
-    os.makedirs(output_path, exist_ok=True)
-    weight_map = {}
-    for L in parse_layers(layers, arch.moe_layers):
-        experts = ckpt.layer(L)
-        shard = f"model-fp8-layer{L:04d}.safetensors"
-        final = os.path.join(output_path, shard)
-        names = {}
-        for e in range(arch.num_experts):
-            kind, pattern, proj_names = experts.scheme
-            for proj in ("gate", "up", "down"):
-                base = (pattern.format(e=e, proj=proj_names[proj]) if kind == "per_expert"
-                        else f"model.layers.{L}.mlp.experts.{e}.{proj}_proj.weight")
-                names[(e, proj)] = base
-        if not (resume and os.path.exists(final)):
-            tensors = {}
-            for e in range(arch.num_experts):
-                for proj, w in experts.dequantized(e).items():
-                    codes, scale = _native.quantize_weights(_native.FORMATS.index("FP8_PERCHANNEL"),
-                                                            np.ascontiguousarray(w, np.float32))
-                    name = names[(e, proj)]
-                    tensors[name] = codes.view(ml_dtypes.float8_e4m3fn)
-                    tensors[name + "_scale"] = scale.reshape(-1, 1)
-                progress.bar(f"layer {L} FP8 per-channel", e + 1, arch.num_experts)
-            write(final, tensors, {"format": "pt", "producer": f"ktcy {__version__}"})
-        for name in names.values():
-            weight_map[name] = shard
-            weight_map[name + "_scale"] = shard
-    _write_json(os.path.join(output_path, "model.safetensors.index.json"),
-                {"metadata": {"producer": f"ktcy {__version__}"}, "weight_map": weight_map})
-    config = dict(ckpt.config)
-    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                     "weight_scale_kind": "per_channel", "producer": f"ktcy {__version__}"}
-    _write_json(os.path.join(output_path, "config.json"), config)
+    chosen = parse_layers(layers, arch.moe_layers, arch.num_layers)
+    fingerprint = source_fingerprint(input_path)
+    source = json.dumps({"path": os.path.abspath(input_path), "fingerprint": fingerprint})
+    moe_layers = set(arch.moe_layers)
+
+    @functools.lru_cache(maxsize=None)
+    def wanted(L):
+        """The record a layer file must carry to belong to this conversion (None: not a layer)."""
+        if L not in moe_layers:
+            return None
+        fmt = asked or ckpt.layer(L).native_format
+        return {"weight_format": fmt, "group_size": group if fmt == "INT4" else 0, "source_fingerprint": fingerprint}
+
+    with OutputLock(output_path):
+        _refuse_foreign_config(output_path, overwrite)
+        on_disk = _layers_on_disk(output_path)
+        conflicts = {L: rec for L, rec in on_disk.items() if rec is not None and rec != wanted(L)}
+        if conflicts and not overwrite:
+            L = min(conflicts)
+            more = f" (and {len(conflicts) - 1} more layer files)" if len(conflicts) > 1 else ""
+            raise ConvertError(f"{'--resume: ' if resume else ''}{os.path.join(output_path, layer_file_name(L))} differs "
+                               f"from this conversion: {_difference(conflicts[L], wanted(L), input_path)}{more}; use "
+                               "another output folder, or --overwrite to replace those files")
+        for L in conflicts:
+            remove(os.path.join(output_path, layer_file_name(L)))
+        if conflicts:
+            progress.line(f"--overwrite: removed {len(conflicts)} layer files converted differently")
+        done = []
+        for i, L in enumerate(chosen):
+            final = os.path.join(output_path, layer_file_name(L))
+            usable = on_disk.get(L) is not None and L not in conflicts
+            below = resume_layer is not None and L < resume_layer
+            if usable and (resume or below):
+                progress.line(f"layer {L}: already converted, kept")
+                done.append(L)
+                continue
+            if below:
+                progress.line(f"layer {L}: below --resume-layer {resume_layer} but {output_path} has no usable file "
+                              "for it; not converted")
+                continue
+            if on_disk.get(L, 0) is None:
+                progress.line(f"layer {L}: the existing file is not a readable packed layer; converting again")
+            experts = ckpt.layer(L)
+            check_input_type(experts, input_type)
+            want = wanted(L)
+            fmt = want["weight_format"]
+            label = f"layer {L} ({i + 1}/{len(chosen)}) {fmt}"
+            t0 = time.perf_counter()
+            arrays = pack_layer(arch.num_experts, fmt, group, source_for(fmt, experts.scale_kind, experts.expert),
+                                lambda n, total: progress.bar(label, n, total))
+            publish(final, lambda tmp: write_layer(tmp, arrays, fmt, group, arch.num_experts, arch.top_k,
+                                                    arch.hidden_size, arch.intermediate_size, L, source=source))
+            del arrays
+            seconds = time.perf_counter() - t0
+            progress.line(f"{label}: {os.path.getsize(final) / 2**20:.1f} MiB in {seconds:.1f} s "
+                          f"({arch.num_experts / max(seconds, 1e-9):.1f} experts/s)")
+            done.append(L)
+        _write_manifest(output_path, input_path, fingerprint, asked, group, arch, wanted)
+        copy_file(os.path.join(input_path, "config.json"), os.path.join(output_path, "config.json"))
+    return done
 
 
-def build_parser(prog="convert_cpu_weights.py"):
-    p = argparse.ArgumentParser(prog=prog, description="Hugging Face MoE checkpoint -> packed ktcy CPU weights")
-    p.add_argument("--input", "--input-path", dest="input", help="checkpoint folder (config.json + safetensors)")
-    p.add_argument("--output", help="output folder for packed layers")
-    p.add_argument("--method", help=f"target format: {', '.join(METHODS)} (default: keep the checkpoint's)")
-    p.add_argument("--quant-config", help='JSON, e.g. \'{"method": "FP8", "per_channel": true}\'')
-    p.add_argument("--input-type", choices=sorted(INPUT_TYPES), help="expected input dtype (default: detected)")
-    p.add_argument("--layers", help="MoE layers to convert, e.g. 0,3,5-7 (default: all)")
-    p.add_argument("--group-size", type=int, default=64, help="INT4 group size: 32, 64 or 128")
-    p.add_argument("--resume", action="store_true", help="skip layers whose packed file is already complete")
-    p.add_argument("--input-bf16-hf-path", help="with --output-fp8-hf-path: write an HF-style FP8 checkpoint")
-    p.add_argument("--output-fp8-hf-path", help="folder of the FP8 per-channel Hugging Face checkpoint")
-    return p
+def _write_manifest(output_path, input_path, fingerprint, asked, group, arch, wanted):
+    """ktcy_model.json lists exactly the layer files on disk whose record matches this run:
+    never another model's or another method's layers."""
+    records = {L: rec for L, rec in _layers_on_disk(output_path).items() if rec is not None and rec == wanted(L)}
+    model = {"format": "ktcy.packed_model", "layout_version": LAYOUT_VERSION, "ktcy_version": __version__,
+             "layers": sorted(records), "num_experts": arch.num_experts, "top_k": arch.top_k,
+             "hidden_size": arch.hidden_size, "intermediate_size": arch.intermediate_size,
+             "source": os.path.abspath(input_path), "source_fingerprint": fingerprint, "method": asked,
+             "group_size": group if asked == "INT4" else None,
+             "layer_records": {str(L): rec for L, rec in sorted(records.items())}}
+    write_json(os.path.join(output_path, MODEL_FILE), model)
+
+
+def convert_to_hf_fp8(*args, **kwargs):
+    from ktcy.hf_fp8 import convert_to_hf_fp8 as export
+    return export(*args, **kwargs)
 
 
 def main(argv=None, prog="convert_cpu_weights.py"):
-    parser = build_parser(prog)
-    args = parser.parse_args(argv)
-    try:
-        if args.input_bf16_hf_path or args.output_fp8_hf_path:
-            if not (args.input_bf16_hf_path and args.output_fp8_hf_path):
-                parser.error("--input-bf16-hf-path and --output-fp8-hf-path go together")
-            convert_to_hf_fp8(args.input_bf16_hf_path, args.output_fp8_hf_path, args.layers, args.resume)
-            return 0
-        if not args.input or not args.output:
-            parser.error("--input and --output are required")
-        method = args.method
-        if args.quant_config:
-            try:
-                qc = json.loads(args.quant_config)
-                method = canonical_format(qc["method"], qc.get("per_channel"))
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                parser.error(f"--quant-config must be JSON with a \"method\" ({e})")
-            if args.method and canonical_format(args.method) != method:
-                parser.error(f"--method {args.method} and --quant-config {args.quant_config} disagree")
-        if method:
-            canonical_format(method)  # an unknown name is a clear error before any work
-        convert(args.input, args.output, method, args.input_type, args.layers, args.resume, args.group_size)
-    except (CheckpointError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    """The converter's command line; returns the exit status."""
+    return run_cli(argv, prog)

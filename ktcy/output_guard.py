@@ -1,0 +1,147 @@
+"""Safety of the converters' output folder: an exclusive lock per folder, refusal to write into
+an input, writes under unique temporary names that leave nothing behind when they fail, and a
+fingerprint of the source checkpoint so that --resume can tell whether files on disk came from
+the same source."""
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import struct
+
+from ktcy.safetensors_io import write
+
+LOCK_NAME = ".ktcy_convert.lock"
+_MAX_HEADER = 100 * 1024 * 1024
+
+
+class ConvertError(ValueError):
+    """A conversion that cannot or must not go ahead (a user error, or a write that failed)."""
+
+
+def refuse_output_in_input(input_path, output_path, output_flag="--output"):
+    """ConvertError when the output folder is the input folder or lies inside it (symlinks
+    resolved), so that no converter ever writes into a checkpoint it reads."""
+    src, dst = os.path.realpath(input_path), os.path.realpath(output_path)
+    if dst == src or dst.startswith(src.rstrip(os.sep) + os.sep):
+        raise ConvertError(f"{output_flag} {output_path} is {'the input folder' if dst == src else 'inside the input folder'}"
+                           f" {input_path}; converters never write into their input - choose another folder")
+
+
+class OutputLock:
+    """Exclusive flock on <folder>/.ktcy_convert.lock for the whole conversion.  A second
+    converter on the same folder fails at once with a clear error instead of waiting: it would
+    otherwise go on to write the same files, possibly in another format, once the first ends.
+    The lock file stays in place (removing it would let two processes lock different inodes)."""
+
+    def __init__(self, folder):
+        self.folder, self.fd = os.fspath(folder), None
+
+    def __enter__(self):
+        if os.path.exists(self.folder) and not os.path.isdir(self.folder):
+            raise ConvertError(f"output {self.folder} exists and is not a folder")
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+            path = os.path.join(self.folder, LOCK_NAME)
+            self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ConvertError(f"cannot create the output folder {self.folder} ({e.strerror})") from None
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = os.pread(self.fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(self.fd)
+            self.fd = None
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise ConvertError(f"another converter (pid {holder}) is writing to {self.folder}; wait for it to "
+                                   "finish or choose another output folder") from None
+            raise ConvertError(f"cannot lock {self.folder} ({e.strerror})") from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+        return False
+
+
+def _temporary_name(final):
+    folder, name = os.path.split(os.fspath(final))
+    return os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+
+
+def _failed(final, e):
+    return ConvertError(f"writing {final} failed: {e.strerror or e} (nothing partial was left behind)")
+
+
+def publish(final, write_to):
+    """write_to(tmp) writes the complete file at tmp; then it is renamed to final.  On any
+    failure every temporary file is removed."""
+    tmp = _temporary_name(final)
+    try:
+        write_to(tmp)
+        os.replace(tmp, final)
+    except BaseException as e:
+        for leftover in (tmp, tmp + ".partial"):
+            try:
+                os.remove(leftover)
+            except OSError:
+                pass
+        if isinstance(e, OSError):
+            raise _failed(final, e) from e
+        raise
+
+
+def write_safetensors(final, tensors, metadata):
+    publish(final, lambda tmp: write(tmp, tensors, metadata))
+
+
+def write_json(final, obj):
+    def dump(tmp):
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+    publish(final, dump)
+
+
+def copy_file(source, final):
+    publish(final, lambda tmp: shutil.copyfile(source, tmp))
+
+
+def remove(path):
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise ConvertError(f"cannot remove {path} ({e.strerror})") from None
+
+
+def source_fingerprint(folder):
+    """sha256 over config.json, the index, and for every *.safetensors file its name, size,
+    mtime and header (names, dtypes, shapes, offsets).  Cheap (no tensor data is read), and it
+    changes when the checkpoint is replaced, re-saved or edited in place."""
+    h = hashlib.sha256()
+    for name in ("config.json", "model.safetensors.index.json"):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                h.update(name.encode() + b"\0" + f.read(_MAX_HEADER) + b"\0")
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if not name.endswith(".safetensors") or not os.path.isfile(path):
+            continue
+        st = os.stat(path)
+        h.update(f"{name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) == 8:
+                (n,) = struct.unpack("<Q", head)
+                h.update(f.read(min(n, _MAX_HEADER)))
+    return h.hexdigest()[:32]
