@@ -16,7 +16,7 @@ import time
 
 from ktcy.checkpoint import Checkpoint
 from ktcy.convert_args import INPUT_TYPES, run_cli
-from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format
+from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format, has_groups
 from ktcy.loading import MODEL_FILE, source_for
 from ktcy.output_guard import (ConvertError, OutputLock, copy_file, refuse_output_in_input, remove,
                                source_fingerprint, write_json, publish)
@@ -24,7 +24,7 @@ from ktcy.packed_io import LAYOUT_VERSION, layer_file_name, pack_layer, read_met
 from ktcy.safetensors_io import CheckpointError
 from ktcy.version import __version__
 
-METHODS = ("AMXINT8", "AMXBF16", "AMXINT4", "INT8", "INT4", "BF16", "FP8", "FP8_PERCHANNEL")
+METHODS = ("AMXINT8", "AMXBF16", "AMXINT4", "INT8", "INT4", "INT4_ZP", "BF16", "FP8", "FP8_PERCHANNEL")
 _LAYER_FILE = re.compile(r"ktcy_layer_([0-9]{4,9})\.safetensors")
 _LAYER_PART = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 
@@ -68,14 +68,14 @@ def _span(layers):
 
 
 def check_group_size(group_size, fmt):
-    """The INT4 group size to use (the default when None); refused when not 32/64/128 or given
-    for a format without groups."""
+    """The group size to use for a grouped format (the default when None); refused when not
+    32/64/128 or given for a format without groups."""
     if group_size is None:
         return DEFAULT_INT4_GROUP
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size not in INT4_GROUP_SIZES:
         raise ValueError(f"group size {group_size!r}: INT4 supports {', '.join(map(str, INT4_GROUP_SIZES))}")
-    if fmt != "INT4":
-        raise ValueError(f"a group size ({group_size}) applies to INT4 only; the target format is "
+    if fmt is None or not has_groups(fmt):
+        raise ValueError(f"a group size ({group_size}) applies to INT4 / INT4_ZP only; the target format is "
                          f"{fmt or 'the checkpoint’s own precision'}")
     return group_size
 
@@ -200,7 +200,7 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
         if L not in moe_layers:
             return None
         fmt = asked or ckpt.layer(L).native_format
-        return {"weight_format": fmt, "group_size": group if fmt == "INT4" else 0, "source_fingerprint": fingerprint}
+        return {"weight_format": fmt, "group_size": group if has_groups(fmt) else 0, "source_fingerprint": fingerprint}
 
     with OutputLock(output_path):
         _refuse_foreign_config(output_path, overwrite)
@@ -259,7 +259,7 @@ def _write_manifest(output_path, input_path, fingerprint, asked, group, arch, wa
              "layers": sorted(records), "num_experts": arch.num_experts, "top_k": arch.top_k,
              "hidden_size": arch.hidden_size, "intermediate_size": arch.intermediate_size,
              "source": os.path.abspath(input_path), "source_fingerprint": fingerprint, "method": asked,
-             "group_size": group if asked == "INT4" else None,
+             "group_size": group if asked and has_groups(asked) else None,
              "layer_records": {str(L): rec for L, rec in sorted(records.items())}}
     write_json(os.path.join(output_path, MODEL_FILE), model)
 

@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from ktcy.formats import INT4_GROUP_SIZES, canonical_format
+from ktcy.formats import INT4_GROUP_SIZES, canonical_format, has_groups
 
 INPUT_TYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "float8_e4m3fn"}
 QUANT_CONFIG_KEYS = ("method", "per_channel", "group_size")
@@ -113,8 +113,8 @@ def parse_quant_config(text):
         if isinstance(group, bool) or not isinstance(group, int) or group not in INT4_GROUP_SIZES:
             raise ValueError(f"--quant-config: group_size must be one of {', '.join(map(str, INT4_GROUP_SIZES))}, "
                              f"got {group!r}")
-        if fmt != "INT4":
-            raise ValueError(f"--quant-config: group_size applies to INT4 only, method is {method!r} ({fmt})")
+        if not has_groups(fmt):
+            raise ValueError(f"--quant-config: group_size applies to INT4 / INT4_ZP only, method is {method!r} ({fmt})")
     return fmt, group
 
 
