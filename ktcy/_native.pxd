@@ -11,11 +11,12 @@ cdef extern from "ktcy/ktcy.h" nogil:
     void ktcy_cpu_probe(ktcy_cpu *cpu)
 
     enum:
-        KTCY_FMT_BF16, KTCY_FMT_INT8, KTCY_FMT_INT4, KTCY_FMT_FP8_PERCHANNEL, KTCY_FMT_FP8_BLOCK, KTCY_FMT_INT4_ZP
+        KTCY_FMT_BF16, KTCY_FMT_INT8, KTCY_FMT_INT4, KTCY_FMT_FP8_PERCHANNEL, KTCY_FMT_FP8_BLOCK, KTCY_FMT_INT4_ZP, KTCY_FMT_MXFP4
         KTCY_NUM_FORMATS
-        KTCY_CODE_S8, KTCY_CODE_U4, KTCY_CODE_BF16, KTCY_CODE_E4M3
+        KTCY_CODE_S8, KTCY_CODE_U4, KTCY_CODE_BF16, KTCY_CODE_E4M3, KTCY_CODE_E2M1
         KTCY_ACT_INT8, KTCY_ACT_BF16
-        KTCY_SCALE_NONE, KTCY_SCALE_CHANNEL, KTCY_SCALE_GROUP, KTCY_SCALE_BLOCK128
+        KTCY_SCALE_NONE, KTCY_SCALE_CHANNEL, KTCY_SCALE_GROUP, KTCY_SCALE_BLOCK128, KTCY_SCALE_IN_BLOCK
+        KTCY_E8M0_MIN, KTCY_E8M0_MAX
         KTCY_REF, KTCY_AVX2, KTCY_AVX512, KTCY_AMX, KTCY_AMX_EMU, KTCY_NUM_ISAS
         KTCY_OK, KTCY_ERR_TILE, KTCY_ERR_SCRATCH, KTCY_ERR_FORMAT
         KTCY_PANEL, KTCY_SCALE_BLOCK
@@ -69,6 +70,7 @@ cdef extern from "ktcy/ktcy.h" nogil:
     uint16_t ktcy_f32_to_bf16(float f)
     uint16_t ktcy_e4m3_to_bf16(uint8_t b)
     uint8_t ktcy_f32_to_e4m3(float f)
+    uint16_t ktcy_mxfp4_to_bf16(uint8_t code, uint8_t e)
 
     int64_t ktcy_quantize_int8_rows(const float *w, int64_t ldw, int64_t k, int64_t n0, int64_t n1,
                                     int8_t *q, int64_t ldq, float *scale)
@@ -77,6 +79,8 @@ cdef extern from "ktcy/ktcy.h" nogil:
     int64_t ktcy_quantize_int4_zp_rows(const float *w, int64_t ldw, int64_t k, int group, int64_t n0,
                                        int64_t n1, int8_t *q, int64_t ldq, float *scale, uint8_t *zero,
                                        int64_t ld_scale)
+    int64_t ktcy_quantize_mxfp4_rows(const float *w, int64_t ldw, int64_t k, int64_t n0, int64_t n1,
+                                     uint8_t *q, int64_t ldq, uint8_t *exps, int64_t ld_exp)
     int64_t ktcy_quantize_fp8_rows(const float *w, int64_t ldw, int64_t k, int64_t n0, int64_t n1,
                                    uint8_t *q, int64_t ldq, float *scale)
     int64_t ktcy_quantize_fp8_block_rows(const float *w, int64_t ldw, int64_t n, int64_t k, int64_t n0,
@@ -85,6 +89,8 @@ cdef extern from "ktcy/ktcy.h" nogil:
                                 int64_t m1, int8_t *q, float *scale, int group, int32_t *gsum)
     void ktcy_convert_act_bf16(const float *x, int64_t ldx, int64_t k, int64_t k_pad, int64_t m0,
                                int64_t m1, uint16_t *out)
+    void ktcy_layout_block_scales(int format, const uint8_t *exps, int64_t ld, int64_t n, int64_t k_pad,
+                                  int64_t p0, int64_t p1, uint8_t *dst)
     void ktcy_layout_panels(int format, const void *codes, int64_t ld, int64_t n, int64_t k,
                             int64_t k_pad, int64_t p0, int64_t p1, uint8_t *dst, int32_t *colsum)
 

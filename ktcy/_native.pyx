@@ -25,9 +25,11 @@ _NEED_NAMES = {KTCY_NEED_AVX2: "avx2+fma", KTCY_NEED_AVX512: "avx512f/bw/vl/dq",
                KTCY_NEED_AMX_INT8: "amx_tile+amx_int8 (with OS permission)",
                KTCY_NEED_AMX_BF16: "amx_tile+amx_bf16 (with OS permission)"}
 
-_CODE_NAMES = {KTCY_CODE_S8: "s8", KTCY_CODE_U4: "u4", KTCY_CODE_BF16: "bf16", KTCY_CODE_E4M3: "e4m3"}
+_CODE_NAMES = {KTCY_CODE_S8: "s8", KTCY_CODE_U4: "u4", KTCY_CODE_BF16: "bf16", KTCY_CODE_E4M3: "e4m3",
+               KTCY_CODE_E2M1: "e2m1"}
 _SCALE_NAMES = {KTCY_SCALE_NONE: "none", KTCY_SCALE_CHANNEL: "per_channel", KTCY_SCALE_GROUP: "group",
-                KTCY_SCALE_BLOCK128: "block_128x128"}
+                KTCY_SCALE_BLOCK128: "block_128x128", KTCY_SCALE_IN_BLOCK: "e8m0_in_block"}
+E8M0_RANGE = (KTCY_E8M0_MIN, KTCY_E8M0_MAX)  # exponents MXFP4 decodes exactly (include/ktcy/numeric.h)
 
 def format_descriptors():
     """The C descriptor table (include/ktcy/formats.h), one dict per format in enum order."""
@@ -224,15 +226,17 @@ def get_num_threads():
 # ---------------------------------------------------------------- weight quantization and layout
 
 cdef int64_t _quantize_unit(int fmt, const float *w, int64_t n, int64_t k, int group, int64_t i, void *q,
-                            int64_t ldq, float *scale, uint8_t *zero, int64_t ld_scale) noexcept nogil:
+                            int64_t ldq, float *scale, uint8_t *aux, int64_t ld_scale) noexcept nogil:
     """Quantizes unit i (a row; for FP8 blocks a stripe of 128 rows) by the format's rule
-    (include/ktcy/quantize.h); >= 0 names a bad row."""
+    (include/ktcy/quantize.h); aux: zero points or E8M0 exponents.  >= 0 names a bad row."""
     if fmt == KTCY_FMT_INT8:
         return ktcy_quantize_int8_rows(w, k, k, i, i + 1, <int8_t *>q, ldq, scale)
     if fmt == KTCY_FMT_INT4:
         return ktcy_quantize_int4_rows(w, k, k, group, i, i + 1, <int8_t *>q, ldq, scale, ld_scale)
     if fmt == KTCY_FMT_INT4_ZP:
-        return ktcy_quantize_int4_zp_rows(w, k, k, group, i, i + 1, <int8_t *>q, ldq, scale, zero, ld_scale)
+        return ktcy_quantize_int4_zp_rows(w, k, k, group, i, i + 1, <int8_t *>q, ldq, scale, aux, ld_scale)
+    if fmt == KTCY_FMT_MXFP4:
+        return ktcy_quantize_mxfp4_rows(w, k, k, i, i + 1, <uint8_t *>q, ldq, aux, ld_scale)
     if fmt == KTCY_FMT_FP8_PERCHANNEL:
         return ktcy_quantize_fp8_rows(w, k, k, i, i + 1, <uint8_t *>q, ldq, scale)
     if fmt == KTCY_FMT_FP8_BLOCK:
@@ -243,7 +247,8 @@ def quantize_weights(int fmt, const float[:, ::1] w, int group=0):
     """(codes, scales) of W[n][k] by the format's rule (include/ktcy/quantize.h): INT8 and FP8
     per-channel scales [n]; INT4 codes [n][k_pad] with scales [k_pad/group][n_pad]; FP8 block
     scales [ceil(n/128)][ceil(k/128)]; formats with zero points return (codes, scales, zero
-    points [k_pad/group][n_pad]) with codes minus 8.  Rows are quantized in parallel."""
+    points [k_pad/group][n_pad]) with codes minus 8; MXFP4 returns (E2M1 codes, E8M0 exponents
+    [n][ceil(k/32)]).  Rows are quantized in parallel."""
     _check_format_code(fmt)
     cdef const ktcy_format_desc *d = ktcy_format(fmt)
     cdef int64_t n = w.shape[0], k = w.shape[1], i, bad = 0, B = KTCY_SCALE_BLOCK
@@ -254,7 +259,7 @@ def quantize_weights(int fmt, const float[:, ::1] w, int group=0):
         raise ValueError(f"group size {group} is not valid for {FORMATS[fmt]}")
     if d.scale == KTCY_SCALE_GROUP:
         k_pad = ktcy_k_pad(fmt, k, group)
-    q = np.zeros((n, k_pad), np.uint8 if d.code == KTCY_CODE_E4M3 else np.int8)
+    q = np.zeros((n, k_pad), np.uint8 if d.code in (KTCY_CODE_E4M3, KTCY_CODE_E2M1) else np.int8)
     if d.scale == KTCY_SCALE_GROUP:
         ld_scale = ktcy_n_pad(n)
         scale = np.zeros((k_pad // group, ld_scale), np.float32)
@@ -263,19 +268,25 @@ def quantize_weights(int fmt, const float[:, ::1] w, int group=0):
         scale = np.zeros((units, (k + B - 1) // B), np.float32)
     else:
         scale = np.zeros(n, np.float32)
-    zero = np.full(scale.shape, 8, np.uint8) if d.zero_points else np.zeros(1, np.uint8)
+    if d.scale == KTCY_SCALE_IN_BLOCK:
+        ld_scale = (k + d.block_k - 1) // d.block_k
+        scale = np.zeros(1, np.float32)
+        zero = np.full((n, ld_scale), 127, np.uint8)
+    else:
+        zero = np.full(scale.shape, 8, np.uint8) if d.zero_points else np.zeros(1, np.uint8)
     cdef const uint8_t[:, ::1] qv = q.view(np.uint8)
     cdef float[::1] sv = scale.reshape(-1)
     cdef uint8_t[::1] zv = zero.reshape(-1)
+    result = (q, zero) if d.scale == KTCY_SCALE_IN_BLOCK else (q, scale, zero) if d.zero_points else (q, scale)
     if n == 0 or k == 0:
-        return (q, scale, zero) if d.zero_points else (q, scale)
+        return result
     for i in prange(units, nogil=True, num_threads=_num_threads, schedule="dynamic"):
         if _quantize_unit(fmt, &w[0, 0], n, k, group, i, <void *>&qv[0, 0], k_pad, &sv[0], &zv[0], ld_scale) >= 0:
             bad += 1
     if bad:  # prange reductions give a count, not the row; numpy finds the first offender
         row = int(np.flatnonzero(~np.isfinite(np.asarray(w)).all(axis=1))[0])
         raise ValueError(f"weight row {row} holds NaN or infinity; it cannot be quantized")
-    return (q, scale, zero) if d.zero_points else (q, scale)
+    return result
 
 def to_bf16_bits(const float[:, ::1] w):
     """float32 -> bfloat16 bit patterns, round to nearest even, NaN kept NaN."""
@@ -285,6 +296,17 @@ def to_bf16_bits(const float[:, ::1] w):
     for r in prange(n, nogil=True, num_threads=_num_threads, schedule="static"):
         for i in range(k):
             ov[r, i] = ktcy_f32_to_bf16(w[r, i])
+    return out
+
+def mxfp4_to_bf16_bits(const uint8_t[::1] codes, const uint8_t[::1] exps):
+    """E2M1 codes times 2^(e - 127) as bf16 bits, the kernels' decode (include/ktcy/numeric.h)."""
+    if codes.shape[0] != exps.shape[0]:
+        raise ValueError("codes and exps must have the same length")
+    out = np.empty(codes.shape[0], np.uint16)
+    cdef uint16_t[::1] ov = out
+    cdef int64_t i
+    for i in range(codes.shape[0]):
+        ov[i] = ktcy_mxfp4_to_bf16(codes[i], exps[i])
     return out
 
 def e4m3_to_bf16_bits(const uint8_t[::1] codes):
@@ -325,9 +347,19 @@ def packed_shapes(int fmt, int64_t n, int64_t k, int group=0):
     return {"data": (ktcy_data_bytes(fmt, n, k, group),), "scale": (shape[0], shape[1]) if shape[0] else None,
             "colsum": (cs,) if cs else None, "zero": (zshape[0], zshape[1]) if zshape[0] else None}
 
-def layout(int fmt, codes, int64_t n, int64_t k, int group=0):
-    """Packs an [n][>=k] code matrix (int8, uint8 or uint16 bits) into the format's blocks."""
+def layout(int fmt, codes, int64_t n, int64_t k, int group=0, block_scales=None):
+    """Packs an [n][>=k] code matrix (int8, uint8 or uint16 bits) into the format's blocks;
+    block_scales: the [n][k_pad/block_k] uint8 exponents of formats that keep them in the block."""
     shapes = packed_shapes(fmt, n, k, group)
+    cdef const ktcy_format_desc *d = ktcy_format(fmt)
+    cdef const uint8_t[:, ::1] bs
+    cdef const uint8_t *bs_ptr = NULL
+    cdef int64_t bs_ld = 0
+    if d.scale == KTCY_SCALE_IN_BLOCK:
+        bs = np.ascontiguousarray(block_scales, np.uint8)
+        if bs.shape[0] != n or bs.shape[1] != ktcy_k_pad(fmt, k, group) // d.block_k:
+            raise ValueError(f"block scales must be [{n}, {ktcy_k_pad(fmt, k, group) // d.block_k}]")
+        bs_ptr, bs_ld = &bs[0, 0], bs.shape[1]
     cdef int64_t k_pad = ktcy_k_pad(fmt, k, group), n_pad = ktcy_n_pad(n)
     cdef int64_t panels = n_pad // KTCY_PANEL, p
     cdef int64_t ld = codes.shape[1]
@@ -345,6 +377,8 @@ def layout(int fmt, codes, int64_t n, int64_t k, int group=0):
     cdef const void *src = &raw[0, 0] if n > 0 and ld > 0 else NULL
     for p in prange(panels, nogil=True, num_threads=_num_threads, schedule="static"):
         ktcy_layout_panels(fmt, src, ld, n, k, k_pad, p, p + 1, &dv[0], cptr)
+        if bs_ptr != NULL:
+            ktcy_layout_block_scales(fmt, bs_ptr, bs_ld, n, k_pad, p, p + 1, &dv[0])
     return data, colsum
 
 # ---------------------------------------------------------------- activations

@@ -13,6 +13,8 @@ from ktcy.formats import DEFAULT_INT4_GROUP, FORMATS, canonical_format, descript
 _CODE = {name: i for i, name in enumerate(FORMATS)}
 INT8_MAX_K = _native.INT8_MAX_K
 _FLOAT_INPUTS = (np.float32, np.float64, np.float16, ml_dtypes.bfloat16)
+# E2M1 (MXFP4 element) code -> value, written out from the format's definition
+E2M1_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float64)
 
 
 def _padded(fmt, n, k, group):
@@ -76,15 +78,18 @@ class PackedWeight:
         return self._view
 
     def codes(self):
-        """The stored codes as [N, K]: int8 (INT8, INT4), uint8 nibbles 0..15 (INT4_ZP), E4M3 bytes
-        (FP8) or bf16 bits (BF16).  Read back from the block layout with numpy, independently of
-        the C packer."""
+        """The stored codes as [N, K]: int8 (INT8, INT4), uint8 nibbles 0..15 (INT4_ZP, MXFP4's
+        E2M1), E4M3 bytes (FP8) or bf16 bits (BF16).  Read back from the block layout with numpy,
+        independently of the C packer."""
         n, k = self.shape
         d = descriptor(self.format)
         n_pad, k_pad, block_k = _padded(self.format, n, k, self.group_size)
         panels, kb = n_pad // 16, k_pad // block_k
         per_lane = 4 if d["activations"] == "int8" else 2  # K values of a channel in one block row
-        if d["code"] == "u4":
+        if d["code"] == "e2m1":  # row pair q: 32 bytes, row 2q in the low nibbles, 2q+1 in the high
+            raw = self.data.reshape(panels, kb, d["block_bytes"])[:, :, :256].reshape(panels, kb, 8, 1, 32)
+            codes = np.concatenate([raw & 0x0F, raw >> 4], axis=3)
+        elif d["code"] == "u4":
             raw = self.data.reshape(panels, kb, d["block_bytes"])
             codes = np.concatenate([raw & 0x0F, raw >> 4], axis=2)
             if not d["zero_points"]:
@@ -100,6 +105,16 @@ class PackedWeight:
         full = blocks.transpose(0, 3, 1, 2, 4).reshape(n_pad, k_pad)
         return full[:n, :k]
 
+    def block_exponents(self):
+        """MXFP4: the E8M0 scale exponents kept in the blocks, as [N, ceil(K/32)] uint8."""
+        d = descriptor(self.format)
+        if d["scale"] != "e8m0_in_block":
+            raise ValueError(f"{self.format} keeps no scales in its blocks")
+        n, k = self.shape
+        n_pad, k_pad, block_k = _padded(self.format, n, k, self.group_size)
+        tail = self.data.reshape(n_pad // 16, k_pad // block_k, d["block_bytes"])[:, :, 256:]
+        return tail.transpose(0, 2, 1).reshape(n_pad, k_pad // block_k)[:n]
+
     def dequantize(self, dtype=np.float64):
         """W as the kernels see it: codes times scales, exactly (in float64 by default)."""
         n, k = self.shape
@@ -107,6 +122,9 @@ class PackedWeight:
         c = self.codes()
         if d["code"] == "bf16":
             values = c.view(ml_dtypes.bfloat16).astype(dtype)
+        elif d["code"] == "e2m1":
+            return E2M1_VALUES[c].astype(dtype) * np.exp2(np.repeat(self.block_exponents().astype(dtype) - 127,
+                                                                    32, axis=1)[:, :k])
         elif d["code"] == "e4m3":
             values = c.view(ml_dtypes.float8_e4m3fn).astype(dtype)
         else:
@@ -138,6 +156,9 @@ def pack(W, format="INT8", group_size=DEFAULT_INT4_GROUP):
         _refuse_non_finite(w)
         return pack_quantized(_native.to_bf16_bits(w), None, fmt)
     quantized = _native.quantize_weights(_CODE[fmt], w, group)
+    if descriptor(fmt)["scale"] == "e8m0_in_block":
+        codes, exps = quantized
+        return pack_quantized(codes[:, :k], exps, fmt)
     if descriptor(fmt)["zero_points"]:
         codes, scale, zero = quantized
         return pack_quantized((codes[:, :k] + 8).astype(np.uint8), scale, fmt, group_size=group, zero_points=zero)
@@ -156,7 +177,8 @@ def pack_quantized(codes, scale, format, group_size=None, zero_points=None):
     scale [K_pad/group, N_pad] or [N, K/group] (INT4); unsigned codes 0..15 [N,K] + scale and
     zero_points 0..15, each [K_pad/group, N_pad] or [N, K/group] (INT4_ZP: w = s * (q - z));
     E4M3 bytes or float8_e4m3fn [N,K] + scale [N] / [N,1] (FP8 per channel) or
-    [ceil(N/128), ceil(K/128)] (FP8 block); bf16 bits (BF16)."""
+    [ceil(N/128), ceil(K/128)] (FP8 block); bf16 bits (BF16); E2M1 codes 0..15 [N,K] + E8M0
+    exponents uint8 [N, ceil(K/32)] (MXFP4, the scale 2^(e - 127) of each channel's 32 values)."""
     fmt = canonical_format(format)
     d = descriptor(fmt)
     codes = np.asarray(codes)
@@ -173,6 +195,10 @@ def pack_quantized(codes, scale, format, group_size=None, zero_points=None):
         if ((codes & 0x7F80) == 0x7F80).any():
             row = int(np.flatnonzero(((codes & 0x7F80) == 0x7F80).any(axis=1))[0])
             raise ValueError(f"weight row {row} holds NaN or infinity; it cannot be packed")
+    elif code == "e2m1":
+        if not np.issubdtype(codes.dtype, np.integer) or codes.min() < 0 or codes.max() > 15:
+            raise ValueError(f"{fmt} codes must be integers 0..15 (E2M1 bit patterns)")
+        codes = codes.astype(np.uint8)
     elif code == "e4m3":
         if codes.dtype == ml_dtypes.float8_e4m3fn:
             codes = codes.view(np.uint8)
@@ -190,9 +216,13 @@ def pack_quantized(codes, scale, format, group_size=None, zero_points=None):
         if code == "u4" and (codes.min() < -8 or codes.max() > 7):
             raise ValueError(f"{fmt} codes must lie in [-8, 7]")
     kind = d["scale"]
+    block_scales = None
     if kind == "none":
         if scale is not None:
             raise ValueError(f"{fmt} has no scales; got one")
+    elif kind == "e8m0_in_block":
+        block_scales = _e8m0_exponents(scale, codes, n, k, fmt)
+        scale = None
     elif kind == "per_channel":
         scale = _channel_scale(scale, n, n_pad)
     elif kind == "group":
@@ -215,8 +245,29 @@ def pack_quantized(codes, scale, format, group_size=None, zero_points=None):
         scale = np.ascontiguousarray(scale, np.float32)
         if scale.shape != grid:
             raise ValueError(f"{fmt} block scale_inv must be {grid} for a {n}x{k} weight, got {scale.shape}")
-    data, colsum = _native.layout(_CODE[fmt], np.ascontiguousarray(codes), n, k, group)
+    data, colsum = _native.layout(_CODE[fmt], np.ascontiguousarray(codes), n, k, group, block_scales)
     return PackedWeight(fmt, (n, k), data, scale, colsum, group, zero_points if d["zero_points"] else None)
+
+
+def _e8m0_exponents(exps, codes, n, k, fmt):
+    """E8M0 exponents [N, ceil(K/32)] as uint8, refused where a non-zero code would leave the
+    range the kernels decode exactly (or where the exponent is 255, E8M0's NaN)."""
+    if exps is None:
+        raise ValueError(f"{fmt} needs its E8M0 scale exponents [{n}, {-(-k // 32)}]")
+    e = np.asarray(exps)
+    if e.shape != (n, -(-k // 32)) or not np.issubdtype(e.dtype, np.integer) or e.min() < 0 or e.max() > 255:
+        raise ValueError(f"{fmt} scale exponents must be integers 0..255 shaped [{n}, {-(-k // 32)}], "
+                         f"got {e.dtype} {e.shape}")
+    pad = np.zeros((n, e.shape[1] * 32), np.uint8)
+    pad[:, :k] = codes & 7
+    used = pad.reshape(n, -1, 32).any(axis=2)
+    lo, hi = _native.E8M0_RANGE
+    bad = used & ((e < lo) | (e > hi))
+    if bad.any():
+        r, b = (int(v) for v in np.argwhere(bad)[0])
+        raise ValueError(f"{fmt} scale 2^({int(e[r, b])} - 127) of row {r}, K block {b} is outside the range "
+                         f"[2^({lo} - 127), 2^({hi} - 127)] ktcy computes exactly")
+    return e.astype(np.uint8)
 
 
 def _group_major(a, dtype, fill, n, k, group, groups, n_pad, what):

@@ -3,11 +3,14 @@
  * Cython layer exports it to Python (ktcy._native.format_descriptors()).
  *
  * Columns of a row (KTCY_ROW_<id>; <id> is the enum suffix KTCY_FMT_<id> and the Python name):
- *   code          how one weight is stored:  S8 int8 | U4 4-bit code+8 | BF16 bits | E4M3 byte
+ *   code          how one weight is stored:  S8 int8 | U4 4-bit code (+8 when symmetric) | BF16 bits |
+ *                 E4M3 byte | E2M1 4-bit float (MXFP4, OCP microscaling)
  *   block_k       K values of one channel in a packed block (16 channels per block)
  *   block_bytes   bytes of one packed block
  *   act           activations the kernels multiply by: INT8 (per-row symmetric) | BF16
- *   scale         NONE | CHANNEL [n_pad] | GROUP [k_pad/group][n_pad] | BLOCK128 [ceil(n/128)][ceil(k/128)]
+ *   scale         NONE | CHANNEL [n_pad] | GROUP [k_pad/group][n_pad] | BLOCK128 [ceil(n/128)][ceil(k/128)] |
+ *                 IN_BLOCK: E8M0 power-of-two exponents stored inside each block (MXFP4: one per
+ *                 channel and 32 K values, the 16 bytes after the block's 256 code bytes)
  *   groups        allowed group sizes (bit mask of 32/64/128) for GROUP scales, else 0
  *   zero_points   1: each (K group, channel) has a zero point z, w = s * (code - z), stored uint8
  *                 [k_pad/group][n_pad] like the scales; 0: the code's fixed bias (INT4: z = 8)
@@ -25,12 +28,14 @@
 #define KTCY_CODE_U4 1
 #define KTCY_CODE_BF16 2
 #define KTCY_CODE_E4M3 3
+#define KTCY_CODE_E2M1 4
 #define KTCY_ACT_INT8 0
 #define KTCY_ACT_BF16 1
 #define KTCY_SCALE_NONE 0
 #define KTCY_SCALE_CHANNEL 1
 #define KTCY_SCALE_GROUP 2
 #define KTCY_SCALE_BLOCK128 3
+#define KTCY_SCALE_IN_BLOCK 4
 #define KTCY_GROUPS_32_64_128 (32 | 64 | 128)
 
 /*                       code            block_k block_bytes act            scale                groups                 zp colsum */
@@ -40,9 +45,10 @@
 #define KTCY_ROW_FP8_PERCHANNEL KTCY_CODE_E4M3, 32, 512,  KTCY_ACT_BF16, KTCY_SCALE_CHANNEL,  0,                     0, 0
 #define KTCY_ROW_FP8_BLOCK      KTCY_CODE_E4M3, 32, 512,  KTCY_ACT_BF16, KTCY_SCALE_BLOCK128, 0,                     0, 0
 #define KTCY_ROW_INT4_ZP        KTCY_CODE_U4,   64, 512,  KTCY_ACT_INT8, KTCY_SCALE_GROUP,    KTCY_GROUPS_32_64_128, 1, 0
+#define KTCY_ROW_MXFP4          KTCY_CODE_E2M1, 32, 272,  KTCY_ACT_BF16, KTCY_SCALE_IN_BLOCK, 0,                     0, 0
 
 /* Every format, in enum order (the numbers are part of the packed-file metadata: append only). */
-#define KTCY_FORMAT_LIST(X) X(BF16) X(INT8) X(INT4) X(FP8_PERCHANNEL) X(FP8_BLOCK) X(INT4_ZP)
+#define KTCY_FORMAT_LIST(X) X(BF16) X(INT8) X(INT4) X(FP8_PERCHANNEL) X(FP8_BLOCK) X(INT4_ZP) X(MXFP4)
 
 /* One column of a row, usable in #if: KTCY_ROW_COL(BLOCK_K, KTCY_ROW_INT8) -> 64. */
 #define KTCY_COL_CODE(c, bk, bb, act, scale, groups, zp, cs) c

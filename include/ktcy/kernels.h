@@ -48,6 +48,11 @@ typedef struct { __m512i v0, v1; } kt_vec2; /* one AVX-512 operand, or its even/
 #include "gemm_ref_tpl.h"
 #undef KT_GEMM
 #undef KT_TRAITS
+#define KT_GEMM ktcy_gemm_mxfp4_ref
+#define KT_TRAITS "fmt_mxfp4.h"
+#include "gemm_ref_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
 
 /* ---- AVX2 + FMA ---- */
 #define KT_GEMM ktcy_gemm_int8_avx2
@@ -73,6 +78,13 @@ typedef struct { __m512i v0, v1; } kt_vec2; /* one AVX-512 operand, or its even/
 #undef KT_TARGET
 #define KT_GEMM ktcy_gemm_fp8_avx2
 #define KT_TRAITS "fmt_fp8.h"
+#define KT_TARGET __attribute__((target("avx2,fma")))
+#include "gemm_avx2_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#undef KT_TARGET
+#define KT_GEMM ktcy_gemm_mxfp4_avx2
+#define KT_TRAITS "fmt_mxfp4.h"
 #define KT_TARGET __attribute__((target("avx2,fma")))
 #include "gemm_avx2_tpl.h"
 #undef KT_GEMM
@@ -172,6 +184,30 @@ typedef struct { __m512i v0, v1; } kt_vec2; /* one AVX-512 operand, or its even/
 #undef KT_TARGET
 #undef KT_FAST
 #undef KT_VBMI
+#if KTCY_ENABLE_AVX512_BF16
+#define KT_GEMM ktcy_gemm_mxfp4_avx512_bf16
+#define KT_TRAITS "fmt_mxfp4.h"
+#define KT_TARGET __attribute__((target(KTCY_AVX512_BASE ",avx512bf16")))
+#define KT_FAST 1
+#define KT_VBMI 0
+#include "gemm_avx512_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#undef KT_TARGET
+#undef KT_FAST
+#undef KT_VBMI
+#endif
+#define KT_GEMM ktcy_gemm_mxfp4_avx512f
+#define KT_TRAITS "fmt_mxfp4.h"
+#define KT_TARGET __attribute__((target(KTCY_AVX512_BASE)))
+#define KT_FAST 0
+#define KT_VBMI 0
+#include "gemm_avx512_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#undef KT_TARGET
+#undef KT_FAST
+#undef KT_VBMI
 
 /* ---- AMX over the emulated tile unit: always built, never picked automatically ---- */
 #define KT_TARGET
@@ -200,6 +236,11 @@ typedef struct { __m512i v0, v1; } kt_vec2; /* one AVX-512 operand, or its even/
 #undef KT_TRAITS
 #define KT_GEMM ktcy_gemm_amx_emu_fp8
 #define KT_TRAITS "fmt_fp8.h"
+#include "gemm_amx_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#define KT_GEMM ktcy_gemm_amx_emu_mxfp4
+#define KT_TRAITS "fmt_mxfp4.h"
 #include "gemm_amx_tpl.h"
 #undef KT_GEMM
 #undef KT_TRAITS
@@ -248,6 +289,11 @@ static inline void ktcy_amx_forget_config(void) { memset(ktcy_amx_loaded_cfg, 0,
 #undef KT_TRAITS
 #define KT_GEMM ktcy_gemm_amx_fp8
 #define KT_TRAITS "fmt_fp8.h"
+#include "gemm_amx_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#define KT_GEMM ktcy_gemm_amx_mxfp4
+#define KT_TRAITS "fmt_mxfp4.h"
 #include "gemm_amx_tpl.h"
 #undef KT_GEMM
 #undef KT_TRAITS

@@ -45,6 +45,24 @@ static inline uint16_t ktcy_e4m3_to_bf16(uint8_t b) {
 
 #define KTCY_E4M3_MAX 448.0f
 
+/* E2M1 (MXFP4 element: sign, 2 exponent bits, 1 mantissa bit; no inf/NaN) -> bf16 bits.
+ * Magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; every one is exactly a bf16 value. */
+static const uint16_t KTCY_E2M1_TO_BF16[16] = {
+    0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0,
+    0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0};
+
+/* E8M0 exponents e (value 2^(e-127)) for which every E2M1 value times the scale is a normal
+ * bf16, so decoding = adding (e - 127) to the bf16 exponent field is exact (0.5 * 2^(e-127)
+ * >= 2^-126 and 6 * 2^(e-127) < 2^128).  Packing refuses others on non-zero codes. */
+#define KTCY_E8M0_MIN 2
+#define KTCY_E8M0_MAX 252
+
+/* One MXFP4 weight as bf16 bits: code (4 bits) scaled by 2^(e - 127). */
+static inline uint16_t ktcy_mxfp4_to_bf16(uint8_t code, uint8_t e) {
+    const uint16_t v = KTCY_E2M1_TO_BF16[code & 15];
+    return (v & 0x7FFF) ? (uint16_t)((int)v + ((int)e - 127) * 128) : v;
+}
+
 /* float32 -> E4M3, round to nearest even, saturating to +-448 (no code means infinity). */
 static inline uint8_t ktcy_f32_to_e4m3(float f) {
     uint32_t u = ktcy_f32_bits(f);

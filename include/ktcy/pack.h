@@ -15,7 +15,15 @@
  *
  *   U4 (INT4): the 1024 codes of the S8 order, code e in byte e % 512: low nibble for e < 512,
  *   high nibble otherwise, stored as code + 8 (0..15).  One 64-byte load gives rows r and r + 8
- *   by a mask and a shift. */
+ *   by a mask and a shift.
+ *
+ *   E2M1 (MXFP4): the bf16 pair order at 4 bits, then the block's 16 E8M0 scales (272 B):
+ *   bytes 32q .. 32q+31 hold rows 2q (low nibbles) and 2q+1 (high nibbles), q = 0..7
+ *        byte:   0          1          2        ...  31
+ *   low  nib: n0k(4q)   n0k(4q+1)  n1k(4q)   ...  n15k(4q+1)        <- row 2q
+ *   high nib: n0k(4q+2) n0k(4q+3)  n1k(4q+2) ...  n15k(4q+3)        <- row 2q+1
+ *   bytes 256 .. 271: the scale exponent of channels 0..15 for these 32 K values.
+ *   One 32-byte load gives two rows by a mask and a shift. */
 #ifndef KTCY_PACK_H
 #define KTCY_PACK_H
 
@@ -48,6 +56,10 @@ static inline void ktcy_layout_panels(int format, const void *codes, int64_t ld,
                     ((uint16_t *)blk)[ktcy_pair_offset(nn, kin)] = ((const uint16_t *)codes)[row * ld + kk];
                 } else if (kind == KTCY_CODE_E4M3) {
                     blk[ktcy_pair_offset(nn, kin)] = ((const uint8_t *)codes)[row * ld + kk];
+                } else if (kind == KTCY_CODE_E2M1) {
+                    const int64_t r = kin >> 1, byte = (r >> 1) * 32 + nn * 2 + (kin & 1);
+                    const uint8_t code = ((const uint8_t *)codes)[row * ld + kk] & 15;
+                    blk[byte] |= (r & 1) ? (uint8_t)(code << 4) : code;
                 } else {
                     int8_t c = ((const int8_t *)codes)[row * ld + kk];
                     int64_t e = ktcy_int8_offset(nn, kin);
@@ -69,6 +81,22 @@ static inline void ktcy_layout_panels(int format, const void *codes, int64_t ld,
             if (colsum && d->colsum) colsum[row] = sum;
         }
     }
+}
+
+/* MXFP4: writes each block's 16 E8M0 exponents (from exps [n][ceil(k/32)], row stride ld) after
+ * its codes; padding channels get 127 (a scale of 1: their codes are zero anyway). */
+static inline void ktcy_layout_block_scales(int format, const uint8_t *exps, int64_t ld, int64_t n, int64_t k_pad,
+                                            int64_t p0, int64_t p1, uint8_t *dst) {
+    const ktcy_format_desc *d = ktcy_format(format);
+    const int64_t nkb = k_pad / d->block_k, code_bytes = d->block_k * KTCY_PANEL / 2;
+    for (int64_t p = p0; p < p1; ++p)
+        for (int64_t kb = 0; kb < nkb; ++kb) {
+            uint8_t *tail = dst + (p * nkb + kb) * d->block_bytes + code_bytes;
+            for (int64_t nn = 0; nn < KTCY_PANEL; ++nn) {
+                const int64_t row = p * KTCY_PANEL + nn;
+                tail[nn] = row < n && kb < ld ? exps[row * ld + kb] : 127;
+            }
+        }
 }
 
 #endif

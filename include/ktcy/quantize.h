@@ -132,6 +132,42 @@ static inline int64_t ktcy_quantize_int4_zp_rows(const float *w, int64_t ldw, in
     return -1;
 }
 
+/* |v| -> E2M1 magnitude code (0..7), round to nearest with ties to the even code, saturating at 6. */
+static inline uint8_t ktcy_e2m1_magnitude(float a) {
+    return a <= 0.25f ? 0 : a < 0.75f ? 1 : a <= 1.25f ? 2 : a < 1.75f ? 3 : a <= 2.5f ? 4 : a < 3.5f ? 5 : a <= 5.0f ? 6 : 7;
+}
+
+/* MXFP4 (OCP microscaling): per 32 K values of a row, the shared exponent
+ * e = floor(log2(amax)) - 2 (E2M1's largest exponent) + 127, kept inside the range where the
+ * kernels decode exactly; codes are E2M1 of w / 2^(e - 127).  Writes codes [n][ldq] (0..15) and
+ * exps [n][ld_exp].  Returns the first row in [n0, n1) that is not finite, or -1. */
+static inline int64_t ktcy_quantize_mxfp4_rows(const float *w, int64_t ldw, int64_t k, int64_t n0, int64_t n1,
+                                               uint8_t *q, int64_t ldq, uint8_t *exps, int64_t ld_exp) {
+    for (int64_t n = n0; n < n1; ++n) {
+        const float *row = w + n * ldw;
+        if (!ktcy_row_finite(row, k)) return n;
+        for (int64_t k0 = 0, b = 0; k0 < k; k0 += 32, ++b) {
+            const int64_t len = k - k0 < 32 ? k - k0 : 32;
+            const float amax = ktcy_row_amax(row + k0, len);
+            int e = 127;
+            if (amax > 0.0f) {
+                int e2;
+                frexpf(amax, &e2); /* amax = f * 2^e2, f in [0.5, 1): floor(log2 amax) = e2 - 1 */
+                e = e2 - 1 - 2 + 127;
+                e = e < KTCY_E8M0_MIN ? KTCY_E8M0_MIN : e > KTCY_E8M0_MAX ? KTCY_E8M0_MAX : e;
+            }
+            const float inv = ldexpf(1.0f, 127 - e);
+            for (int64_t i = 0; i < len; ++i) {
+                const float v = row[k0 + i] * inv;
+                const uint8_t mag = ktcy_e2m1_magnitude(fabsf(v));
+                q[n * ldq + k0 + i] = (uint8_t)(mag | (v < 0.0f && mag ? 8 : 0));
+            }
+            exps[n * ld_exp + b] = (uint8_t)e;
+        }
+    }
+    return -1;
+}
+
 /* FP8 E4M3 per output channel: scale = amax/448, q = e4m3(w/scale). */
 static inline int64_t ktcy_quantize_fp8_rows(const float *w, int64_t ldw, int64_t k, int64_t n0, int64_t n1,
                                              uint8_t *q, int64_t ldq, float *scale) {

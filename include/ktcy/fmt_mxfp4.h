@@ -1,0 +1,118 @@
+/* MXFP4 traits (OCP microscaling, as GPT-OSS stores its experts): E2M1 codes with one E8M0
+ * power-of-two scale per channel and 32 K values, kept inside each packed block (pack.h).
+ * A code times its scale is exactly a bf16 value (packing guarantees the exponent range), so
+ * every ISA decodes to bf16 with the scale folded in - a table lookup and an add to the
+ * exponent field - and multiplies bf16 activations with float sums, as for BF16: no group
+ * epilogue, and the only rounding is the activations' (why bf16 and not int8 activations: the
+ * weights are exact this way, and int8 activations would add their ~1-3% error on top).
+ * Included by a skeleton instantiation; no include guard. */
+#define KT_ROW KTCY_ROW_MXFP4
+#define KT_FORMATS (1 << KTCY_FMT_MXFP4)
+#include "traits_begin.h"
+
+/* Code and scale of K offset kin (0..31) of channel nn in one block. */
+static inline uint16_t KT_(value)(const uint8_t *blk, int64_t nn, int64_t kin) {
+    const int64_t r = kin >> 1;
+    const uint8_t byte = blk[(r >> 1) * 32 + nn * 2 + (kin & 1)];
+    return ktcy_mxfp4_to_bf16((r & 1) ? byte >> 4 : byte & 15, blk[256 + nn]);
+}
+
+/* Blocks -> 1024-byte bf16 blocks (the BF16 pair order), one value at a time. */
+static inline void KT_(decode_scalar)(const uint8_t *src, uint8_t *dst, int64_t blocks) {
+    for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t *blk = src + b * 272;
+        uint16_t *out = (uint16_t *)(dst + b * 1024);
+        for (int64_t r = 0; r < 16; ++r)
+            for (int64_t j = 0; j < 32; ++j) out[r * 32 + j] = KT_(value)(blk, j >> 1, 2 * r + (j & 1));
+    }
+}
+
+#if KT_SKEL == KT_SKEL_REF
+KT_AI float KT_(code)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) {
+    return ktcy_bf16_to_f32(KT_(value)(w->data + (p * (w->k_pad / 32) + k / 32) * 272, nn, k % 32));
+}
+KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return w->k_pad; }
+KT_AI float KT_(group)(float acc, float part, const ktcy_weight *w, int64_t n, int64_t g) {
+    (void)w; (void)n; (void)g;
+    return acc + part;
+}
+KT_AI float KT_(final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
+    (void)a; (void)w; (void)m; (void)n;
+    return acc;
+}
+
+#elif KT_SKEL == KT_SKEL_AVX2
+#define KT_WKIND KT_W_BF16
+#define KT_PREDECODE 1
+#include "traits_no_groups.h"
+KT_AI void KT_(decode_panels)(const uint8_t *src, uint8_t *dst, int64_t blocks) { KT_(decode_scalar)(src, dst, blocks); }
+KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n0) {
+    (void)facc; (void)a; (void)w; (void)m; (void)n0;
+    return _mm256_castsi256_ps(acc);
+}
+
+#elif KT_SKEL == KT_SKEL_AVX512
+#define KT_WKIND KT_W_BF16
+#define KT_PREDECODE 1
+#define KT_REG_DECODE KT_FAST
+#include "traits_no_groups.h"
+typedef struct { __m512i lut, pairs; } KT_(ctx);
+KT_AI KT_(ctx) KT_(make_ctx)(void) {
+    KT_(ctx) c;
+    uint16_t lut[32], pairs[32];
+    for (int i = 0; i < 32; ++i) { lut[i] = KTCY_E2M1_TO_BF16[i & 15]; pairs[i] = (uint16_t)(i >> 1); }
+    c.lut = _mm512_loadu_si512(lut);
+    c.pairs = _mm512_loadu_si512(pairs);
+    return c;
+}
+/* Rows r, r+1 (r even): the two nibbles of 32 bytes, each looked up as bf16 (vpermw), then the
+ * channel's exponent added to the exponent field of the non-zero values. */
+KT_AI void KT_(rows)(const KT_(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2]) {
+    const __m256i bytes = _mm256_loadu_si256((const __m256i *)(blk + (r >> 1) * 32));
+    const __m256i nib = _mm256_set1_epi8(0x0F);
+    const __m512i e16 = _mm512_cvtepu8_epi16(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 256))));
+    const __m512i shift = _mm512_slli_epi16(_mm512_sub_epi16(_mm512_permutexvar_epi16(c->pairs, e16),
+                                                            _mm512_set1_epi16(127)), 7);
+    const __m512i codes[2] = {_mm512_cvtepu8_epi16(_mm256_and_si256(bytes, nib)),
+                              _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), nib))};
+    _Pragma("GCC unroll 2")
+    for (int h = 0; h < 2; ++h) {
+        const __m512i v = _mm512_permutexvar_epi16(codes[h], c->lut);
+        out[h].v0 = _mm512_mask_add_epi16(v, _mm512_test_epi16_mask(v, _mm512_set1_epi16(0x7FFF)), v, shift);
+    }
+}
+KT_AI void KT_(decode_panels)(const KT_(ctx) *c, const uint8_t *src, uint8_t *dst, int64_t blocks) {
+    for (int64_t b = 0; b < blocks; ++b)
+        _Pragma("GCC unroll 8")
+        for (int r = 0; r < 16; r += 2) {
+            kt_vec2 rows[2];
+            KT_(rows)(c, src + b * 272, r, rows);
+            _mm512_storeu_si512(dst + b * 1024 + r * 64, rows[0].v0);
+            _mm512_storeu_si512(dst + b * 1024 + r * 64 + 64, rows[1].v0);
+        }
+}
+KT_AI __m512 KT_(final)(KT_(acc_t) acc, __m512 facc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n0) {
+    (void)facc; (void)a; (void)w; (void)m; (void)n0;
+    return acc;
+}
+
+#elif KT_SKEL == KT_SKEL_AMX
+/* The np panels decoded once to bf16 blocks (the BF16 tile layout). */
+KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uint8_t *buf) {
+    const int64_t nkb = w->k_pad / 32;
+    KT_(decode_scalar)(w->data + p * nkb * 272, buf, np * nkb);
+    return buf;
+}
+KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return w->k_pad; }
+KT_AI float KT_(tile_group)(float acc, float c, const ktcy_weight *w, int64_t n, int64_t g) {
+    (void)w; (void)n; (void)g;
+    return acc + c;
+}
+KT_AI float KT_(tile_final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
+    (void)a; (void)w; (void)m; (void)n;
+    return acc;
+}
+
+#else
+#error "fmt_mxfp4.h: no traits for this skeleton"
+#endif

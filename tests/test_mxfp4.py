@@ -1,0 +1,122 @@
+"""MXFP4 (OCP microscaling: E2M1 codes, one E8M0 power-of-two scale per channel and 32 K values,
+GPT-OSS's expert format): exact decode on every kernel, the quantizer's rounding, refusals,
+GEMM and MoE accuracy on every ISA, packed files."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+import ktcy
+from conftest import bf16_round, rel_err_rows, runnable_variants
+from ktcy import _native, kernels
+from ktcy.packed_io import load_layer, pack_layer, write_layer
+
+# E2M1 from its definition: sign, exponent bits e (bias 1), mantissa bit m; e = 0 is subnormal.
+E2M1 = np.array([(-1) ** (c >> 3) * ((((c >> 1) & 3) == 0) * (c & 1) * 0.5
+                                     + (((c >> 1) & 3) > 0) * (1 + (c & 1) / 2) * 2.0 ** (((c >> 1) & 3) - 1))
+                 for c in range(16)])
+
+
+def test_definition_table_matches():
+    assert np.array_equal(np.abs(E2M1[:8]), [0, 0.5, 1, 1.5, 2, 3, 4, 6])
+    assert np.array_equal(kernels.E2M1_VALUES, E2M1)
+
+
+def test_every_code_and_exponent_decodes_exactly():
+    lo, hi = _native.E8M0_RANGE
+    codes = np.tile(np.arange(16, dtype=np.uint8), hi - lo + 1)
+    exps = np.repeat(np.arange(lo, hi + 1, dtype=np.uint8), 16)
+    got = _native.mxfp4_to_bf16_bits(codes, exps).view(ml_dtypes.bfloat16).astype(np.float64)
+    assert np.array_equal(got, E2M1[codes] * np.exp2(exps.astype(np.float64) - 127))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 40])  # <= 4 rows decode in registers, more decode panels first
+def test_every_kernel_decodes_exactly(rows):
+    rng = np.random.default_rng(rows)
+    n, k = 48, 96
+    codes = rng.integers(0, 16, (n, k)).astype(np.uint8)
+    exps = rng.integers(100, 150, (n, k // 32)).astype(np.uint8)
+    p = kernels.pack_quantized(codes, exps, "MXFP4")
+    W = E2M1[codes] * np.exp2(np.repeat(exps.astype(np.float64), 32, axis=1) - 127)
+    assert np.array_equal(p.dequantize(), W)
+    eye = np.eye(k, dtype=np.float32)
+    for start in range(0, k, rows):
+        X = eye[start:start + rows]
+        for v in runnable_variants("MXFP4"):
+            assert np.array_equal(kernels.linear_variant(X, p, v), W[:, start:start + rows].T.astype(np.float32)), v
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 16, 32), (3, 40, 100), (17, 80, 200), (64, 64, 1024), (512, 32, 96)])
+def test_gemm_matches_float64_on_every_variant(m, n, k):
+    rng = np.random.default_rng(m + n + k)
+    W = rng.standard_normal((n, k)).astype(np.float32)
+    X = rng.standard_normal((m, k)).astype(np.float32)
+    p = kernels.pack(W, "MXFP4")
+    ref = bf16_round(X).astype(np.float64) @ p.dequantize().T
+    variants = runnable_variants("MXFP4")
+    assert {"mxfp4_ref", "amx_emu_mxfp4"} <= set(variants)
+    for v in variants:
+        assert rel_err_rows(kernels.linear_variant(X, p, v), ref) <= 1e-5, v
+
+
+def test_quantizer_rounds_to_nearest_even_with_the_shared_exponent_rule():
+    rng = np.random.default_rng(9)
+    W = (rng.standard_normal((32, 256)) * np.exp2(rng.integers(-6, 6, (32, 1)))).astype(np.float32)
+    W[0, :32] = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, 7] * 4) * 0.5  # ties, amax 3.5 -> exponent 1 - 2
+    p = kernels.pack(W, "MXFP4")
+    blocks = W.reshape(32, 8, 32).astype(np.float64)
+    amax = np.abs(blocks).max(axis=2)
+    e = np.floor(np.log2(amax)) - 2
+    assert np.array_equal(p.block_exponents().astype(np.float64) - 127, e)
+    scaled = blocks / np.exp2(e)[:, :, None]
+    grid = np.abs(E2M1[:8])
+    dist = np.abs(np.abs(scaled)[..., None] - grid)
+    best = dist.min(axis=-1, keepdims=True)
+    ties_even = np.where(np.isclose(dist, best, rtol=0, atol=0), np.arange(8) % 2, 9)  # prefer even codes on ties
+    expect = np.sign(scaled) * grid[np.argmin(ties_even, axis=-1)]
+    got = p.dequantize().reshape(32, 8, 32) / np.exp2(e)[:, :, None]
+    assert np.array_equal(got, expect)
+
+
+@pytest.mark.parametrize("case", ["nan_exponent", "tiny_exponent", "code_16", "shape"])
+def test_bad_codes_and_exponents_are_refused(case):
+    codes = np.ones((16, 64), np.uint8)
+    exps = np.full((16, 2), 127, np.uint8)
+    if case == "nan_exponent":
+        exps[3, 1] = 255
+    if case == "tiny_exponent":
+        exps[3, 1] = 1
+    if case == "code_16":
+        codes[0, 0] = 16
+    if case == "shape":
+        exps = exps[:, :1]
+    with pytest.raises(ValueError):
+        kernels.pack_quantized(codes, exps, "MXFP4")
+    if case == "tiny_exponent":  # a block of zero codes may carry any exponent
+        codes[3, 32:] = 0
+        kernels.pack_quantized(codes, exps, "MXFP4")
+
+
+def test_moe_on_every_isa_and_packed_file(tmp_path):
+    rng = np.random.default_rng(11)
+    E, k, H, I = 4, 2, 160, 96
+    gate, up = (rng.standard_normal((E, I, H), np.float32) * 0.05 for _ in range(2))
+    down = rng.standard_normal((E, H, I), np.float32) * 0.05
+    x = rng.standard_normal((5, H)).astype(np.float32)
+    ids = np.array([[0, 1], [2, 3], [1, 1], [3, 0], [2, 0]])
+    w = rng.random((5, k)).astype(np.float32)
+    outs = {}
+    for isa in [i for i in ktcy.available_isas() if i != "amx"] + ["amx_emu"]:
+        layer = ktcy.MoE.from_weights(ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig("MXFP4"), isa=isa), gate, up, down)
+        outs[isa] = layer.forward(x, ids, w)
+    silu = lambda v: v / (1 + np.exp(-v))  # noqa: E731
+    dq = {name: [getattr(layer, name)[e].dequantize() for e in range(E)] for name in ("gate", "up", "down")}
+    xb = bf16_round(x).astype(np.float64)
+    exact = sum(w[:, j:j + 1] * np.stack([
+        bf16_round((silu(xb[t] @ dq["gate"][e].T) * (xb[t] @ dq["up"][e].T)).astype(np.float32)).astype(np.float64)
+        @ dq["down"][e].T for t, e in enumerate(ids[:, j])]) for j in range(k))
+    for isa, y in outs.items():
+        assert np.linalg.norm(y - exact) / np.linalg.norm(exact) < 4e-3, isa
+    experts = {e: {p: (a[e], None) for p, a in (("gate", gate), ("up", up), ("down", down))} for e in range(E)}
+    path = str(tmp_path / "l.safetensors")
+    write_layer(path, pack_layer(E, "MXFP4", 0, experts.__getitem__), "MXFP4", 0, E, k, H, I, 0)
+    assert np.array_equal(load_layer(path, isa="ref").forward(x, ids, w), outs["ref"])
