@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 
-from ktcy.checkpoint import Checkpoint
+from ktcy.checkpoint import Checkpoint, config_int
 from ktcy.config import MoeConfig, QuantConfig
 from ktcy.formats import canonical_format, fp8_scale_kind
 from ktcy.kernels import as_float32_matrix
@@ -170,31 +170,33 @@ class MoEModel:
         rule = self._rule_for(name)
         backend = forced_backend or (rule.backend if rule is not None and rule.backend else None) or self.default_backend
         experts = experts_from_checkpoint(ckpt, L, backend, self.isa)
-        cfg = arch.raw
+        bias_name = f"{layer.mlp_prefix}.gate.e_score_correction_bias"
         router = Router(
-            kind=router_kind(cfg, layer.mlp_prefix), weight=np.asarray(ckpt.get(f"{layer.mlp_prefix}.gate.weight"), np.float32),
-            top_k=arch.top_k, norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
-            bias=(np.asarray(ckpt.get(f"{layer.mlp_prefix}.gate.e_score_correction_bias"))
-                  if f"{layer.mlp_prefix}.gate.e_score_correction_bias" in ckpt else None),
-            n_group=int(cfg.get("n_group") or 1), topk_group=int(cfg.get("topk_group") or 1),
-            routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0))
+            kind=router_kind(arch.raw, layer.mlp_prefix), weight=np.asarray(ckpt.get(f"{layer.mlp_prefix}.gate.weight"), np.float32),
+            top_k=arch.top_k, bias=np.asarray(ckpt.get(bias_name)) if bias_name in ckpt else None,
+            **arch.router_settings())
         if router.weight.shape != (arch.num_experts, arch.hidden_size):
             raise CheckpointError(f"{layer.mlp_prefix}.gate.weight: shape {router.weight.shape}, "
                                   f"expected {(arch.num_experts, arch.hidden_size)}")
+        if router.bias is not None and router.bias.shape != (arch.num_experts,):
+            raise CheckpointError(f"{bias_name}: shape {router.bias.shape}, expected {(arch.num_experts,)}")
         if router.kind == "deepseek_v3" and arch.num_experts % router.n_group:
-            raise CheckpointError(f"config.json: n_group {router.n_group} does not divide {arch.num_experts} experts")
+            raise CheckpointError(f"{arch.source}: n_group {router.n_group} does not divide {arch.num_experts} experts")
         shared = self._shared(layer, experts.format, backend)
         return MoEBlock(name, L, router, experts, shared, rule, backend)
 
     def _shared(self, layer, fmt, backend):
         ckpt, cfg, H = self.checkpoint, self.checkpoint.arch.raw, self.checkpoint.arch.hidden_size
         p = layer.mlp_prefix
+        where = self.checkpoint.arch.source
         if f"{p}.shared_experts.gate_proj.weight" in ckpt:       # DeepSeek
             name, gate = f"{p}.shared_experts", None
-            inter = ckpt.arch.intermediate_size * int(cfg.get("n_shared_experts") or 1)
+            inter = ckpt.arch.intermediate_size * config_int(cfg, where, "n_shared_experts", default=1)
         elif f"{p}.shared_expert.gate_proj.weight" in ckpt:      # Qwen2-MoE
             name, gate = f"{p}.shared_expert", ckpt.get(f"{p}.shared_expert_gate.weight")
-            inter = int(cfg.get("shared_expert_intermediate_size") or 0)
+            inter = config_int(cfg, where, "shared_expert_intermediate_size")
+            if gate.size != H:
+                raise CheckpointError(f"{p}.shared_expert_gate.weight: shape {gate.shape}, expected (1, {H})")
         else:
             return None
         pairs = layer.dense_mlp(name, H, inter)
