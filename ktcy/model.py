@@ -7,6 +7,7 @@ Contract (used from outside the repo): ``MoEModel.from_pretrained``, ``model.blo
 import logging
 import os
 import re
+from typing import Iterable, List, Optional
 
 import numpy as np
 
@@ -14,8 +15,9 @@ from ktcy.checkpoint import Checkpoint, config_int
 from ktcy.config import MoeConfig, QuantConfig
 from ktcy.formats import canonical_format, fp8_scale_kind
 from ktcy.kernels import as_float32_matrix
-from ktcy.loading import experts_from_checkpoint, is_converted, source_for
+from ktcy.loading import PathLike, experts_from_checkpoint, is_converted, source_for
 from ktcy.moe import MoE
+from ktcy.paths import MAX_CONFIG_BYTES, read_small_text, resolve_model_path
 from ktcy.routing import Router, router_kind
 from ktcy.safetensors_io import CheckpointError
 
@@ -60,6 +62,31 @@ class Rule:
         return self.pattern is not None and self.pattern.match(block_name) is not None
 
 
+def _layer_list(layers):
+    if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
+        raise TypeError(f"layers must be an iterable of layer numbers, got {type(layers).__name__}")
+    chosen = list(layers)
+    for L in chosen:
+        if not isinstance(L, int) or isinstance(L, bool):
+            raise TypeError(f"layers must hold integers, got {L!r:.40}")
+    return chosen
+
+
+def _ranges(numbers):
+    """[1, 2, 3, 5] -> "1-3,5" (a model's layer list in one short field)."""
+    out, run = [], []
+    for n in sorted(numbers):
+        if run and n == run[-1] + 1:
+            run.append(n)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [n]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out) or "none"
+
+
 def load_rules(rules):
     """Rules from a YAML file path, YAML text, or a list of dicts."""
     if rules is None:
@@ -67,9 +94,11 @@ def load_rules(rules):
     if isinstance(rules, (str, os.PathLike)):
         import yaml
         text = rules
-        if os.path.exists(rules):
-            with open(rules) as f:
-                text = f.read()
+        candidate = os.path.expanduser(os.fspath(rules))
+        if "\n" not in candidate and "\0" not in candidate and os.path.lexists(candidate):
+            text = read_small_text(candidate, MAX_CONFIG_BYTES)
+        elif not isinstance(rules, str):
+            raise RuleError(f"rules file {candidate} does not exist")
         try:
             rules = yaml.safe_load(text)
         except yaml.YAMLError as e:
@@ -115,6 +144,13 @@ class MoEBlock:
 
     __call__ = forward
 
+    def __repr__(self):
+        cfg = self.experts.config
+        return (f"MoEBlock({self.name!r}, layer={self.layer}, experts={cfg.num_experts}, top_k={cfg.top_k}, "
+                f"hidden_size={cfg.hidden_size}, intermediate_size={cfg.intermediate_size}, "
+                f"format={self.experts.format}, isa={self.experts.isa}, router={self.router.kind}, "
+                f"shared_experts={self.shared is not None})")
+
     def _hidden(self, h):
         h = as_float32_matrix(h, "hidden states")
         if h.shape[1] != self.experts.config.hidden_size:
@@ -143,22 +179,51 @@ class MoEModel:
         self.default_backend, self.isa = default_backend, isa
 
     @classmethod
-    def from_pretrained(cls, path, rules=None, backend=None, layers=None, isa=None):
-        """rules: YAML file/text or list of dicts (first match wins); backend: for blocks no rule
-        gives one (None keeps the checkpoint's precision); layers: which MoE layers to build."""
-        if is_converted(os.fspath(path)):
+    def from_pretrained(cls, path: PathLike, rules=None, backend: Optional[str] = None,
+                        layers: Optional[Iterable[int]] = None, isa: Optional[str] = None) -> "MoEModel":
+        """Every MoE block of a Hugging Face checkpoint.
+
+        Parameters
+          path: checkpoint folder (config.json + safetensors), `~/...`, or a hub id already in the
+            local Hugging Face cache (nothing is downloaded).  A folder written by `ktcy convert`
+            holds experts only and is refused.
+          rules: optimize rules (YAML file path, YAML text or list of dicts, first match wins)
+            choosing each block's backend by block name.
+          backend: format/backend for blocks no rule names (None keeps the stored precision).
+          layers: which MoE layers to build (default: all of them).
+          isa: force one instruction set for every block (None: the best this CPU runs).
+
+        Returns a MoEModel whose .blocks maps block names to MoEBlock.
+
+        Raises CheckpointError for a missing/malformed checkpoint or a layer that is not an MoE
+        layer; RuleError for unusable rules; ValueError for an unknown backend; TypeError for a
+        path or layers of the wrong type."""
+        path = resolve_model_path(path)
+        if is_converted(path):
             raise CheckpointError(f"{path}: a converted folder holds experts only; MoEModel needs the original "
                                   "checkpoint (routers, shared experts) - use ktcy.load_experts for the experts")
         if backend is not None:
             canonical_format(backend)
         ckpt = Checkpoint(path)
         parsed = load_rules(rules)
-        chosen = list(ckpt.arch.moe_layers) if layers is None else list(layers)
+        chosen = list(ckpt.arch.moe_layers) if layers is None else _layer_list(layers)
         model = cls(ckpt, {}, parsed, backend, isa)
         for L in chosen:
             block = model._build(L, None)
             model.blocks[block.name] = block
         return model
+
+    def __repr__(self):
+        arch = self.checkpoint.arch
+        names = self.checkpoint.config.get("architectures") if isinstance(self.checkpoint.config, dict) else None
+        kind = names[0] if isinstance(names, list) and names and isinstance(names[0], str) else "unknown"
+        layers = [b.layer for b in self.blocks.values()]
+        formats = sorted({b.experts.format for b in self.blocks.values()})
+        isas = sorted({b.experts.isa for b in self.blocks.values()})
+        return (f"MoEModel(architecture={kind}, path={self.checkpoint.path!r}, blocks={len(layers)}, "
+                f"layers={_ranges(layers)}, experts={arch.num_experts}, top_k={arch.top_k}, "
+                f"hidden_size={arch.hidden_size}, intermediate_size={arch.intermediate_size}, "
+                f"formats={'/'.join(formats) or '-'}, isa={'/'.join(isas) or '-'})")
 
     def _rule_for(self, name):
         return next((r for r in self.rules if r.matches(name)), None)
@@ -205,9 +270,15 @@ class MoEModel:
         config = MoeConfig(1, 1, H, inter, QuantConfig(fmt), backend=backend, isa=self.isa)
         return SharedExpert(MoE.from_experts(config, source_for(fmt, stored, lambda e: pairs)), gate)
 
-    def inject_expert_backend(self, layer_regex, backend):
-        """Re-packs the experts of every block whose name matches layer_regex (from its start) in
-        `backend`; returns the names changed."""
+    def inject_expert_backend(self, layer_regex: str, backend: str) -> List[str]:
+        """Re-packs the routed experts of every block whose name matches layer_regex (re.match,
+        from the start of the name, e.g. r"model\\.layers\\.[0-9]\\.") in `backend` (a format or
+        KTransformers backend name such as "AMXINT8"); routers and shared experts stay as they are.
+
+        Returns the names of the blocks changed (empty when none matched).
+
+        Raises RuleError for an invalid regex; ValueError for an unknown backend; CheckpointError
+        if the checkpoint cannot be read again."""
         try:
             pattern = re.compile(layer_regex)
         except re.error as e:
