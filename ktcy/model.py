@@ -258,8 +258,8 @@ class MoEModel:
             name, gate = f"{p}.shared_experts", None
             inter = ckpt.arch.intermediate_size * config_int(cfg, where, "n_shared_experts", default=1)
         elif f"{p}.shared_expert.gate_proj.weight" in ckpt:      # Qwen2-MoE
-            name, gate = f"{p}.shared_expert", ckpt.get(f"{p}.shared_expert_gate.weight")
             inter = config_int(cfg, where, "shared_expert_intermediate_size")
+            name, gate = f"{p}.shared_expert", ckpt.get(f"{p}.shared_expert_gate.weight")
             if gate.size != H:
                 raise CheckpointError(f"{p}.shared_expert_gate.weight: shape {gate.shape}, expected (1, {H})")
         else:

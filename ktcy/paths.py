@@ -43,7 +43,7 @@ def looks_like_hub_id(path):
     return bool(_HUB_ID.fullmatch(path)) and ".." not in path
 
 
-def resolve_model_path(path, what="checkpoint"):
+def resolve_model_path(path, what="path"):
     """The folder `path` names: `~` expanded; a hub id such as "Qwen/Qwen3-30B-A3B" that is not
     an existing path is looked up in the local Hugging Face cache (snapshot named by refs/main).
     Nothing is downloaded: a missing id is a CheckpointError with the command that fetches it."""
