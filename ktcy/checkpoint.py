@@ -145,8 +145,11 @@ class Checkpoint:
         weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"{index}: malformed index (no weight_map object)")
-        for shard in set(weight_map.values()):
-            confined_file(self.path, shard, self._roots, index)
+        checked = set()
+        for shard in weight_map.values():
+            if not isinstance(shard, str) or shard not in checked:
+                confined_file(self.path, shard, self._roots, index)  # refuses a shard name that is not a string
+                checked.add(shard)
         return weight_map
 
     def _scan_files(self):
