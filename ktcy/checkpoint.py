@@ -1,6 +1,7 @@
 """Hugging Face MoE checkpoints: config.json, single-file or sharded safetensors, and the usual
 names of routed-expert tensors (per-expert Qwen/DeepSeek/OLMoE, Mixtral w1/w3/w2, fused
 gate_up_proj), in BF16, F16, F32 or F8_E4M3 with per-channel or block scales."""
+import numbers
 import os
 import re
 from dataclasses import dataclass
@@ -22,6 +23,13 @@ _EXPERT_INDEX = re.compile(r"^(.*\.experts)\.(\d{1,9})\.")
 
 def _is_int(v):
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def layer_number(L, what="layer"):
+    """L as a Python int (numpy integers welcome); TypeError for anything else."""
+    if isinstance(L, bool) or not isinstance(L, numbers.Integral):
+        raise TypeError(f"{what} must be an integer, got {type(L).__name__}")
+    return int(L)
 
 
 def _first(cfg, *names):
@@ -208,8 +216,7 @@ class Checkpoint:
 
     def layer(self, L):
         """The routed experts of decoder layer L."""
-        if not _is_int(L):
-            raise TypeError(f"layer must be an integer, got {type(L).__name__}")
+        L = layer_number(L)
         if L not in self.arch.moe_layers:
             raise CheckpointError(f"{self.path}: layer {L} is not an MoE layer (MoE layers: "
                                   f"{list(self.arch.moe_layers)[:8]}{'...' if len(self.arch.moe_layers) > 8 else ''})")

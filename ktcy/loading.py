@@ -6,7 +6,7 @@ Contract (used from outside the repo): ``load_experts(path, layer, method=None, 
 import os
 from typing import Callable, Optional, Union
 
-from ktcy.checkpoint import Checkpoint, dequantize
+from ktcy.checkpoint import Checkpoint, dequantize, layer_number
 from ktcy.config import MoeConfig, QuantConfig
 from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format
 from ktcy.moe import MoE
@@ -49,11 +49,11 @@ def load_experts(path: PathLike, layer: int, method: Optional[str] = None, isa: 
     converted folder, naming the file; ValueError for an unknown method or a group_size that
     does not apply; TypeError for a path or layer of the wrong type."""
     path = resolve_model_path(path)
-    if not isinstance(layer, int) or isinstance(layer, bool):
-        raise TypeError(f"layer must be an integer, got {type(layer).__name__}")
-    if group_size is not None and (not isinstance(group_size, int) or isinstance(group_size, bool)
-                                   or group_size not in INT4_GROUP_SIZES):
-        raise ValueError(f"group_size must be one of {INT4_GROUP_SIZES} (INT4 only), got {group_size!r}")
+    layer = layer_number(layer)
+    if group_size is not None:
+        group_size = layer_number(group_size, "group_size")
+        if group_size not in INT4_GROUP_SIZES:
+            raise ValueError(f"group_size must be one of {INT4_GROUP_SIZES} (INT4 only), got {group_size!r}")
     if is_converted(path):
         return _load_converted(path, layer, method, isa, group_size)
     return experts_from_checkpoint(Checkpoint(path), layer, method, isa, group_size, progress)

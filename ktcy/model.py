@@ -11,7 +11,7 @@ from typing import Iterable, List, Optional
 
 import numpy as np
 
-from ktcy.checkpoint import Checkpoint, config_int
+from ktcy.checkpoint import Checkpoint, config_int, layer_number
 from ktcy.config import MoeConfig, QuantConfig
 from ktcy.formats import canonical_format, fp8_scale_kind
 from ktcy.kernels import as_float32_matrix
@@ -65,26 +65,18 @@ class Rule:
 def _layer_list(layers):
     if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
         raise TypeError(f"layers must be an iterable of layer numbers, got {type(layers).__name__}")
-    chosen = list(layers)
-    for L in chosen:
-        if not isinstance(L, int) or isinstance(L, bool):
-            raise TypeError(f"layers must hold integers, got {L!r:.40}")
-    return chosen
+    return [layer_number(L, "each of layers") for L in layers]
 
 
 def _ranges(numbers):
     """[1, 2, 3, 5] -> "1-3,5" (a model's layer list in one short field)."""
-    out, run = [], []
+    runs = []
     for n in sorted(numbers):
-        if run and n == run[-1] + 1:
-            run.append(n)
-            continue
-        if run:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [n]
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(out) or "none"
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs) or "none"
 
 
 def load_rules(rules):
@@ -205,6 +197,7 @@ class MoEModel:
         if backend is not None:
             canonical_format(backend)
         ckpt = Checkpoint(path)
+        ckpt.arch.router_settings()  # refuses bad router values before any expert is packed
         parsed = load_rules(rules)
         chosen = list(ckpt.arch.moe_layers) if layers is None else _layer_list(layers)
         model = cls(ckpt, {}, parsed, backend, isa)

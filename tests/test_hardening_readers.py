@@ -157,6 +157,7 @@ def test_group_size_is_never_ignored_on_a_checkpoint(tmp_path):
         ktcy.load_experts(tmp_path, 1, method="INT4", group_size=48)
     g32 = ktcy.load_experts(tmp_path, 1, method="INT4", group_size=32)
     assert g32.config.quant_config.group_size == 32
+    assert same_layer(ktcy.load_experts(tmp_path, np.int64(1), method="INT4", group_size=np.int32(32)), g32)
 
 
 # --- item 11: bounded reads, regular files only, no loop over a claimed layer count -----------
@@ -503,5 +504,6 @@ def test_layers_argument_is_type_checked(tmp_path):
     add_routers(tmp_path)
     with pytest.raises(TypeError, match="layers must be an iterable"):
         ktcy.MoEModel.from_pretrained(tmp_path, layers=1)
-    with pytest.raises(TypeError, match="layers must hold integers"):
+    with pytest.raises(TypeError, match="each of layers must be an integer"):
         ktcy.MoEModel.from_pretrained(tmp_path, layers=["1"])
+    assert list(ktcy.MoEModel.from_pretrained(tmp_path, layers=np.arange(2, 3)).blocks) == ["model.layers.2.mlp.experts"]
