@@ -194,6 +194,8 @@ def write(path, tensors, metadata=None):
     """Writes {name: array} (C order) with string metadata, via a temporary name and a rename."""
     header, offset, arrays = {}, 0, []
     for name, array in tensors.items():
+        if not isinstance(name, str) or name == "__metadata__":
+            raise ValueError(f"tensor name {name!r} cannot be stored (a str other than __metadata__)")
         a = np.ascontiguousarray(array)
         if a.dtype not in _NAMES:
             raise TypeError(f"{name}: dtype {a.dtype} has no safetensors name")

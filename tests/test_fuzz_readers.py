@@ -467,12 +467,16 @@ def run_c_path_fuzz(folder, examples):
             try:
                 y = ktcy.load_experts(path, 1, method=method).forward(x, ids, w)
             except ValueError:  # CheckpointError is one
+                tally["refused"] += 1
                 return
+            tally["accepted"] += 1
             if not edits and not shard_edits:
                 assert np.array_equal(y, expected[method])
             assert y.shape == (3, 64)
 
+    tally = {"accepted": 0, "refused": 0}
     one()
+    print(json.dumps(tally))
 
 
 def c_path_fuzz(base_checkpoint, examples, timeout):
@@ -482,6 +486,8 @@ def c_path_fuzz(base_checkpoint, examples, timeout):
            f"t.run_c_path_fuzz({folder!r}, {examples})"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, f"child exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    tally = json.loads(r.stdout.strip().splitlines()[-1])
+    assert tally["accepted"] > 0 and tally["refused"] > 0, tally  # both outcomes were exercised
 
 
 def test_fuzz_load_and_forward_in_a_subprocess(base_checkpoint):

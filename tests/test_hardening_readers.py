@@ -307,6 +307,13 @@ def test_well_formed_files_still_read(tmp_path):
     assert SafetensorsFile(tmp_path / "padded.safetensors").shape("b") == (2,)
 
 
+def test_writer_refuses_names_the_reader_would_misread(tmp_path):
+    for name in ("__metadata__", 3):
+        with pytest.raises(ValueError, match="cannot be stored"):
+            write(tmp_path / "x.safetensors", {name: np.zeros(2, np.float32)})
+    assert not os.path.exists(tmp_path / "x.safetensors")
+
+
 def test_malformed_shard_in_a_checkpoint_names_file_and_tensor(tmp_path):
     make_checkpoint(tmp_path)
     path = tmp_path / "model.safetensors"
