@@ -455,11 +455,13 @@ def hub_snapshot(cache, repo_id, revision="0123456789abcdef0123456789abcdef01234
     return snap
 
 
-@pytest.mark.parametrize("env", ["HF_HUB_CACHE", "HF_HOME"])
-def test_hub_id_is_found_in_the_local_cache(tmp_path, monkeypatch, env):
-    cache = tmp_path / "hub"
+@pytest.mark.parametrize("env,cache", [("HF_HUB_CACHE", "hub"), ("HF_HOME", "hub"),
+                                       ("XDG_CACHE_HOME", "huggingface/hub"), ("HOME", ".cache/huggingface/hub")])
+def test_hub_id_is_found_in_the_local_cache(tmp_path, monkeypatch, env, cache):
+    cache = tmp_path / cache
     snap = hub_snapshot(cache, "Org/Tiny-MoE")
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    for var in ("HF_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv(env, str(cache if env == "HF_HUB_CACHE" else tmp_path))
     assert same_layer(ktcy.load_experts("Org/Tiny-MoE", 1), ktcy.load_experts(snap, 1))
     assert Checkpoint("Org/Tiny-MoE").path == str(snap)
@@ -472,6 +474,21 @@ def test_unknown_hub_id_is_refused_with_a_hint(tmp_path, monkeypatch):
         ktcy.load_experts("Qwen/Qwen3-30B-A3B", 1)
     with pytest.raises(CheckpointError, match="huggingface-cli download"):
         ktcy.MoEModel.from_pretrained("Qwen/Qwen3-30B-A3B")
+
+
+def test_hub_snapshot_choice_without_or_with_a_stale_refs_main(tmp_path, monkeypatch):
+    cache = tmp_path / "hub"
+    snap = hub_snapshot(cache, "Org/Tiny")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    refs = cache / "models--Org--Tiny" / "refs" / "main"
+    refs.write_text("feedface")
+    with pytest.raises(CheckpointError, match="names revision feedface, but .* is missing"):
+        ktcy.load_experts("Org/Tiny", 1)
+    os.remove(refs)  # the only snapshot is used
+    assert Checkpoint("Org/Tiny").path == str(snap)
+    os.mkdir(snap.parent / "feedface")
+    with pytest.raises(CheckpointError, match="several cached revisions"):
+        ktcy.load_experts("Org/Tiny", 1)
 
 
 @pytest.mark.parametrize("ref", ["../../../etc", "/abs", "a/b", ""])
