@@ -169,7 +169,8 @@ def require_folder(path, what="checkpoint"):
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
-        raise CheckpointError(f"{path}: no such {what} folder") from None
+        raise CheckpointError(f"{path}: not a folder (nothing exists there); a {what} is a folder holding "
+                              "config.json and .safetensors files") from None
     except OSError as e:
         raise CheckpointError(f"{path}: cannot open ({e.strerror})") from None
     if not stat.S_ISDIR(mode):

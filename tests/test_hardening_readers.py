@@ -371,7 +371,7 @@ def test_symlinks_inside_the_folder_are_fine(tmp_path):
 # --- item 15: wrong exception types become CheckpointError with the file named ----------------
 
 def test_checkpoint_path_errors(tmp_path):
-    with pytest.raises(CheckpointError, match="no such checkpoint folder"):
+    with pytest.raises(CheckpointError, match=r"missing: not a folder \(nothing exists there\)"):
         ktcy.load_experts(tmp_path / "missing", 1)
     (tmp_path / "file").write_text("x")
     with pytest.raises(CheckpointError, match="not a folder"):
