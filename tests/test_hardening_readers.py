@@ -188,13 +188,18 @@ def test_fifo_as_a_shard_fails_at_once(tmp_path):
         ktcy.load_experts(tmp_path, 1)
 
 
-def test_oversized_json_is_refused_before_reading(tmp_path):
-    make_checkpoint(tmp_path)
-    with open(tmp_path / "config.json", "r+b") as f:
-        f.seek(5 * 2**20)
-        f.write(b" ")  # a sparse 5 MiB file: the size alone must refuse it
-    with time_limit(5), pytest.raises(CheckpointError, match=r"config.json: \d+ bytes, more than"):
-        Checkpoint(tmp_path)
+@pytest.mark.parametrize("which,size", [("config.json", 5 * 2**20), ("model.safetensors.index.json", 65 * 2**20),
+                                        ("ktcy_model.json", 5 * 2**20)])
+def test_oversized_json_is_refused_before_reading(tmp_path, which, size):
+    make_checkpoint(tmp_path, shards=2)
+    if which == "ktcy_model.json":
+        convert_mod.convert(tmp_path, tmp_path / "packed", method="INT8", progress=QUIET)
+    target = tmp_path / ("packed" if which == "ktcy_model.json" else "") / which
+    with open(target, "r+b") as f:
+        f.seek(size)
+        f.write(b" ")  # a sparse file: its size alone must refuse it, before anything is read
+    with time_limit(5), pytest.raises(CheckpointError, match=rf"{which}: \d+ bytes, more than"):
+        ktcy.load_experts(target.parent, 1)
 
 
 @pytest.mark.parametrize("layers", [10**8, 10**12, 10**30])
