@@ -1,24 +1,76 @@
 """Hugging Face MoE checkpoints: config.json, single-file or sharded safetensors, and the usual
 names of routed-expert tensors (per-expert Qwen/DeepSeek/OLMoE, Mixtral w1/w3/w2, fused
 gate_up_proj), in BF16, F16, F32 or F8_E4M3 with per-channel or block scales."""
-import json
+import numbers
 import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from ktcy.formats import fp8_scale_kind
 from ktcy.kernels import expand_block_scale
+from ktcy.paths import (MAX_CONFIG_BYTES, MAX_INDEX_BYTES, allowed_roots, confined_file, read_json,
+                        require_folder, resolve_model_path)
 from ktcy.safetensors_io import CheckpointError, SafetensorsFile
 
 PREFIXES = ("", "language_model.", "model.language_model.")
+# No released model comes near this; it bounds the layer loop for a config read on its own.
+MAX_LAYERS = 100_000
+_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d{1,9})\.")
+_EXPERT_INDEX = re.compile(r"^(.*\.experts)\.(\d{1,9})\.")
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def layer_number(L, what="layer"):
+    """L as a Python int (numpy integers welcome); TypeError for anything else."""
+    if isinstance(L, bool) or not isinstance(L, numbers.Integral):
+        raise TypeError(f"{what} must be an integer, got {type(L).__name__}")
+    return int(L)
 
 
 def _first(cfg, *names):
+    """(key, value) of the first of names that cfg sets (value not None), else (names[0], None)."""
     for n in names:
         if cfg.get(n) is not None:
-            return cfg[n]
-    return None
+            return n, cfg[n]
+    return names[0], None
+
+
+def config_int(cfg, where, *names, minimum=1, default=None, maximum=None):
+    """An integer setting (the first of its spellings that is set) checked for type and range;
+    CheckpointError naming the file and the key otherwise."""
+    key, value = _first(cfg, *names)
+    if value is None:
+        if default is not None:
+            return default
+        raise CheckpointError(f"{where}: {' / '.join(names)} is missing")
+    if not _is_int(value) or value < minimum or (maximum is not None and value > maximum):
+        bound = f"an integer >= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
+        raise CheckpointError(f"{where}: {key} must be {bound}, got {value!r:.60}")
+    return value
+
+
+def config_number(cfg, where, key, default, positive=True):
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not np.isfinite(value) \
+            or (positive and value <= 0):
+        raise CheckpointError(f"{where}: {key} must be a finite {'positive ' if positive else ''}number, got {value!r:.60}")
+    return float(value)
+
+
+def config_bool(cfg, where, key, default=False):
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise CheckpointError(f"{where}: {key} must be true or false, got {value!r:.60}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -30,68 +82,120 @@ class MoEArchitecture:
     num_layers: int
     moe_layers: tuple
     raw: dict
+    source: str = "config.json"
 
     @classmethod
-    def from_config(cls, cfg, where="config.json"):
-        if isinstance(cfg.get("text_config"), dict) and _first(cfg, "hidden_size") is None:
+    def from_config(cls, cfg, where="config.json", stored_layers=None):
+        """The MoE shape of a config.json (already parsed), every value the readers use checked.
+        stored_layers (the layer count the checkpoint's tensors show) bounds num_hidden_layers
+        before anything loops over layers."""
+        if not isinstance(cfg, dict):
+            raise CheckpointError(f"{where}: expected a JSON object, got {type(cfg).__name__}")
+        if isinstance(cfg.get("text_config"), dict) and cfg.get("hidden_size") is None:
             cfg = cfg["text_config"]  # multimodal wrappers nest the language model's config
-        experts = _first(cfg, "num_experts", "num_local_experts", "n_routed_experts")
-        top_k = _first(cfg, "num_experts_per_tok")
-        hidden = _first(cfg, "hidden_size")
-        inter = _first(cfg, "moe_intermediate_size", "intermediate_size")
-        layers = _first(cfg, "num_hidden_layers")
-        for name, value in (("num_experts / num_local_experts / n_routed_experts", experts),
-                            ("num_experts_per_tok", top_k), ("hidden_size", hidden),
-                            ("moe_intermediate_size / intermediate_size", inter), ("num_hidden_layers", layers)):
-            if not isinstance(value, int) or value < 1:
-                raise CheckpointError(f"{where}: {name} is missing or not a positive integer ({value!r})")
-        dense = set(cfg.get("mlp_only_layers") or [])
-        step = cfg.get("decoder_sparse_step") or 1
-        first_dense = cfg.get("first_k_dense_replace") or 0
-        freq = cfg.get("moe_layer_freq") or 1
+        experts = config_int(cfg, where, "num_experts", "num_local_experts", "n_routed_experts")
+        top_k = config_int(cfg, where, "num_experts_per_tok", maximum=experts)
+        hidden = config_int(cfg, where, "hidden_size")
+        inter = config_int(cfg, where, "moe_intermediate_size", "intermediate_size")
+        layers = config_int(cfg, where, "num_hidden_layers", maximum=MAX_LAYERS)
+        if stored_layers is not None and layers > stored_layers:
+            raise CheckpointError(f"{where}: num_hidden_layers is {layers}, but the checkpoint's tensors cover "
+                                  f"{stored_layers} layers")
+        dense = cfg.get("mlp_only_layers")
+        if dense is None:
+            dense = []
+        if not isinstance(dense, list) or not all(_is_int(L) and 0 <= L < layers for L in dense):
+            raise CheckpointError(f"{where}: mlp_only_layers must be a list of layer numbers in [0, {layers}), "
+                                  f"got {dense!r:.60}")
+        dense = set(dense)
+        step = config_int(cfg, where, "decoder_sparse_step", default=1)
+        first_dense = config_int(cfg, where, "first_k_dense_replace", minimum=0, default=0)
+        freq = config_int(cfg, where, "moe_layer_freq", default=1)
         moe = tuple(L for L in range(layers)
                     if L not in dense and (L + 1) % step == 0 and L >= first_dense and (L - first_dense) % freq == 0)
-        return cls(experts, top_k, hidden, inter, layers, moe, cfg)
+        return cls(experts, top_k, hidden, inter, layers, moe, cfg, where)
+
+    def router_settings(self):
+        """The router's config.json values, checked: norm_topk_prob, n_group, topk_group,
+        routed_scaling_factor."""
+        cfg, where = self.raw, self.source
+        n_group = config_int(cfg, where, "n_group", default=1, maximum=self.num_experts)
+        return {"norm_topk_prob": config_bool(cfg, where, "norm_topk_prob"), "n_group": n_group,
+                "topk_group": config_int(cfg, where, "topk_group", default=1, maximum=n_group),
+                "routed_scaling_factor": config_number(cfg, where, "routed_scaling_factor", 1.0)}
 
 
 class Checkpoint:
     """Tensor lookup over a checkpoint folder (model.safetensors.index.json, or every
-    *.safetensors file in it)."""
+    *.safetensors file in it).  path may start with `~`, or be a Hugging Face hub id found in the
+    local cache.  Shard names are confined to the folder; without an index, a tensor stored in
+    two files is refused."""
 
     def __init__(self, path):
-        self.path = os.fspath(path)
-        if not os.path.isdir(self.path):
-            raise CheckpointError(f"{self.path}: not a folder")
+        self.path = resolve_model_path(path)
+        require_folder(self.path)
+        self._roots = allowed_roots(self.path)
         cfg_path = os.path.join(self.path, "config.json")
-        try:
-            with open(cfg_path) as f:
-                self.config = json.load(f)
-        except FileNotFoundError:
-            raise CheckpointError(f"{self.path}: no config.json") from None
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{cfg_path}: not valid JSON ({e})") from None
-        self.arch = MoEArchitecture.from_config(self.config, cfg_path)
+        if not os.path.lexists(cfg_path):
+            raise CheckpointError(f"{self.path}: no config.json")
+        self.config = read_json(cfg_path, MAX_CONFIG_BYTES)
         self._files = {}
         index = os.path.join(self.path, "model.safetensors.index.json")
-        if os.path.exists(index):
-            with open(index) as f:
-                try:
-                    self._where = dict(json.load(f)["weight_map"])
-                except (json.JSONDecodeError, KeyError, TypeError) as e:
-                    raise CheckpointError(f"{index}: malformed index ({e})") from None
+        if os.path.lexists(index):
+            self._where = self._read_index(index)
         else:
-            self._where = {}
-            names = sorted(n for n in os.listdir(self.path) if n.endswith(".safetensors"))
-            if not names:
-                raise CheckpointError(f"{self.path}: no .safetensors files")
-            for name in names:
-                for key in self._file(name).keys():
-                    self._where[key] = name
+            self._where = self._scan_files()
+        self.arch = MoEArchitecture.from_config(self.config, cfg_path, stored_layers=self._stored_layers())
+        self._experts_by_block = None
+
+    def _read_index(self, index):
+        doc = read_json(index, MAX_INDEX_BYTES)
+        weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index}: malformed index (no weight_map object)")
+        checked = set()
+        for shard in weight_map.values():
+            if not isinstance(shard, str) or shard not in checked:
+                confined_file(self.path, shard, self._roots, index)  # refuses a shard name that is not a string
+                checked.add(shard)
+        return weight_map
+
+    def _scan_files(self):
+        names = sorted(n for n in os.listdir(self.path) if n.endswith(".safetensors"))
+        if not names:
+            raise CheckpointError(f"{self.path}: no .safetensors files")
+        where = {}
+        for name in names:
+            for key in self._file(name).keys():
+                if key in where:
+                    raise CheckpointError(f"{self.path}: tensor {key} is stored in both {where[key]} and {name}; "
+                                          "without model.safetensors.index.json the copy to use is ambiguous")
+                where[key] = name
+        return where
+
+    def _stored_layers(self):
+        """1 + the largest decoder layer number among the tensor names (0 if none)."""
+        top = -1
+        for name in self._where:
+            for m in _LAYER_INDEX.finditer(name):
+                top = max(top, int(m.group(1)))
+        return top + 1
+
+    def stored_expert_indices(self, block):
+        """The expert numbers stored as {block}.{e}.* (per-expert tensor names)."""
+        if self._experts_by_block is None:
+            found = {}
+            for name in self._where:
+                m = _EXPERT_INDEX.match(name)
+                if m:
+                    found.setdefault(m.group(1), set()).add(int(m.group(2)))
+            self._experts_by_block = found
+        return self._experts_by_block.get(block, set())
 
     def _file(self, name):
         if name not in self._files:
-            full = os.path.join(self.path, name)
-            if not os.path.exists(full):
+            full = confined_file(self.path, name, self._roots, self.path)
+            if not os.path.lexists(full):
                 raise CheckpointError(f"{self.path}: shard {name} named by the index is missing")
             self._files[name] = SafetensorsFile(full)
         return self._files[name]
@@ -112,6 +216,7 @@ class Checkpoint:
 
     def layer(self, L):
         """The routed experts of decoder layer L."""
+        L = layer_number(L)
         if L not in self.arch.moe_layers:
             raise CheckpointError(f"{self.path}: layer {L} is not an MoE layer (MoE layers: "
                                   f"{list(self.arch.moe_layers)[:8]}{'...' if len(self.arch.moe_layers) > 8 else ''})")
@@ -126,6 +231,7 @@ class LayerExperts:
         a = ckpt.arch
         self.num_experts, self.hidden, self.inter = a.num_experts, a.hidden_size, a.intermediate_size
         self.scheme = self._detect()
+        self._check_expert_count()
         w, _ = self._raw("gate", 0)
         self.dtype = w.dtype
         self.scale_kind = None
@@ -134,6 +240,24 @@ class LayerExperts:
             self.scale_kind = fp8_scale_kind(scale_name, self.ckpt.get(scale_name).shape, w.shape)
         elif w.dtype.name not in ("bfloat16", "float16", "float32"):
             raise CheckpointError(f"layer {L}: expert weights are {w.dtype}; expected BF16, F16, F32 or F8_E4M3")
+
+    def _check_expert_count(self):
+        """config.json's expert count must be what the layer stores: fewer would silently load a
+        subset, more fails later on a missing tensor."""
+        kind, pattern, names = self.scheme
+        if kind != "per_expert":
+            return  # fused tensors: their leading dimension is checked against the count in _raw
+        stored = self.ckpt.stored_expert_indices(self.block_name)
+        E, key = self.num_experts, _first(self.ckpt.arch.raw, "num_experts", "num_local_experts", "n_routed_experts")[0]
+        where = self.ckpt.arch.source
+        missing = next((e for e in range(E) if e not in stored), None)
+        if missing is not None:
+            raise CheckpointError(f"{where}: {key} is {E}, but layer {self.layer} stores {len(stored)} experts "
+                                  f"({pattern.format(e=missing, proj=names['gate'])} is missing)")
+        if len(stored) > E:
+            extra = sorted(stored - set(range(E)))
+            raise CheckpointError(f"{where}: {key} is {E}, but layer {self.layer} stores {len(stored)} experts "
+                                  f"(also {self.block_name}.{extra[0]}); refusing to load a subset")
 
     @property
     def native_format(self):

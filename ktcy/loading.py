@@ -3,42 +3,83 @@ the converter.
 
 Contract (used from outside the repo): ``load_experts(path, layer, method=None, isa=None)``.
 """
-import json
 import os
+from typing import Callable, Optional, Union
 
-from ktcy.checkpoint import Checkpoint, dequantize
+from ktcy.checkpoint import Checkpoint, dequantize, layer_number
 from ktcy.config import MoeConfig, QuantConfig
-from ktcy.formats import canonical_format
+from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format
 from ktcy.moe import MoE
 from ktcy.packed_io import layer_file_name, load_layer, read_metadata
+from ktcy.paths import MAX_CONFIG_BYTES, allowed_roots, confined_file, read_json, resolve_model_path
 from ktcy.safetensors_io import CheckpointError
 
 MODEL_FILE = "ktcy_model.json"
 
+PathLike = Union[str, "os.PathLike[str]"]
+
 
 def is_converted(path):
-    return os.path.exists(os.path.join(path, MODEL_FILE))
+    return os.path.lexists(os.path.join(path, MODEL_FILE))
 
 
-def load_experts(path, layer, method=None, isa=None, group_size=None, progress=None):
-    """The routed experts of decoder layer `layer` as a MoE.
+def load_experts(path: PathLike, layer: int, method: Optional[str] = None, isa: Optional[str] = None,
+                 group_size: Optional[int] = None,
+                 progress: Optional[Callable[[int, int], None]] = None) -> MoE:
+    """The routed experts of decoder layer `layer` as a ktcy.MoE.
 
-    method=None keeps the checkpoint's precision (BF16 -> BF16, F16/F32 -> BF16, FP8 block ->
-    FP8 block, FP8 per-channel -> FP8 per-channel); a format or backend name quantizes on load.
-    A converted folder is mapped, not copied; it can only be loaded in the format it holds."""
-    path = os.fspath(path)
+    Parameters
+      path: a Hugging Face checkpoint folder (config.json + safetensors), a folder written by
+        `ktcy convert`, `~/...`, or a hub id ("Qwen/Qwen3-30B-A3B") already in the local Hugging
+        Face cache (HF_HUB_CACHE / HF_HOME; nothing is downloaded).
+      layer: decoder layer number (an MoE layer of the config).
+      method: None keeps the checkpoint's precision (BF16 -> BF16, F16/F32 -> BF16, FP8 block ->
+        FP8 block, FP8 per-channel -> FP8 per-channel); a format or KTransformers backend name
+        ("INT8", "AMXINT4", "FP8", ...) quantizes on load.  A converted folder holds one format
+        and can only be loaded in it.
+      isa: force one instruction set ("amx", "amx_emu", "avx512", "avx2", "ref"); None picks the
+        best this CPU runs.  An ISA the CPU cannot run raises UnsupportedISAError.
+      group_size: INT4 only, 32, 64 (default) or 128 values per scale along K.  For a converted
+        folder it must equal the group size the file was packed with.
+      progress: called as progress(experts_done, num_experts) while packing.
+
+    Returns a MoE whose forward(x, topk_ids, topk_weights) runs the layer.
+
+    Raises CheckpointError (a ValueError) for a missing, malformed or inconsistent checkpoint or
+    converted folder, naming the file; ValueError for an unknown method or a group_size that
+    does not apply; TypeError for a path or layer of the wrong type."""
+    path = resolve_model_path(path)
+    layer = layer_number(layer)
+    if group_size is not None:
+        group_size = layer_number(group_size, "group_size")
+        if group_size not in INT4_GROUP_SIZES:
+            raise ValueError(f"group_size must be one of {INT4_GROUP_SIZES} (INT4 only), got {group_size!r}")
     if is_converted(path):
-        f = os.path.join(path, layer_file_name(layer))
-        if not os.path.exists(f):
-            with open(os.path.join(path, MODEL_FILE)) as fh:
-                layers = json.load(fh).get("layers", [])
-            raise CheckpointError(f"{path}: layer {layer} was not converted (converted layers: {layers})")
-        _, meta, _ = read_metadata(f)
-        if method is not None and canonical_format(method) != meta["weight_format"]:
-            raise CheckpointError(f"{f}: packed as {meta['weight_format']}; converting to "
-                                  f"{canonical_format(method)} needs the original checkpoint")
-        return load_layer(f, isa=isa)
+        return _load_converted(path, layer, method, isa, group_size)
     return experts_from_checkpoint(Checkpoint(path), layer, method, isa, group_size, progress)
+
+
+def _load_converted(path, layer, method, isa, group_size):
+    model_file = os.path.join(path, MODEL_FILE)
+    model = read_json(model_file, MAX_CONFIG_BYTES)
+    if not isinstance(model, dict):
+        raise CheckpointError(f"{model_file}: expected a JSON object")
+    if layer < 0:
+        raise CheckpointError(f"{path}: layer {layer} was not converted (layer numbers start at 0)")
+    f = confined_file(path, layer_file_name(layer), allowed_roots(path), path)
+    if not os.path.lexists(f):
+        layers = model.get("layers", [])
+        raise CheckpointError(f"{path}: layer {layer} was not converted (converted layers: {layers!r:.200})")
+    _, meta, dims = read_metadata(f)
+    stored = meta["weight_format"]
+    if method is not None and canonical_format(method) != stored:
+        raise CheckpointError(f"{f}: packed as {stored}; converting to "
+                              f"{canonical_format(method)} needs the original checkpoint")
+    if group_size is not None and (stored != "INT4" or group_size != dims["group_size"]):
+        held = f"INT4 with group size {dims['group_size']}" if stored == "INT4" else f"{stored} (no group size)"
+        raise CheckpointError(f"{f}: packed as {held}; group_size={group_size} needs converting the original "
+                              "checkpoint again")
+    return load_layer(f, isa=isa)
 
 
 def experts_from_checkpoint(ckpt, layer, method=None, isa=None, group_size=None, progress=None):
@@ -46,8 +87,10 @@ def experts_from_checkpoint(ckpt, layer, method=None, isa=None, group_size=None,
     experts = ckpt.layer(layer)
     a = ckpt.arch
     fmt = canonical_format(method) if method is not None else experts.native_format
+    if group_size is not None and fmt != "INT4":
+        raise ValueError(f"group_size applies to INT4 only; the experts are loaded as {fmt}")
     config = MoeConfig(a.num_experts, a.top_k, a.hidden_size, a.intermediate_size,
-                       QuantConfig(fmt, group_size=group_size or 64), backend=method, isa=isa)
+                       QuantConfig(fmt, group_size=group_size or DEFAULT_INT4_GROUP), backend=method, isa=isa)
     return MoE.from_experts(config, source_for(fmt, experts.scale_kind, experts.expert), progress)
 
 

@@ -7,15 +7,17 @@ Contract (used from outside the repo): ``MoEModel.from_pretrained``, ``model.blo
 import logging
 import os
 import re
+from typing import Iterable, List, Optional
 
 import numpy as np
 
-from ktcy.checkpoint import Checkpoint
+from ktcy.checkpoint import Checkpoint, config_int, layer_number
 from ktcy.config import MoeConfig, QuantConfig
 from ktcy.formats import canonical_format, fp8_scale_kind
 from ktcy.kernels import as_float32_matrix
-from ktcy.loading import experts_from_checkpoint, is_converted, source_for
+from ktcy.loading import PathLike, experts_from_checkpoint, is_converted, source_for
 from ktcy.moe import MoE
+from ktcy.paths import MAX_CONFIG_BYTES, read_small_text, resolve_model_path
 from ktcy.routing import Router, router_kind
 from ktcy.safetensors_io import CheckpointError
 
@@ -60,6 +62,23 @@ class Rule:
         return self.pattern is not None and self.pattern.match(block_name) is not None
 
 
+def _layer_list(layers):
+    if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
+        raise TypeError(f"layers must be an iterable of layer numbers, got {type(layers).__name__}")
+    return [layer_number(L, "each of layers") for L in layers]
+
+
+def _ranges(numbers):
+    """[1, 2, 3, 5] -> "1-3,5" (a model's layer list in one short field)."""
+    runs = []
+    for n in sorted(numbers):
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs) or "none"
+
+
 def load_rules(rules):
     """Rules from a YAML file path, YAML text, or a list of dicts."""
     if rules is None:
@@ -67,9 +86,11 @@ def load_rules(rules):
     if isinstance(rules, (str, os.PathLike)):
         import yaml
         text = rules
-        if os.path.exists(rules):
-            with open(rules) as f:
-                text = f.read()
+        candidate = os.path.expanduser(os.fspath(rules))
+        if "\n" not in candidate and "\0" not in candidate and os.path.lexists(candidate):
+            text = read_small_text(candidate, MAX_CONFIG_BYTES)
+        elif not isinstance(rules, str):
+            raise RuleError(f"rules file {candidate} does not exist")
         try:
             rules = yaml.safe_load(text)
         except yaml.YAMLError as e:
@@ -115,6 +136,13 @@ class MoEBlock:
 
     __call__ = forward
 
+    def __repr__(self):
+        cfg = self.experts.config
+        return (f"MoEBlock({self.name!r}, layer={self.layer}, experts={cfg.num_experts}, top_k={cfg.top_k}, "
+                f"hidden_size={cfg.hidden_size}, intermediate_size={cfg.intermediate_size}, "
+                f"format={self.experts.format}, isa={self.experts.isa}, router={self.router.kind}, "
+                f"shared_experts={self.shared is not None})")
+
     def _hidden(self, h):
         h = as_float32_matrix(h, "hidden states")
         if h.shape[1] != self.experts.config.hidden_size:
@@ -143,22 +171,52 @@ class MoEModel:
         self.default_backend, self.isa = default_backend, isa
 
     @classmethod
-    def from_pretrained(cls, path, rules=None, backend=None, layers=None, isa=None):
-        """rules: YAML file/text or list of dicts (first match wins); backend: for blocks no rule
-        gives one (None keeps the checkpoint's precision); layers: which MoE layers to build."""
-        if is_converted(os.fspath(path)):
+    def from_pretrained(cls, path: PathLike, rules=None, backend: Optional[str] = None,
+                        layers: Optional[Iterable[int]] = None, isa: Optional[str] = None) -> "MoEModel":
+        """Every MoE block of a Hugging Face checkpoint.
+
+        Parameters
+          path: checkpoint folder (config.json + safetensors), `~/...`, or a hub id already in the
+            local Hugging Face cache (nothing is downloaded).  A folder written by `ktcy convert`
+            holds experts only and is refused.
+          rules: optimize rules (YAML file path, YAML text or list of dicts, first match wins)
+            choosing each block's backend by block name.
+          backend: format/backend for blocks no rule names (None keeps the stored precision).
+          layers: which MoE layers to build (default: all of them).
+          isa: force one instruction set for every block (None: the best this CPU runs).
+
+        Returns a MoEModel whose .blocks maps block names to MoEBlock.
+
+        Raises CheckpointError for a missing/malformed checkpoint or a layer that is not an MoE
+        layer; RuleError for unusable rules; ValueError for an unknown backend; TypeError for a
+        path or layers of the wrong type."""
+        path = resolve_model_path(path)
+        if is_converted(path):
             raise CheckpointError(f"{path}: a converted folder holds experts only; MoEModel needs the original "
                                   "checkpoint (routers, shared experts) - use ktcy.load_experts for the experts")
         if backend is not None:
             canonical_format(backend)
         ckpt = Checkpoint(path)
+        ckpt.arch.router_settings()  # refuses bad router values before any expert is packed
         parsed = load_rules(rules)
-        chosen = list(ckpt.arch.moe_layers) if layers is None else list(layers)
+        chosen = list(ckpt.arch.moe_layers) if layers is None else _layer_list(layers)
         model = cls(ckpt, {}, parsed, backend, isa)
         for L in chosen:
             block = model._build(L, None)
             model.blocks[block.name] = block
         return model
+
+    def __repr__(self):
+        arch = self.checkpoint.arch
+        names = self.checkpoint.config.get("architectures") if isinstance(self.checkpoint.config, dict) else None
+        kind = names[0] if isinstance(names, list) and names and isinstance(names[0], str) else "unknown"
+        layers = [b.layer for b in self.blocks.values()]
+        formats = sorted({b.experts.format for b in self.blocks.values()})
+        isas = sorted({b.experts.isa for b in self.blocks.values()})
+        return (f"MoEModel(architecture={kind}, path={self.checkpoint.path!r}, blocks={len(layers)}, "
+                f"layers={_ranges(layers)}, experts={arch.num_experts}, top_k={arch.top_k}, "
+                f"hidden_size={arch.hidden_size}, intermediate_size={arch.intermediate_size}, "
+                f"formats={'/'.join(formats) or '-'}, isa={'/'.join(isas) or '-'})")
 
     def _rule_for(self, name):
         return next((r for r in self.rules if r.matches(name)), None)
@@ -170,31 +228,33 @@ class MoEModel:
         rule = self._rule_for(name)
         backend = forced_backend or (rule.backend if rule is not None and rule.backend else None) or self.default_backend
         experts = experts_from_checkpoint(ckpt, L, backend, self.isa)
-        cfg = arch.raw
+        bias_name = f"{layer.mlp_prefix}.gate.e_score_correction_bias"
         router = Router(
-            kind=router_kind(cfg, layer.mlp_prefix), weight=np.asarray(ckpt.get(f"{layer.mlp_prefix}.gate.weight"), np.float32),
-            top_k=arch.top_k, norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
-            bias=(np.asarray(ckpt.get(f"{layer.mlp_prefix}.gate.e_score_correction_bias"))
-                  if f"{layer.mlp_prefix}.gate.e_score_correction_bias" in ckpt else None),
-            n_group=int(cfg.get("n_group") or 1), topk_group=int(cfg.get("topk_group") or 1),
-            routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0))
+            kind=router_kind(arch.raw, layer.mlp_prefix), weight=np.asarray(ckpt.get(f"{layer.mlp_prefix}.gate.weight"), np.float32),
+            top_k=arch.top_k, bias=np.asarray(ckpt.get(bias_name)) if bias_name in ckpt else None,
+            **arch.router_settings())
         if router.weight.shape != (arch.num_experts, arch.hidden_size):
             raise CheckpointError(f"{layer.mlp_prefix}.gate.weight: shape {router.weight.shape}, "
                                   f"expected {(arch.num_experts, arch.hidden_size)}")
+        if router.bias is not None and router.bias.shape != (arch.num_experts,):
+            raise CheckpointError(f"{bias_name}: shape {router.bias.shape}, expected {(arch.num_experts,)}")
         if router.kind == "deepseek_v3" and arch.num_experts % router.n_group:
-            raise CheckpointError(f"config.json: n_group {router.n_group} does not divide {arch.num_experts} experts")
+            raise CheckpointError(f"{arch.source}: n_group {router.n_group} does not divide {arch.num_experts} experts")
         shared = self._shared(layer, experts.format, backend)
         return MoEBlock(name, L, router, experts, shared, rule, backend)
 
     def _shared(self, layer, fmt, backend):
         ckpt, cfg, H = self.checkpoint, self.checkpoint.arch.raw, self.checkpoint.arch.hidden_size
         p = layer.mlp_prefix
+        where = self.checkpoint.arch.source
         if f"{p}.shared_experts.gate_proj.weight" in ckpt:       # DeepSeek
             name, gate = f"{p}.shared_experts", None
-            inter = ckpt.arch.intermediate_size * int(cfg.get("n_shared_experts") or 1)
+            inter = ckpt.arch.intermediate_size * config_int(cfg, where, "n_shared_experts", default=1)
         elif f"{p}.shared_expert.gate_proj.weight" in ckpt:      # Qwen2-MoE
+            inter = config_int(cfg, where, "shared_expert_intermediate_size")
             name, gate = f"{p}.shared_expert", ckpt.get(f"{p}.shared_expert_gate.weight")
-            inter = int(cfg.get("shared_expert_intermediate_size") or 0)
+            if gate.size != H:
+                raise CheckpointError(f"{p}.shared_expert_gate.weight: shape {gate.shape}, expected (1, {H})")
         else:
             return None
         pairs = layer.dense_mlp(name, H, inter)
@@ -203,9 +263,15 @@ class MoEModel:
         config = MoeConfig(1, 1, H, inter, QuantConfig(fmt), backend=backend, isa=self.isa)
         return SharedExpert(MoE.from_experts(config, source_for(fmt, stored, lambda e: pairs)), gate)
 
-    def inject_expert_backend(self, layer_regex, backend):
-        """Re-packs the experts of every block whose name matches layer_regex (from its start) in
-        `backend`; returns the names changed."""
+    def inject_expert_backend(self, layer_regex: str, backend: str) -> List[str]:
+        """Re-packs the routed experts of every block whose name matches layer_regex (re.match,
+        from the start of the name, e.g. r"model\\.layers\\.[0-9]\\.") in `backend` (a format or
+        KTransformers backend name such as "AMXINT8"); routers and shared experts stay as they are.
+
+        Returns the names of the blocks changed (empty when none matched).
+
+        Raises RuleError for an invalid regex; ValueError for an unknown backend; CheckpointError
+        if the checkpoint cannot be read again."""
         try:
             pattern = re.compile(layer_regex)
         except re.error as e:

@@ -1,8 +1,15 @@
 """safetensors files read by memory map (no copy, every dtype including F8_E4M3, which the
 safetensors package's numpy backend cannot load) and written atomically (temporary name, then
-rename, so an interrupted write never leaves a complete-looking file)."""
+rename, so an interrupted write never leaves a complete-looking file).
+
+The reader trusts nothing in a file: it refuses what the format forbids (duplicate keys,
+overlapping or uncovered byte ranges, malformed shapes, unknown dtypes, a non-UTF-8 header)
+with a CheckpointError naming the file and the tensor."""
 import json
+import math
+import mmap
 import os
+import stat
 import struct
 
 import ml_dtypes
@@ -11,15 +18,127 @@ import numpy as np
 DTYPES = {
     "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
     "BF16": np.dtype(ml_dtypes.bfloat16), "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
     "I64": np.dtype(np.int64), "I32": np.dtype(np.int32), "I16": np.dtype(np.int16), "I8": np.dtype(np.int8),
+    "U64": np.dtype(np.uint64), "U32": np.dtype(np.uint32), "U16": np.dtype(np.uint16),
     "U8": np.dtype(np.uint8), "BOOL": np.dtype(np.bool_),
 }
 _NAMES = {v: k for k, v in DTYPES.items()}
-_MAX_HEADER = 100 * 1024 * 1024
+_MAX_HEADER = 100 * 1024 * 1024  # the limit the safetensors package itself applies
 
 
 class CheckpointError(ValueError):
     """A checkpoint or packed file that is missing, truncated, malformed or inconsistent."""
+
+
+def open_regular_file(path, what=None):
+    """A read-only descriptor of path, which must be a regular file: opened non-blocking so that a
+    FIFO fails at once instead of waiting for a writer, then checked with fstat (no race)."""
+    what = what or path
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise CheckpointError(f"{what}: no such file") from None
+    except IsADirectoryError:
+        raise CheckpointError(f"{what}: is a folder, expected a file") from None
+    except OSError as e:
+        raise CheckpointError(f"{what}: cannot open ({e.strerror})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file (a device, FIFO or socket)"
+        raise CheckpointError(f"{what}: {kind}; expected a file")
+    return fd
+
+
+def _unique_keys(path):
+    def hook(pairs):
+        out = {}
+        for key, value in pairs:
+            if key in out:
+                raise CheckpointError(f"{path}: header lists {key!r} twice")
+            out[key] = value
+        return out
+    return hook
+
+
+def _refuse_constant(path):
+    def refuse(name):
+        raise CheckpointError(f"{path}: header holds {name}, which is not JSON")
+    return refuse
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def parse_header(path, raw, data_len):
+    """(metadata {str: str}, {name: (dtype, shape, begin)}) from a header's bytes, checked
+    against a data section of data_len bytes."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{path}: header is not UTF-8 ({e})") from None
+    try:
+        header = json.loads(text, object_pairs_hook=_unique_keys(path), parse_constant=_refuse_constant(path))
+    except CheckpointError:
+        raise
+    except (ValueError, RecursionError) as e:
+        raise CheckpointError(f"{path}: header is not valid JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: header is not a JSON object")
+    metadata = header.pop("__metadata__", None)
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise CheckpointError(f"{path}: __metadata__ must map strings to strings")
+    entries, ranges = {}, []
+    for name, info in header.items():
+        dtype, shape, begin, end = _entry(path, name, info)
+        nbytes = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
+        if end - begin != nbytes:
+            raise CheckpointError(f"{path}: tensor {name!r} claims {end - begin} bytes for shape {shape} "
+                                  f"{info['dtype']} ({nbytes} bytes)")
+        if end > data_len:
+            raise CheckpointError(f"{path}: tensor {name!r} ends at byte {end} of a {data_len}-byte data "
+                                  "section (file truncated)")
+        entries[name] = (dtype, shape, begin)
+        ranges.append((begin, end, name))
+    _check_tiling(path, ranges, data_len)
+    return metadata, entries
+
+
+def _entry(path, name, info):
+    if not isinstance(info, dict):
+        raise CheckpointError(f"{path}: tensor {name!r}: entry is not an object ({info!r:.80})")
+    missing = {"dtype", "shape", "data_offsets"} - info.keys()
+    if missing:
+        raise CheckpointError(f"{path}: tensor {name!r}: entry lacks {', '.join(sorted(missing))}")
+    code, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if not isinstance(code, str) or code not in DTYPES:
+        raise CheckpointError(f"{path}: tensor {name!r}: unsupported dtype {code!r:.40} "
+                              f"(known: {', '.join(DTYPES)})")
+    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+        raise CheckpointError(f"{path}: tensor {name!r}: shape {shape!r:.80} is not a list of non-negative integers")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(v) for v in offsets):
+        raise CheckpointError(f"{path}: tensor {name!r}: data_offsets {offsets!r:.80} is not [begin, end]")
+    begin, end = offsets
+    if not 0 <= begin <= end:
+        raise CheckpointError(f"{path}: tensor {name!r}: data_offsets {offsets} are not 0 <= begin <= end")
+    return DTYPES[code], tuple(shape), begin, end
+
+
+def _check_tiling(path, ranges, data_len):
+    """The tensors must tile the data section exactly: no overlap, no gap, nothing after the last."""
+    position, previous = 0, None
+    for begin, end, name in sorted(ranges):
+        if begin < position:
+            raise CheckpointError(f"{path}: tensor {name!r} (bytes {begin}-{end}) overlaps tensor {previous!r}")
+        if begin > position:
+            raise CheckpointError(f"{path}: bytes {position}-{begin} before tensor {name!r} belong to no tensor")
+        position, previous = end, name
+    if position != data_len:
+        raise CheckpointError(f"{path}: bytes {position}-{data_len} at the end of the file belong to no tensor")
 
 
 class SafetensorsFile:
@@ -27,44 +146,25 @@ class SafetensorsFile:
 
     def __init__(self, path):
         self.path = os.fspath(path)
+        fd = open_regular_file(self.path)
         try:
-            size = os.path.getsize(self.path)
-        except OSError as e:
-            raise CheckpointError(f"{self.path}: cannot open ({e.strerror})") from None
-        if size < 8:
-            raise CheckpointError(f"{self.path}: {size} bytes is too short for a safetensors file (truncated?)")
-        with open(self.path, "rb") as f:
-            (header_len,) = struct.unpack("<Q", f.read(8))
+            size = os.fstat(fd).st_size
+            if size < 8:
+                raise CheckpointError(f"{self.path}: {size} bytes is too short for a safetensors file (truncated?)")
+            (header_len,) = struct.unpack("<Q", os.pread(fd, 8, 0))
             if header_len > min(_MAX_HEADER, size - 8):
                 raise CheckpointError(f"{self.path}: header length {header_len} does not fit a {size}-byte file "
                                       "(truncated or not a safetensors file)")
-            raw = f.read(header_len)
-        try:
-            header = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise CheckpointError(f"{self.path}: header is not valid JSON ({e})") from None
-        if not isinstance(header, dict):
-            raise CheckpointError(f"{self.path}: header is not a JSON object")
-        self.metadata = header.pop("__metadata__", None) or {}
-        self._data_start = 8 + header_len
-        data_len = size - self._data_start
-        self._entries = {}
-        for name, info in header.items():
-            try:
-                dtype = DTYPES[info["dtype"]]
-                shape = tuple(int(d) for d in info["shape"])
-                begin, end = (int(v) for v in info["data_offsets"])
-            except (KeyError, TypeError, ValueError):
-                raise CheckpointError(f"{self.path}: tensor {name!r} has a malformed or unsupported entry {info!r}") from None
-            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            if end - begin != nbytes or begin < 0:
-                raise CheckpointError(f"{self.path}: tensor {name!r} claims {end - begin} bytes for shape {shape} "
-                                      f"{info['dtype']} ({nbytes} bytes)")
-            if end > data_len:
-                raise CheckpointError(f"{self.path}: tensor {name!r} ends at byte {end} of a {data_len}-byte data "
-                                      "section (file truncated)")
-            self._entries[name] = (dtype, shape, begin)
-        self._map = np.memmap(self.path, dtype=np.uint8, mode="r") if size > self._data_start else None
+            raw = os.pread(fd, header_len, 8)
+            if len(raw) != header_len:
+                raise CheckpointError(f"{self.path}: file shrank while being read")
+            self._data_start = 8 + header_len
+            self.metadata, self._entries = parse_header(self.path, raw, size - self._data_start)
+            # map exactly the size validated above; a file that shrinks later is the caller's risk (SIGBUS)
+            self._map = (np.frombuffer(mmap.mmap(fd, size, access=mmap.ACCESS_READ), np.uint8)
+                         if size > self._data_start else None)
+        finally:
+            os.close(fd)
 
     def keys(self):
         return self._entries.keys()
@@ -83,7 +183,7 @@ class SafetensorsFile:
         if name not in self._entries:
             raise CheckpointError(f"{self.path}: no tensor {name!r}")
         dtype, shape, begin = self._entries[name]
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)
         if count == 0:
             return np.zeros(shape, dtype)
         start = self._data_start + begin
@@ -94,6 +194,8 @@ def write(path, tensors, metadata=None):
     """Writes {name: array} (C order) with string metadata, via a temporary name and a rename."""
     header, offset, arrays = {}, 0, []
     for name, array in tensors.items():
+        if not isinstance(name, str) or name == "__metadata__":
+            raise ValueError(f"tensor name {name!r} cannot be stored (a str other than __metadata__)")
         a = np.ascontiguousarray(array)
         if a.dtype not in _NAMES:
             raise TypeError(f"{name}: dtype {a.dtype} has no safetensors name")

@@ -1,0 +1,538 @@
+"""Hostile checkpoints for the readers (issue 16: items 5, 6, 11, 13, 14, 15; issue 17: paths,
+hub ids, repr, docstrings).  Every file is written by the test; each case is one regression."""
+import json
+import os
+import signal
+import struct
+import time
+from contextlib import contextmanager
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import ktcy
+from checkpoints import make_checkpoint
+from ktcy import convert as convert_mod
+from ktcy.checkpoint import Checkpoint, MoEArchitecture
+from ktcy.safetensors_io import CheckpointError, SafetensorsFile, write
+
+QUIET = convert_mod.Progress(open(os.devnull, "w"))
+
+
+@contextmanager
+def time_limit(seconds):
+    """Fails the test instead of hanging it (a FIFO opened blocking, an endless loop)."""
+    def expire(*_):
+        raise TimeoutError(f"took more than {seconds} s")
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def inputs(H=128, T=5, E=4, k=2, seed=1):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((T, H)).astype(np.float32), np.argsort(rng.random((T, E)), axis=1)[:, :k].astype(np.int64),
+            rng.random((T, k)).astype(np.float32))
+
+
+def same_layer(a, b):
+    x, ids, w = inputs(a.config.hidden_size, E=a.config.num_experts)
+    return a.format == b.format and np.array_equal(a.forward(x, ids, w), b.forward(x, ids, w))
+
+
+def edit_config(path, **changes):
+    cfg_path = os.path.join(path, "config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    cfg.update(changes)
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+
+
+def add_routers(path, E=4, H=128, layers=(1, 2)):
+    """Router weights in a second shard, so MoEModel can build blocks (qwen names)."""
+    rng = np.random.default_rng(7)
+    write(os.path.join(path, "extra.safetensors"),
+          {f"model.layers.{L}.mlp.gate.weight": (rng.standard_normal((E, H)) * 0.3).astype(ml_dtypes.bfloat16)
+           for L in layers})
+
+
+# --- item 5: a tensor in two shards without an index ------------------------------------------
+
+def test_duplicate_tensor_across_shards_without_index_is_refused(tmp_path):
+    make_checkpoint(tmp_path)
+    name = "model.layers.1.mlp.experts.0.gate_proj.weight"
+    write(tmp_path / "stray.safetensors", {name: np.zeros((64, 128), ml_dtypes.bfloat16)})
+    with pytest.raises(CheckpointError, match=r"stored in both model\.safetensors and stray\.safetensors"):
+        ktcy.load_experts(tmp_path, 1)
+
+
+# --- item 6: config values against what is stored, and checked for type and range ------------
+
+def test_num_experts_below_what_is_stored_is_refused(tmp_path):
+    make_checkpoint(tmp_path, extra_config={"num_experts": 3, "num_experts_per_tok": 2})
+    with pytest.raises(CheckpointError, match=r"config.json: num_experts is 3, but layer 1 stores 4 experts"):
+        ktcy.load_experts(tmp_path, 1)
+
+
+def test_num_experts_above_what_is_stored_is_refused(tmp_path):
+    make_checkpoint(tmp_path, style="mixtral", extra_config={"num_local_experts": 6})
+    with pytest.raises(CheckpointError, match=r"num_local_experts is 6, but layer 1 stores 4 experts .*experts\.4\.w1"):
+        ktcy.load_experts(tmp_path, 1)
+
+
+def test_fused_experts_count_is_checked_too(tmp_path):
+    make_checkpoint(tmp_path, style="fused", extra_config={"num_experts": 3})
+    with pytest.raises(CheckpointError, match="config.json implies"):
+        ktcy.load_experts(tmp_path, 1)
+
+
+@pytest.mark.parametrize("value", [1, "1", "[0]", [0, "1"], [True], [0, 7], {"0": 1}])
+def test_mlp_only_layers_of_the_wrong_type_is_refused_not_ignored(tmp_path, value):
+    make_checkpoint(tmp_path, extra_config={"mlp_only_layers": value})
+    with pytest.raises(CheckpointError, match=r"config.json: mlp_only_layers must be a list of layer numbers"):
+        Checkpoint(tmp_path)
+
+
+def test_mlp_only_layers_as_a_list_is_understood(tmp_path):
+    make_checkpoint(tmp_path, num_layers=3, dense_layers=(0,))
+    edit_config(tmp_path, mlp_only_layers=[0, 2])
+    assert Checkpoint(tmp_path).arch.moe_layers == (1,)
+
+
+@pytest.mark.parametrize("key,value", [
+    ("hidden_size", "128"), ("hidden_size", 128.0), ("hidden_size", True), ("hidden_size", -128),
+    ("num_experts", 0), ("num_experts", [4]), ("num_experts_per_tok", 5), ("num_experts_per_tok", 0),
+    ("num_hidden_layers", "3"), ("moe_intermediate_size", None), ("decoder_sparse_step", 0),
+    ("decoder_sparse_step", "1"), ("first_k_dense_replace", -1), ("moe_layer_freq", 1.5),
+])
+def test_every_config_value_is_type_and_range_checked(tmp_path, key, value):
+    make_checkpoint(tmp_path)
+    edit_config(tmp_path, **{key: value})
+    if key == "moe_intermediate_size":  # None falls back to intermediate_size; remove both
+        edit_config(tmp_path, intermediate_size=None)
+        key = "moe_intermediate_size / intermediate_size"
+    with pytest.raises(CheckpointError, match=rf"config.json: {key}"):
+        ktcy.load_experts(tmp_path, 1)
+
+
+@pytest.mark.parametrize("key,value", [("norm_topk_prob", "no"), ("n_group", 0), ("n_group", 9),
+                                       ("topk_group", 3), ("routed_scaling_factor", "2.5"),
+                                       ("routed_scaling_factor", -1), ("shared_expert_intermediate_size", "96")])
+def test_router_config_values_are_checked(tmp_path, key, value):
+    make_checkpoint(tmp_path, extra_config={"n_group": 2, key: value})
+    add_routers(tmp_path)
+    rng = np.random.default_rng(3)
+    if key == "shared_expert_intermediate_size":
+        write(tmp_path / "shared.safetensors", {
+            f"model.layers.{L}.mlp.shared_expert.{p}_proj.weight": (rng.standard_normal(s) * 0.02).astype(ml_dtypes.bfloat16)
+            for L in (1, 2) for p, s in (("gate", (96, 128)), ("up", (96, 128)), ("down", (128, 96)))})
+    with pytest.raises(CheckpointError, match=rf"config.json: {key}"):
+        ktcy.MoEModel.from_pretrained(tmp_path, layers=[1])
+
+
+def test_converted_group_size_must_match_the_file(tmp_path):
+    src, out = tmp_path / "hf", tmp_path / "packed"
+    make_checkpoint(src)
+    convert_mod.convert(src, out, method="INT4", progress=QUIET)
+    assert same_layer(ktcy.load_experts(out, 1, group_size=64), ktcy.load_experts(out, 1))
+    with pytest.raises(CheckpointError, match="packed as INT4 with group size 64; group_size=32"):
+        ktcy.load_experts(out, 1, group_size=32)
+    out8 = tmp_path / "packed8"
+    convert_mod.convert(src, out8, method="INT8", progress=QUIET)
+    with pytest.raises(CheckpointError, match=r"packed as INT8 \(no group size\)"):
+        ktcy.load_experts(out8, 1, group_size=64)
+
+
+def test_group_size_is_never_ignored_on_a_checkpoint(tmp_path):
+    make_checkpoint(tmp_path)
+    with pytest.raises(ValueError, match="group_size applies to INT4 only"):
+        ktcy.load_experts(tmp_path, 1, method="INT8", group_size=32)
+    with pytest.raises(ValueError, match="group_size must be one of"):
+        ktcy.load_experts(tmp_path, 1, method="INT4", group_size=48)
+    g32 = ktcy.load_experts(tmp_path, 1, method="INT4", group_size=32)
+    assert g32.config.quant_config.group_size == 32
+    assert same_layer(ktcy.load_experts(tmp_path, np.int64(1), method="INT4", group_size=np.int32(32)), g32)
+
+
+# --- item 11: bounded reads, regular files only, no loop over a claimed layer count -----------
+
+@pytest.mark.parametrize("which", ["config.json", "model.safetensors.index.json"])
+def test_fifo_as_json_fails_at_once(tmp_path, which):
+    make_checkpoint(tmp_path, shards=2)
+    os.remove(tmp_path / which)
+    os.mkfifo(tmp_path / which)
+    with time_limit(5), pytest.raises(CheckpointError, match=rf"{which}: not a regular file"):
+        Checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("which", ["config.json", "model.safetensors.index.json", "model-00001-of-00002.safetensors"])
+def test_dev_zero_as_a_checkpoint_file_fails_at_once(tmp_path, which):
+    make_checkpoint(tmp_path, shards=2)
+    os.remove(tmp_path / which)
+    os.symlink("/dev/zero", tmp_path / which)
+    with time_limit(5), pytest.raises(CheckpointError, match="not a regular file|outside the checkpoint folder"):
+        ktcy.load_experts(tmp_path, 1)
+
+
+def test_fifo_as_a_shard_fails_at_once(tmp_path):
+    make_checkpoint(tmp_path, shards=2)
+    os.remove(tmp_path / "model-00001-of-00002.safetensors")
+    os.mkfifo(tmp_path / "model-00001-of-00002.safetensors")
+    with time_limit(5), pytest.raises(CheckpointError, match="not a regular file"):
+        ktcy.load_experts(tmp_path, 1)
+
+
+@pytest.mark.parametrize("which,size", [("config.json", 5 * 2**20), ("model.safetensors.index.json", 65 * 2**20),
+                                        ("ktcy_model.json", 5 * 2**20)])
+def test_oversized_json_is_refused_before_reading(tmp_path, which, size):
+    make_checkpoint(tmp_path, shards=2)
+    if which == "ktcy_model.json":
+        convert_mod.convert(tmp_path, tmp_path / "packed", method="INT8", progress=QUIET)
+    target = tmp_path / ("packed" if which == "ktcy_model.json" else "") / which
+    with open(target, "r+b") as f:
+        f.seek(size)
+        f.write(b" ")  # a sparse file: its size alone must refuse it, before anything is read
+    with time_limit(5), pytest.raises(CheckpointError, match=rf"{which}: \d+ bytes, more than"):
+        ktcy.load_experts(target.parent, 1)
+
+
+@pytest.mark.parametrize("layers", [10**8, 10**12, 10**30])
+def test_huge_num_hidden_layers_is_refused_without_looping(tmp_path, layers):
+    make_checkpoint(tmp_path)
+    edit_config(tmp_path, num_hidden_layers=layers)
+    t0 = time.perf_counter()
+    with time_limit(10), pytest.raises(CheckpointError, match="config.json: num_hidden_layers"):
+        ktcy.load_experts(tmp_path, 1)
+    assert time.perf_counter() - t0 < 2
+
+
+def test_num_hidden_layers_beyond_the_stored_layers_is_refused(tmp_path):
+    make_checkpoint(tmp_path, num_layers=3)
+    edit_config(tmp_path, num_hidden_layers=40)
+    with pytest.raises(CheckpointError, match="num_hidden_layers is 40, but the checkpoint's tensors cover 3 layers"):
+        Checkpoint(tmp_path)
+
+
+def test_config_read_on_its_own_is_bounded():
+    cfg = {"hidden_size": 8, "num_hidden_layers": 10**12, "num_experts_per_tok": 2, "moe_intermediate_size": 4,
+           "num_experts": 4}
+    with time_limit(5), pytest.raises(CheckpointError, match="num_hidden_layers must be an integer >= 1 and <= 100000"):
+        MoEArchitecture.from_config(cfg)
+
+
+# --- item 13: the safetensors reader refuses what the format forbids --------------------------
+
+def raw_safetensors(path, header, data=b"", header_len=None):
+    """A file from a header (dict, or raw bytes written as they are) and a data section."""
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw) if header_len is None else header_len) + raw + data)
+    return path
+
+
+def two_tensors(a=(0, 8), b=(8, 16), shape_a=(2,), shape_b=(2,), dtype_a="F32"):
+    return {"a": {"dtype": dtype_a, "shape": list(shape_a), "data_offsets": list(a)},
+            "b": {"dtype": "F32", "shape": list(shape_b), "data_offsets": list(b)}}
+
+
+BAD_FILES = {
+    "overlap": (two_tensors(a=(0, 8), b=(4, 12)), 16, r"tensor 'b' \(bytes 4-12\) overlaps tensor 'a'"),
+    "gap": (two_tensors(a=(0, 8), b=(12, 20)), 20, r"bytes 8-12 before tensor 'b' belong to no tensor"),
+    "trailing": (two_tensors(), 24, r"bytes 16-24 at the end of the file belong to no tensor"),
+    "negative_dim": (two_tensors(shape_a=(-2,)), 16, r"tensor 'a': shape \[-2\] is not a list of non-negative"),
+    "float_dim": (two_tensors(shape_a=(2.0,)), 16, r"tensor 'a': shape \[2.0\]"),
+    "string_dim": ({"a": {"dtype": "F32", "shape": "22", "data_offsets": [0, 16]}}, 16, r"tensor 'a': shape '22'"),
+    "bool_dim": (two_tensors(shape_a=(True, 2)), 16, r"tensor 'a': shape \[true, 2\]|tensor 'a': shape \[True, 2\]"),
+    "wrong_size": (two_tensors(shape_a=(3,)), 16, r"tensor 'a' claims 8 bytes for shape \(3,\)"),
+    "overflow": (two_tensors(shape_a=(2**40, 2**40, 2**40)), 16, r"tensor 'a' claims 8 bytes"),
+    "unknown_dtype": (two_tensors(dtype_a="F4"), 16, r"tensor 'a': unsupported dtype 'F4'"),
+    "dtype_not_string": (two_tensors(dtype_a=4), 16, r"tensor 'a': unsupported dtype 4"),
+    "past_end": (two_tensors(b=(8, 16)), 12, r"tensor 'b' ends at byte 16 of a 12-byte data section"),
+    "offsets_reversed": (two_tensors(a=(8, 0)), 16, r"data_offsets \[8, 0\] are not 0 <= begin <= end"),
+    "offsets_three": ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8, 8]}}, 8, r"is not \[begin, end\]"),
+    "offsets_float": ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8.0]}}, 8, r"is not \[begin, end\]"),
+    "entry_list": ({"a": [1, 2]}, 0, r"tensor 'a': entry is not an object"),
+    "entry_missing": ({"a": {"dtype": "F32", "shape": [2]}}, 8, r"tensor 'a': entry lacks data_offsets"),
+    "metadata_list": ({"__metadata__": ["x"]}, 0, r"__metadata__ must map strings to strings"),
+    "metadata_int": ({"__metadata__": {"format": 1}}, 0, r"__metadata__ must map strings to strings"),
+    "header_list": ([1, 2], 0, r"header is not a JSON object"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_safetensors_reader_refuses_malformed_headers(tmp_path, case):
+    header, data_len, match = BAD_FILES[case]
+    f = raw_safetensors(tmp_path / "x.safetensors", header, bytes(data_len))
+    with pytest.raises(CheckpointError, match=match) as err:
+        SafetensorsFile(f)
+    assert str(f) in str(err.value)
+
+
+@pytest.mark.parametrize("raw,match", [
+    (b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}',
+     r"header lists 'a' twice"),
+    (b'{"a":{"dtype":"F32","shape":[2],"shape":[2],"data_offsets":[0,8]}}', r"header lists 'shape' twice"),
+    (b'{"\xff":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}', r"header is not UTF-8"),
+    (b'\xef\xbb\xbf{}', r"not valid JSON"),
+    (b'{"a":{"dtype":"F32","shape":[NaN],"data_offsets":[0,8]}}', r"NaN, which is not JSON"),
+    (b'{"a":{"dtype":"F32","shape":[' + b"9" * 5000 + b'],"data_offsets":[0,8]}}', r"not valid JSON"),
+    (b"[" * 100000 + b"]" * 100000, r"not valid JSON"),
+])
+def test_safetensors_reader_refuses_ambiguous_or_undecodable_headers(tmp_path, raw, match):
+    f = raw_safetensors(tmp_path / "x.safetensors", raw, bytes(8))
+    with pytest.raises(CheckpointError, match=match):
+        SafetensorsFile(f)
+
+
+@pytest.mark.parametrize("header_len,match", [(2**63, "header length"), (2**64 - 1, "header length"),
+                                              (200, "header length 200 does not fit")])
+def test_safetensors_header_length_absurd_or_past_the_end(tmp_path, header_len, match):
+    f = raw_safetensors(tmp_path / "x.safetensors", two_tensors(), bytes(16), header_len=header_len)
+    with pytest.raises(CheckpointError, match=match):
+        SafetensorsFile(f)
+
+
+def test_well_formed_files_still_read(tmp_path):
+    tensors = {"empty": np.zeros((0, 3), np.float32), "w": np.arange(6, dtype=np.float32).reshape(2, 3),
+               "codes": np.arange(5, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn),
+               "idx": np.arange(3, dtype=np.uint32)}
+    write(tmp_path / "ok.safetensors", tensors, {"format": "pt"})
+    f = SafetensorsFile(tmp_path / "ok.safetensors")
+    assert f.metadata == {"format": "pt"} and set(f.keys()) == set(tensors)
+    for name, a in tensors.items():
+        assert f.get(name).dtype == a.dtype and np.array_equal(f.get(name).view(np.uint8), a.view(np.uint8))
+    # the header may be padded with spaces (our writer aligns it to 8 bytes)
+    raw_safetensors(tmp_path / "padded.safetensors", json.dumps(two_tensors()).encode() + b"     ", bytes(16))
+    assert SafetensorsFile(tmp_path / "padded.safetensors").shape("b") == (2,)
+
+
+def test_writer_refuses_names_the_reader_would_misread(tmp_path):
+    for name in ("__metadata__", 3):
+        with pytest.raises(ValueError, match="cannot be stored"):
+            write(tmp_path / "x.safetensors", {name: np.zeros(2, np.float32)})
+    assert not os.path.exists(tmp_path / "x.safetensors")
+
+
+def test_malformed_shard_in_a_checkpoint_names_file_and_tensor(tmp_path):
+    make_checkpoint(tmp_path)
+    path = tmp_path / "model.safetensors"
+    blob = bytearray(path.read_bytes())
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n])
+    name = "model.layers.1.mlp.experts.0.up_proj.weight"
+    header[name]["data_offsets"] = header["model.layers.1.mlp.experts.0.gate_proj.weight"]["data_offsets"]
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(blob[8 + n:]))
+    with pytest.raises(CheckpointError, match=rf"{path}: .*overlaps"):
+        ktcy.load_experts(tmp_path, 1)
+
+
+# --- item 14: index shard names stay in the folder --------------------------------------------
+
+def rewrite_index(path, shard_name):
+    index = path / "model.safetensors.index.json"
+    doc = json.loads(index.read_text())
+    doc["weight_map"] = {k: shard_name if v.startswith("model-00001") else v for k, v in doc["weight_map"].items()}
+    index.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("name", ["../outside.safetensors", "sub/../../outside.safetensors", "ABSOLUTE", ""])
+def test_index_shard_names_are_confined(tmp_path, name):
+    ckpt = tmp_path / "ckpt"
+    make_checkpoint(ckpt, shards=2)
+    os.rename(ckpt / "model-00001-of-00002.safetensors", tmp_path / "outside.safetensors")
+    rewrite_index(ckpt, str(tmp_path / "outside.safetensors") if name == "ABSOLUTE" else name)
+    with pytest.raises(CheckpointError, match="outside the checkpoint folder|is not a file name"):
+        ktcy.load_experts(ckpt, 1)
+
+
+def test_symlink_out_of_the_folder_is_refused(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    make_checkpoint(ckpt, shards=2)
+    os.rename(ckpt / "model-00001-of-00002.safetensors", tmp_path / "outside.safetensors")
+    os.symlink(tmp_path / "outside.safetensors", ckpt / "model-00001-of-00002.safetensors")
+    with pytest.raises(CheckpointError, match="a symlink out of the folder is refused"):
+        ktcy.load_experts(ckpt, 1)
+    os.remove(ckpt / "model.safetensors.index.json")  # the same without an index
+    with pytest.raises(CheckpointError, match="a symlink out of the folder is refused"):
+        ktcy.load_experts(ckpt, 1)
+
+
+def test_symlinks_inside_the_folder_are_fine(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    make_checkpoint(ckpt, shards=2)
+    os.mkdir(ckpt / "store")
+    os.rename(ckpt / "model-00001-of-00002.safetensors", ckpt / "store" / "s1.safetensors")
+    os.symlink("store/s1.safetensors", ckpt / "model-00001-of-00002.safetensors")
+    assert ktcy.load_experts(ckpt, 1).format == "BF16"
+
+
+# --- item 15: wrong exception types become CheckpointError with the file named ----------------
+
+def test_checkpoint_path_errors(tmp_path):
+    with pytest.raises(CheckpointError, match=r"missing: not a folder \(nothing exists there\)"):
+        ktcy.load_experts(tmp_path / "missing", 1)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CheckpointError, match="not a folder"):
+        Checkpoint(tmp_path / "file")
+    make_checkpoint(tmp_path / "c")
+    os.remove(tmp_path / "c" / "config.json")
+    os.mkdir(tmp_path / "c" / "config.json")
+    with pytest.raises(CheckpointError, match=r"config.json: a folder; expected a file"):
+        ktcy.load_experts(tmp_path / "c", 1)
+    with pytest.raises(TypeError, match="path must be a str or os.PathLike"):
+        ktcy.load_experts(123, 1)
+    with pytest.raises(TypeError, match="layer must be an integer"):
+        ktcy.load_experts(tmp_path / "c", "1")
+
+
+@pytest.mark.parametrize("content,match", [
+    (b"\xff\xfe{}", r"config.json: not UTF-8"), (b"[1, 2]", r"config.json: expected a JSON object"),
+    (b'{"hidden_size": 128, "hidden_size": 64}', r"config.json: key 'hidden_size' appears twice"),
+    (b'{"hidden_size": Infinity}', r"config.json: Infinity is not a JSON number"),
+    (b"{" * 100000, r"config.json: not valid JSON"),
+])
+def test_bad_config_bytes(tmp_path, content, match):
+    make_checkpoint(tmp_path)
+    (tmp_path / "config.json").write_bytes(content)
+    with pytest.raises(CheckpointError, match=match):
+        ktcy.load_experts(tmp_path, 1)
+
+
+@pytest.mark.parametrize("doc,match", [
+    ([], "malformed index"), ({"weight_map": []}, "malformed index"), ({}, "malformed index"),
+    ({"weight_map": {"model.layers.1.mlp.experts.0.gate_proj.weight": 5}}, "is not a file name"),
+    ({"weight_map": {"model.layers.1.mlp.experts.0.gate_proj.weight": None}}, "is not a file name"),
+])
+def test_bad_index_values(tmp_path, doc, match):
+    make_checkpoint(tmp_path, shards=2)
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(doc))
+    with pytest.raises(CheckpointError, match=rf"model.safetensors.index.json: (shard name .* )?{match}"):
+        ktcy.load_experts(tmp_path, 1)
+
+
+def test_bad_model_file_of_a_converted_folder(tmp_path):
+    src, out = tmp_path / "hf", tmp_path / "packed"
+    make_checkpoint(src)
+    convert_mod.convert(src, out, method="INT8", progress=QUIET)
+    (out / "ktcy_model.json").write_text("[]")
+    with pytest.raises(CheckpointError, match="ktcy_model.json: expected a JSON object"):
+        ktcy.load_experts(out, 1)
+    (out / "ktcy_model.json").write_bytes(b"\xff")
+    with pytest.raises(CheckpointError, match="ktcy_model.json: not UTF-8"):
+        ktcy.load_experts(out, 1)
+
+
+# --- issue 17: ~, hub ids, repr, documentation ------------------------------------------------
+
+def test_tilde_is_expanded_everywhere(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    make_checkpoint(tmp_path / "ckpt")
+    add_routers(tmp_path / "ckpt")
+    direct = ktcy.load_experts(tmp_path / "ckpt", 1)
+    assert same_layer(ktcy.load_experts("~/ckpt", 1), direct)
+    assert Checkpoint("~/ckpt").path == str(tmp_path / "ckpt")
+    assert list(ktcy.MoEModel.from_pretrained("~/ckpt").blocks) == ["model.layers.1.mlp.experts", "model.layers.2.mlp.experts"]
+    convert_mod.convert(tmp_path / "ckpt", tmp_path / "packed", method="INT8", progress=QUIET)
+    assert ktcy.load_experts("~/packed", 1).format == "INT8"
+
+
+def hub_snapshot(cache, repo_id, revision="0123456789abcdef0123456789abcdef01234567"):
+    """A checkpoint in the Hugging Face cache layout: snapshot files are symlinks into blobs/."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    staging = cache / "staging"
+    make_checkpoint(staging)
+    add_routers(staging)
+    (repo / "blobs").mkdir(parents=True)
+    snap = repo / "snapshots" / revision
+    snap.mkdir(parents=True)
+    for i, name in enumerate(sorted(os.listdir(staging))):
+        os.rename(staging / name, repo / "blobs" / f"blob{i}")
+        os.symlink(f"../../blobs/blob{i}", snap / name)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    return snap
+
+
+@pytest.mark.parametrize("env,cache", [("HF_HUB_CACHE", "hub"), ("HF_HOME", "hub"),
+                                       ("XDG_CACHE_HOME", "huggingface/hub"), ("HOME", ".cache/huggingface/hub")])
+def test_hub_id_is_found_in_the_local_cache(tmp_path, monkeypatch, env, cache):
+    cache = tmp_path / cache
+    snap = hub_snapshot(cache, "Org/Tiny-MoE")
+    for var in ("HF_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv(env, str(cache if env == "HF_HUB_CACHE" else tmp_path))
+    assert same_layer(ktcy.load_experts("Org/Tiny-MoE", 1), ktcy.load_experts(snap, 1))
+    assert Checkpoint("Org/Tiny-MoE").path == str(snap)
+    assert len(ktcy.MoEModel.from_pretrained("Org/Tiny-MoE").blocks) == 2
+
+
+def test_unknown_hub_id_is_refused_with_a_hint(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
+    with pytest.raises(CheckpointError, match=r"not found locally .*huggingface-cli download Qwen/Qwen3-30B-A3B.* or pass a folder"):
+        ktcy.load_experts("Qwen/Qwen3-30B-A3B", 1)
+    with pytest.raises(CheckpointError, match="huggingface-cli download"):
+        ktcy.MoEModel.from_pretrained("Qwen/Qwen3-30B-A3B")
+
+
+def test_hub_snapshot_choice_without_or_with_a_stale_refs_main(tmp_path, monkeypatch):
+    cache = tmp_path / "hub"
+    snap = hub_snapshot(cache, "Org/Tiny")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    refs = cache / "models--Org--Tiny" / "refs" / "main"
+    refs.write_text("feedface")
+    with pytest.raises(CheckpointError, match="names revision feedface, but .* is missing"):
+        ktcy.load_experts("Org/Tiny", 1)
+    os.remove(refs)  # the only snapshot is used
+    assert Checkpoint("Org/Tiny").path == str(snap)
+    os.mkdir(snap.parent / "feedface")
+    with pytest.raises(CheckpointError, match="several cached revisions"):
+        ktcy.load_experts("Org/Tiny", 1)
+
+
+@pytest.mark.parametrize("ref", ["../../../etc", "/abs", "a/b", ""])
+def test_hub_refs_main_cannot_name_a_path(tmp_path, monkeypatch, ref):
+    cache = tmp_path / "hub"
+    hub_snapshot(cache, "Org/Tiny")
+    (cache / "models--Org--Tiny" / "refs" / "main").write_text(ref)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    with pytest.raises(CheckpointError, match="refs/main: not a revision name"):
+        ktcy.load_experts("Org/Tiny", 1)
+
+
+def test_repr_of_model_and_block(tmp_path):
+    make_checkpoint(tmp_path)
+    add_routers(tmp_path)
+    model = ktcy.MoEModel.from_pretrained(tmp_path, backend="INT8")
+    text = repr(model)
+    assert text.startswith("MoEModel(architecture=Test,") and "blocks=2" in text and "layers=1-2" in text
+    assert "experts=4" in text and "hidden_size=128" in text and "formats=INT8" in text
+    isa = model.blocks["model.layers.1.mlp.experts"].experts.isa
+    assert f"isa={isa}" in text
+    block = repr(model.blocks["model.layers.1.mlp.experts"])
+    assert block.startswith("MoEBlock('model.layers.1.mlp.experts', layer=1, experts=4, top_k=2")
+    assert "format=INT8" in block and "router=softmax" in block and "shared_experts=False" in block
+
+
+def test_public_loaders_document_parameters_and_errors():
+    for fn, words in ((ktcy.load_experts, ("isa", "group_size", "progress", "method", "Raises", "Returns")),
+                      (ktcy.MoEModel.from_pretrained, ("rules", "backend", "layers", "isa", "Raises", "Returns")),
+                      (ktcy.MoEModel.inject_expert_backend, ("layer_regex", "backend", "Raises", "Returns"))):
+        assert all(w in fn.__doc__ for w in words), fn.__name__
+        assert fn.__annotations__.get("return") is not None, fn.__name__
+
+
+def test_layers_argument_is_type_checked(tmp_path):
+    make_checkpoint(tmp_path)
+    add_routers(tmp_path)
+    with pytest.raises(TypeError, match="layers must be an iterable"):
+        ktcy.MoEModel.from_pretrained(tmp_path, layers=1)
+    with pytest.raises(TypeError, match="each of layers must be an integer"):
+        ktcy.MoEModel.from_pretrained(tmp_path, layers=["1"])
+    assert list(ktcy.MoEModel.from_pretrained(tmp_path, layers=np.arange(2, 3)).blocks) == ["model.layers.2.mlp.experts"]
