@@ -180,14 +180,15 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
             progress=None, overwrite=False, resume_layer=None):
     """Packs the chosen MoE layers of a checkpoint into output_path; returns the layers now in
     the output (written or, with resume / resume_layer, kept)."""
-    input_path, output_path = os.fspath(input_path), os.fspath(output_path)
+    output_path = os.fspath(output_path)
     progress = progress or Progress()
-    refuse_output_in_input(input_path, output_path)
     asked = canonical_format(method) if method else None
     group = check_group_size(group_size, asked)
     if resume_layer is not None and (isinstance(resume_layer, bool) or not isinstance(resume_layer, int) or resume_layer < 0):
         raise ValueError(f"--resume-layer must be a layer number >= 0, got {resume_layer!r}")
     ckpt = Checkpoint(input_path)
+    input_path = ckpt.path  # with ~ expanded and a hub id resolved to its local snapshot
+    refuse_output_in_input(input_path, output_path)
     arch = ckpt.arch
     chosen = parse_layers(layers, arch.moe_layers, arch.num_layers)
     fingerprint = source_fingerprint(input_path)

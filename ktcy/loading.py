@@ -8,7 +8,7 @@ from typing import Callable, Optional, Union
 
 from ktcy.checkpoint import Checkpoint, dequantize, layer_number
 from ktcy.config import MoeConfig, QuantConfig
-from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format
+from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format, has_groups
 from ktcy.moe import MoE
 from ktcy.packed_io import layer_file_name, load_layer, read_metadata
 from ktcy.paths import MAX_CONFIG_BYTES, allowed_roots, confined_file, read_json, resolve_model_path
@@ -75,8 +75,8 @@ def _load_converted(path, layer, method, isa, group_size):
     if method is not None and canonical_format(method) != stored:
         raise CheckpointError(f"{f}: packed as {stored}; converting to "
                               f"{canonical_format(method)} needs the original checkpoint")
-    if group_size is not None and (stored != "INT4" or group_size != dims["group_size"]):
-        held = f"INT4 with group size {dims['group_size']}" if stored == "INT4" else f"{stored} (no group size)"
+    if group_size is not None and (not has_groups(stored) or group_size != dims["group_size"]):
+        held = f"{stored} with group size {dims['group_size']}" if has_groups(stored) else f"{stored} (no group size)"
         raise CheckpointError(f"{f}: packed as {held}; group_size={group_size} needs converting the original "
                               "checkpoint again")
     return load_layer(f, isa=isa)
@@ -87,8 +87,8 @@ def experts_from_checkpoint(ckpt, layer, method=None, isa=None, group_size=None,
     experts = ckpt.layer(layer)
     a = ckpt.arch
     fmt = canonical_format(method) if method is not None else experts.native_format
-    if group_size is not None and fmt != "INT4":
-        raise ValueError(f"group_size applies to INT4 only; the experts are loaded as {fmt}")
+    if group_size is not None and not has_groups(fmt):
+        raise ValueError(f"group_size applies to grouped formats (INT4, INT4_ZP) only; the experts are loaded as {fmt}")
     config = MoeConfig(a.num_experts, a.top_k, a.hidden_size, a.intermediate_size,
                        QuantConfig(fmt, group_size=group_size or DEFAULT_INT4_GROUP), backend=method, isa=isa)
     return MoE.from_experts(config, source_for(fmt, experts.scale_kind, experts.expert), progress)

@@ -14,7 +14,7 @@ from ktcy.config import MoeConfig, QuantConfig
 from ktcy.formats import DEFAULT_INT4_GROUP, DESCRIPTORS, FORMATS
 from ktcy.kernels import PackedWeight
 from ktcy.moe import MoE, pack_expert_weight
-from ktcy.safetensors_io import CheckpointError, SafetensorsFile, write
+from ktcy.safetensors_io import CheckpointError, SafetensorsFile, open_regular_file, write
 
 FILE_FORMAT = "ktcy.packed_experts"
 LAYOUT_VERSION = "1"
@@ -102,7 +102,7 @@ def _stacked(f, path, name, dtype, experts, shape):
 def load_layer(path, isa=None, backend=None):
     """MoE over the mapped file (no copy of the packed weights).  Every array is checked against
     the shapes the metadata implies by the format descriptor before any kernel sees it."""
-    fd = os.open(path, os.O_RDONLY)  # held for the layer's life: fstat before each forward
+    fd = open_regular_file(path)  # held for the layer's life: fstat before each forward
     try:
         size = os.fstat(fd).st_size
         f, m, d = read_metadata(path)

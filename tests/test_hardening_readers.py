@@ -151,7 +151,7 @@ def test_converted_group_size_must_match_the_file(tmp_path):
 
 def test_group_size_is_never_ignored_on_a_checkpoint(tmp_path):
     make_checkpoint(tmp_path)
-    with pytest.raises(ValueError, match="group_size applies to INT4 only"):
+    with pytest.raises(ValueError, match="group_size applies to grouped formats"):
         ktcy.load_experts(tmp_path, 1, method="INT8", group_size=32)
     with pytest.raises(ValueError, match="group_size must be one of"):
         ktcy.load_experts(tmp_path, 1, method="INT4", group_size=48)
@@ -191,10 +191,11 @@ def test_fifo_as_a_shard_fails_at_once(tmp_path):
 @pytest.mark.parametrize("which,size", [("config.json", 5 * 2**20), ("model.safetensors.index.json", 65 * 2**20),
                                         ("ktcy_model.json", 5 * 2**20)])
 def test_oversized_json_is_refused_before_reading(tmp_path, which, size):
-    make_checkpoint(tmp_path, shards=2)
+    src = tmp_path / "ckpt"
+    make_checkpoint(src, shards=2)
     if which == "ktcy_model.json":
-        convert_mod.convert(tmp_path, tmp_path / "packed", method="INT8", progress=QUIET)
-    target = tmp_path / ("packed" if which == "ktcy_model.json" else "") / which
+        convert_mod.convert(src, tmp_path / "packed", method="INT8", progress=QUIET)
+    target = (tmp_path / "packed" if which == "ktcy_model.json" else src) / which
     with open(target, "r+b") as f:
         f.seek(size)
         f.write(b" ")  # a sparse file: its size alone must refuse it, before anything is read
