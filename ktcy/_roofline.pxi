@@ -52,7 +52,7 @@ cdef double _timed_run(int which, int64_t iters, int threads):
             sink += _run_peak(which, iters)
     return _time.perf_counter() - start
 
-def measure_peak(str name, int threads, double seconds=0.05, int repeats=5):
+def measure_peak(str name, int threads, double seconds=0.03, int repeats=4):
     """Ops per second of one instruction over `threads` threads, independent chains.
 
     The loop length is calibrated on one thread until a run lasts `seconds`, so every team run
