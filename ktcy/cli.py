@@ -166,6 +166,8 @@ def _load_hidden_states(path, hidden):
         h = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:
         raise ValueError(f"--input {path!r} is not a readable .npy file ({e})") from None
+    if isinstance(h, np.ndarray) and h.dtype == np.dtype("V2"):
+        h = h.view(ml_dtypes.bfloat16)  # np.save writes ml_dtypes.bfloat16 as 2-byte void
     if not isinstance(h, np.ndarray) or h.dtype not in (np.float32, np.float64, np.dtype(ml_dtypes.bfloat16)):
         raise ValueError(f"--input {path!r} holds {getattr(h, 'dtype', type(h).__name__)}; "
                          "hidden states must be float32, float64 or bfloat16")

@@ -172,6 +172,8 @@ def kernels():
             why = _why_not(fmt, better)
             if better == "amx" and why is None and not _native._policy["amx_enabled"]:
                 why = "AMX is disabled by CPUINFER_ENABLE_AMX=OFF"
+            if why is None and _native._policy["forced"]:
+                why = f"KTCY_ISA={_native._policy['forced']} forces {isa}"
             if why:
                 faster.append({"isa": better, "why_not": why})
         for v in all_variants:  # a faster variant of the same ISA (listed first in the registry)
