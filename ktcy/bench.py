@@ -1,13 +1,13 @@
 """`ktcy bench`: MoE forward timings on a model-shaped layer with random weights and routing,
 set against the measured roofline (read bandwidth, per-ISA multiply-add peak)."""
+import dataclasses
 import hashlib
 import os
 import time
 
-import ml_dtypes
 import numpy as np
 
-from ktcy import _native, progress
+from ktcy import _native, kernels, progress
 from ktcy.config import MoeConfig, QuantConfig
 from ktcy.formats import FORMATS, canonical_format
 from ktcy.moe import MoE
@@ -22,6 +22,7 @@ SHAPES = {
     "mixtral": (4096, 14336, 8, 2, "Mixtral-8x7B layer"),
 }
 DEFAULT_FORMATS = ("BF16", "INT8", "INT4", "FP8_PERCHANNEL", "FP8_BLOCK")
+DISTINCT_EXPERTS = 16                  # quantized and packed; the other experts are copies
 DEFAULT_TOKENS = (1, 32, 512)          # decode, the AMX switch-over, prefill: about a minute on 2 cores
 FULL_TOKENS = (1, 4, 32, 128, 512)     # --full
 LEGEND = ("median: per-call time over the calls shown in 'runs'; [p10-p90]: the 10th-90th percentile of those "
@@ -61,8 +62,9 @@ def check_isa(isa, formats):
 
 
 def memory_needed(H, I, E):
-    """Bytes the bench holds at its peak: bfloat16 sources plus the largest packed layer (BF16)."""
-    return 2 * (3 * E * H * I * 2)
+    """Bytes the bench holds at its peak: the float32 sources of the distinct experts plus the
+    largest packed layer (BF16) and a packed layer being built beside the freed one."""
+    return 3 * H * I * (4 * min(E, DISTINCT_EXPERTS) + 2 * 2 * E)
 
 
 def available_memory():
@@ -112,15 +114,30 @@ def distinct_routings(routes):
     return len({hashlib.sha1(np.ascontiguousarray(r).tobytes()).digest() for r in routes})
 
 
-def _source_weights(rng, E, rows, cols, note):
-    """[E, rows, cols] bfloat16, generated one expert at a time (half the memory of float32)."""
-    out = np.empty((E, rows, cols), ml_dtypes.bfloat16)
-    bar = progress.reporter(f"random {note} weights", E, "expert")
-    for e in range(E):
-        out[e] = (rng.standard_normal((rows, cols), np.float32) * 0.02).astype(ml_dtypes.bfloat16)
-        bar.update(e + 1, E)
-    bar.close()
-    return out
+def _clone(weight):
+    """The same packed bytes in fresh memory: a stand-in expert that costs a copy, not a packing."""
+    copy = lambda a: None if a is None else a.copy()
+    return dataclasses.replace(weight, data=weight.data.copy(), scale=weight.scale.copy(),
+                               colsum=copy(weight.colsum), _view=None)
+
+
+def build_layer(config, sources, say_progress):
+    """An E-expert layer from len(sources["gate"]) distinct random experts: those are quantized and
+    packed, the rest are copies of them in their own memory.  Timing does not depend on the
+    values, and every expert's bytes still come from DRAM; packing all of them (INT4's scale
+    search is slow) would cost most of a run."""
+    fmt, group = config.weight_format, config.quant_config.group_size
+    distinct = len(sources["gate"])
+    packed = {name: [] for name in ("gate", "up", "down")}
+    for e in range(distinct):
+        for name, ws in packed.items():
+            ws.append(kernels.pack(sources[name][e], fmt, group_size=group))
+        say_progress(e + 1, config.num_experts)
+    for e in range(distinct, config.num_experts):
+        for ws in packed.values():
+            ws.append(_clone(ws[e % distinct]))
+        say_progress(e + 1, config.num_experts)
+    return MoE(config, packed["gate"], packed["up"], packed["down"])
 
 
 def run(shape="qwen3-30b", formats=DEFAULT_FORMATS, tokens=DEFAULT_TOKENS, isa=None, seed=0, say=None):
@@ -135,14 +152,14 @@ def run(shape="qwen3-30b", formats=DEFAULT_FORMATS, tokens=DEFAULT_TOKENS, isa=N
     roof = roofline()
     say = say or (lambda text: None)
     rng = np.random.default_rng(seed)
-    gate = _source_weights(rng, E, I, H, "gate")
-    up = _source_weights(rng, E, I, H, "up")
-    down = _source_weights(rng, E, H, I, "down")
+    distinct = min(E, DISTINCT_EXPERTS)
+    sources = {name: [rng.standard_normal(shape, np.float32) * 0.02 for _ in range(distinct)]
+               for name, shape in (("gate", (I, H)), ("up", (I, H)), ("down", (H, I)))}
     for fmt in formats:
         cfg = MoeConfig(E, k, H, I, QuantConfig(fmt), isa=isa)
         t0 = time.perf_counter()
         with progress.reporter(f"packing {fmt}", E, "expert") as bar:
-            layer = MoE.from_weights(cfg, gate, up, down, progress=bar.update)
+            layer = build_layer(cfg, sources, bar.update)
         say(f"packed {fmt} in {time.perf_counter() - t0:.1f} s ({layer.nbytes / 2**30:.2f} GiB): {layer.kernel}")
         per_expert = layer.nbytes / E
         for T in tokens:
@@ -186,7 +203,9 @@ def format_roofline(roof):
     lines = [f"Roofline ({roof['threads']} threads): read bandwidth {roof['read_bandwidth_gbs']:.1f} GB/s "
              f"(streaming read of {roof.get('probe_mib', 512)} MiB, best of 15)"]
     for name, p in roof["peaks"].items():
-        flag = "" if p.get("reliable", True) else f"  UNRELIABLE: {p['note']}"
+        flag = "" if p.get("reliable", True) else (
+            f"  UNRELIABLE: {roof['threads']} threads gave {p['value'] / p['single_thread']:.2f}x the one-thread "
+            f"figure (cores shared or busy)")
         lines.append(f"  {name:12s} {p['instruction']:32s} {p['value']:9.1f} {p['unit']}"
                      f"  (1 thread: {p.get('single_thread', p['value']):.1f}){flag}")
     return "\n".join(lines)
