@@ -260,3 +260,19 @@ def test_python_m_ktcy_from_the_source_tree_says_what_to_do():
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "source tree" in r.stderr and "cd elsewhere" in r.stderr
     assert "circular import" not in r.stderr
+
+
+def test_amx_fallback_notice_is_shown_once():
+    if "amx" in _native.available_isas():
+        pytest.skip("AMX runs here: no fallback to report")
+    code = ("import numpy as np, ktcy\n"
+            "from ktcy import log\n"
+            "log.set_verbosity('info')\n"
+            "w = np.zeros((4, 64, 128), np.float32); d = np.zeros((4, 128, 64), np.float32)\n"
+            "for _ in range(3):\n"
+            "    ktcy.MoE.from_weights(ktcy.MoeConfig(4, 2, 128, 64, backend='AMXINT8'), w, w, d)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    notices = [line for line in r.stderr.splitlines() if "AMXINT8" in line]
+    assert len(notices) == 1, r.stderr
+    assert notices[0].startswith("ktcy: ") and "ktcy: ktcy:" not in notices[0]
