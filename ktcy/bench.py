@@ -181,6 +181,7 @@ def run(shape="qwen3-30b", formats=DEFAULT_FORMATS, tokens=DEFAULT_TOKENS, isa=N
                 "layer_bytes": layer.nbytes, "tokens_per_s": T / med, "weight_gbs": gbs,
                 "bandwidth_pct": 100 * gbs / roof["read_bandwidth_gbs"],
                 "gflops": gflops, "peak": peak["name"] if peak else None,
+                "peak_value": peak["value"] if peak else None,
                 "peak_pct": 100 * gflops / peak["value"] if peak else None,
                 "peak_reliable": peak["reliable"] if peak else None,
             }
@@ -192,7 +193,7 @@ HEADER = (f"{'format':15s} {'ISA':8s} {'T':>4s} {'median ms':>10s} {'[p10-p90] m
 
 
 def format_row(r):
-    peak = (f"{r['peak_pct']:5.1f}% of {r['peak']}" + ("" if r["peak_reliable"] else " (unreliable peak)")
+    peak = (f"{r['peak_pct']:5.1f}% of {r['peak']}" + ("" if r["peak_reliable"] else " (threads x 1-thread figure)")
             if r["peak"] else "  -   (no peak for this ISA)")
     spread = f"[{r['p10_ms']:.2f}-{r['p90_ms']:.2f}]"
     return (f"{r['format']:15s} {r['isa']:8s} {r['tokens']:4d} {r['median_ms']:10.2f} {spread:>17s} "
@@ -286,8 +287,7 @@ def save_plot(rows, roof, path, title):
         bound = []
         for r in mine:
             flops = r["gflops"] * r["median_ms"] * 1e6  # GFLOP/s x ms -> FLOP
-            peak = roof["peaks"].get(r["peak"]) if r["peak"] else None
-            compute = flops / (peak["value"] * 1e9) if peak else 0.0
+            compute = flops / (r["peak_value"] * 1e9) if r["peak_value"] else 0.0
             bound.append(max(r["bytes_per_call"] / bw, compute) * 1e3)
         ax.plot(T, bound, "--", color=color, alpha=0.6, label=f"{fmt} roofline bound")
     ax.set_xscale("log", base=2)

@@ -38,12 +38,18 @@ def test_avx2_probes_run_wherever_avx2_does():
 
 
 def test_avx2_kernels_are_measured_against_their_own_peaks():
-    roof = {"peaks": {n: {"value": 1.0, "reliable": True} for n in ("avx2_fma", "avx2_int8")}}
+    roof = {"threads": 2, "peaks": {n: {"value": 1.0, "reliable": True} for n in ("avx2_fma", "avx2_int8")}}
     assert roofline.peak_for("INT8", "avx2", roof)["name"] == "avx2_int8"
     assert roofline.peak_for("INT4", "avx2", roof)["name"] == "avx2_int8"
     assert roofline.peak_for("BF16", "avx2", roof)["name"] == "avx2_fma"
     assert roofline.peak_for("FP8_BLOCK", "avx2", roof)["name"] == "avx2_fma"
     assert roofline.peak_for("INT8", "ref", roof) is None
+
+
+def test_an_unreliable_peak_is_replaced_by_the_per_thread_bound():
+    roof = {"threads": 2, "peaks": {"avx2_fma": {"value": 10.0, "single_thread": 8.0, "reliable": False}}}
+    p = roofline.peak_for("BF16", "avx2", roof)
+    assert p["value"] == 16.0 and p["basis"] == "threads x one-thread"
 
 
 def test_bad_probe_arguments():
