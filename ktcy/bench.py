@@ -61,10 +61,13 @@ def check_isa(isa, formats):
         _native.resolve(fmt, isa)
 
 
-def memory_needed(H, I, E):
-    """Bytes the bench holds at its peak: the float32 sources of the distinct experts plus the
-    largest packed layer (BF16) and a packed layer being built beside the freed one."""
-    return 3 * H * I * (4 * min(E, DISTINCT_EXPERTS) + 2 * 2 * E)
+def memory_needed(H, I, E, k=1, max_tokens=1):
+    """Bytes the bench holds at its peak: the float32 sources of the distinct experts, the largest
+    packed layer (BF16) and one being built beside it, and per call the activations, the routing
+    draw and the engine's per-row scratch (a generous estimate)."""
+    weights = 3 * H * I * (4 * min(E, DISTINCT_EXPERTS) + 2 * 2 * E)
+    per_token = 2 * H * 4 + E * 8 + k * (2 * I + H) * 8
+    return weights + max_tokens * per_token
 
 
 def available_memory():
@@ -79,11 +82,11 @@ def available_memory():
     return None
 
 
-def check_memory(H, I, E):
-    need, have = memory_needed(H, I, E), available_memory()
+def check_memory(H, I, E, k=1, max_tokens=1):
+    need, have = memory_needed(H, I, E, k, max_tokens), available_memory()
     if have is not None and need > have:
-        raise ValueError(f"this shape (H={H}, I={I}, E={E}) needs about {need / 2**30:.1f} GiB for its weights; "
-                         f"{have / 2**30:.1f} GiB is available")
+        raise ValueError(f"this run (H={H}, I={I}, E={E}, top-{k}, up to T={max_tokens}) needs about "
+                         f"{need / 2**30:.1f} GiB; {have / 2**30:.1f} GiB is available")
 
 
 def draw_routing(rng, T, E, k):
@@ -148,7 +151,7 @@ def run(shape="qwen3-30b", formats=DEFAULT_FORMATS, tokens=DEFAULT_TOKENS, isa=N
     if not tokens or any(int(t) < 1 for t in tokens):
         raise ValueError(f"token counts must be positive, got {list(tokens)}")
     check_isa(isa, formats)
-    check_memory(H, I, E)
+    check_memory(H, I, E, k, max(tokens))
     roof = roofline()
     say = say or (lambda text: None)
     rng = np.random.default_rng(seed)

@@ -108,7 +108,7 @@ def cmd_bench(args):
             raise ValueError(f"--tokens must be positive integers, got {args.tokens!r}")
     H, I, E, k, note = bench.parse_shape(args.shape)
     bench.check_isa(args.isa, formats)
-    bench.check_memory(H, I, E)
+    bench.check_memory(H, I, E, k, max(tokens))
     if args.plot:  # fail on a missing matplotlib or a bad path before minutes of work
         try:
             import matplotlib  # noqa: F401
@@ -198,11 +198,10 @@ def cmd_run_block(args):
     return 0
 
 
-def _common(parser, top=False):
+def _common(parser):
     # SUPPRESS: a flag given before the command is not overwritten by the command's default
     d = argparse.SUPPRESS
-    parser.add_argument("-v", "--verbose", action="count", default=d,
-                        help="more messages (-v: info, -vv: debug)" + ("" if top else ""))
+    parser.add_argument("-v", "--verbose", action="count", default=d, help="more messages (-v: info, -vv: debug)")
     parser.add_argument("-q", "--quiet", action="store_true", default=d, help="errors only, no progress")
     parser.add_argument("--debug", action="store_true", default=d, help="show tracebacks of errors")
 
@@ -211,7 +210,7 @@ def build_parser():
     parser = _Parser(prog="ktcy", description="MoE expert kernels for x86 CPUs: inspect the machine, benchmark, "
                      "convert checkpoints, run a block.", formatter_class=_Formatter)
     parser.add_argument("--version", action="version", version=f"ktcy {__version__}")
-    _common(parser, top=True)
+    _common(parser)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def command(name, help_text, description):

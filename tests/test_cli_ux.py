@@ -48,6 +48,7 @@ def missing_isa():
     (("--tokens", "1,x"), ("--tokens",)),
     (("--tokens", "0"), ("--tokens",)),
     (("--shape", "100000,100000,1000,8"), ("GiB", "available")),
+    (("--shape", "64,32,4,2", "--tokens", str(10**12)), ("GiB", "available")),
 ])
 def test_bench_value_errors(args, words):
     assert_one_line_error(ktcy_cli("bench", *args), *words, rc=1)
