@@ -151,7 +151,7 @@ def amx():
 def _why_not(fmt, isa):
     try:
         _native.resolve(fmt, isa)
-    except UnsupportedISAError as e:
+    except (UnsupportedISAError, ValueError) as e:
         return str(e).split(". Available")[0]
     return None
 
@@ -164,8 +164,8 @@ def kernels():
         row = {}
         try:
             isa, variant = _native.resolve(fmt)
-            row.update(isa=isa, variant=variant, reason=_native._policy["reasons"][fmt])
-        except UnsupportedISAError as e:
+            row.update(isa=isa, variant=variant, reason=_native._policy["reasons"].get(fmt, ""))
+        except (UnsupportedISAError, ValueError) as e:  # ValueError: an invalid KTCY_ISA
             row.update(isa=None, variant=None, reason=str(e))
         faster = []
         for better in _LADDER[:_LADDER.index(isa)] if row["isa"] in _LADDER else ():
@@ -186,6 +186,17 @@ def kernels():
         row["faster_options"] = faster
         out[fmt] = row
     return out
+
+
+def environment_problems():
+    """Messages about environment variables ktcy could not honour (an invalid KTCY_ISA or
+    KTCY_NUM_THREADS does not stop `import ktcy`; it is reported here)."""
+    from ktcy import threads
+    problems = list(getattr(threads, "ENV_PROBLEMS", []))
+    error = _native._policy.get("error")
+    if error:
+        problems.append(str(error))
+    return problems
 
 
 def advice(data):
@@ -219,7 +230,8 @@ def collect():
         "versions": versions(), "memory": memory(), "numa": numa(), "huge_pages": huge_pages(),
         "cpu": cpu(), "amx": amx(), "features": _native.cpu_features(),
         "available_isas": _native.available_isas(), "build": _native.build_info(),
-        "environment": {k: os.environ.get(k) for k in _ENV}, "kernels": kernels(),
+        "environment": {k: os.environ.get(k) for k in _ENV}, "environment_problems": environment_problems(),
+        "kernels": kernels(),
         "backends": report.backend_readiness(),
     }
     data["advice"] = advice(data)
@@ -253,6 +265,7 @@ def format_text(d):
         f"{yes[a['permission_requested']]}, granted {yes[a['permission_granted']]}",
         "Environment: " + (", ".join(f"{k}={val}" for k, val in d["environment"].items() if val is not None)
                            or "no ktcy/OpenMP variables set"),
+        *(f"  problem: {p}" for p in d["environment_problems"]),
         "",
         "Kernel per format:",
     ]

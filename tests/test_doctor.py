@@ -28,8 +28,8 @@ def doctor_json(*env):
 
 def test_every_field_is_present():
     d = doctor_json()
-    assert set(d) == set(FIELDS) | {"numa", "features", "available_isas", "build", "environment", "kernels",
-                                    "backends", "advice"}
+    assert set(d) == set(FIELDS) | {"numa", "features", "available_isas", "build", "environment",
+                                    "environment_problems", "kernels", "backends", "advice"}
     for section, keys in FIELDS.items():
         assert set(d[section]) == keys, section
     assert set(d["versions"]["cc"]) == {"command", "path", "version"}
