@@ -205,7 +205,7 @@ def format_row(r):
 
 def format_roofline(roof):
     lines = [f"Roofline ({roof['threads']} threads): read bandwidth {roof['read_bandwidth_gbs']:.1f} GB/s "
-             f"(streaming read of {roof.get('probe_mib', 512)} MiB, best of 15)"]
+             f"(best 16 MiB-per-thread pass over {roof.get('probe_mib', 512)} MiB)"]
     for name, p in roof["peaks"].items():
         flag = "" if p.get("reliable", True) else (
             f"  UNRELIABLE: {roof['threads']} threads gave {p['value'] / p['single_thread']:.2f}x the one-thread "

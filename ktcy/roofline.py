@@ -40,11 +40,11 @@ def probe_bytes():
     return max(512 * 2**20, 4 * (llc_bytes() or 0))
 
 
-def read_bandwidth(threads=None, repeats=15):
-    """A fresh streaming-read figure in GB/s (not cached): the best of `repeats` passes.  Many
-    short passes rather than a few long ones, so that on a shared machine some pass runs while
-    the neighbours are idle."""
-    return _native.measure_read_bandwidth(threads or get_num_threads(), probe_bytes(), repeats) / 1e9
+def read_bandwidth(threads=None, repeats=5):
+    """A fresh streaming-read figure in GB/s (not cached): the best of many short passes (16 MiB
+    per thread each) over a buffer of probe_bytes(), swept `repeats` times."""
+    threads = threads or get_num_threads()
+    return _native.measure_read_bandwidth(threads, max(probe_bytes(), 4 * threads * 16 * 2**20), repeats) / 1e9
 
 
 @functools.lru_cache(maxsize=None)
