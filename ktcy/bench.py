@@ -119,9 +119,9 @@ def distinct_routings(routes):
 
 def _clone(weight):
     """The same packed bytes in fresh memory: a stand-in expert that costs a copy, not a packing."""
-    copy = lambda a: None if a is None else a.copy()
-    return dataclasses.replace(weight, data=weight.data.copy(), scale=weight.scale.copy(),
-                               colsum=copy(weight.colsum), _view=None)
+    colsum = None if weight.colsum is None else weight.colsum.copy()
+    return dataclasses.replace(weight, data=weight.data.copy(), scale=weight.scale.copy(), colsum=colsum,
+                               _view=None)
 
 
 def build_layer(config, sources, say_progress):
