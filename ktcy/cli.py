@@ -315,9 +315,10 @@ def _guarded(fn, debug):
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     first = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
-    if first is not None and argv[first] == "convert":  # the converter owns its flags
-        flags, rest = _split_global_flags(argv[:first] + argv[first + 1:])
-        _set_verbosity(**flags)
+    if first is not None and argv[first] == "convert":
+        # the converter owns its flags, -q/-v/--debug included (before or after the word convert)
+        rest = argv[:first] + argv[first + 1:]
+        flags, _ = _split_global_flags(rest)
         from ktcy.convert import main as convert_main
         return _guarded(lambda: convert_main(rest, prog="ktcy convert"), flags["debug"])
     args = build_parser().parse_args(argv)

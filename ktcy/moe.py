@@ -11,6 +11,7 @@ import ml_dtypes
 import numpy as np
 
 from ktcy import _native, kernels
+from ktcy import progress as _progress
 from ktcy.config import MoeConfig
 from ktcy.errors import UnsupportedISAError
 from ktcy.safetensors_io import CheckpointError
@@ -23,6 +24,10 @@ log = logging.getLogger("ktcy")
 AMX_MIN_ROWS = 32
 
 _DECODE_LADDER = ("avx512", "avx2", "ref")
+
+# Layers at least this large (weights of all experts) show a progress bar while they are packed
+# (a Qwen3-30B-A3B layer, 604M weights, takes seconds); small ones pack too fast to need one.
+_PROGRESS_MIN_WEIGHTS = 1 << 26
 
 
 def choose_kernels(fmt, config):
@@ -124,11 +129,19 @@ class MoE:
         stored when the layer's format is theirs, else dequantized exactly and quantized again."""
         fmt, group = config.weight_format, config.quant_config.group_size
         packed = {"gate": [], "up": [], "down": []}
-        for e in range(config.num_experts):
-            for name, (w, scale) in expert(e).items():
-                packed[name].append(pack_expert_weight(w, scale, fmt, group, f"{name}[{e}]"))
-            if progress is not None:
-                progress(e + 1, config.num_experts)
+        E = config.num_experts
+        bar = None
+        if progress is None and E * 3 * config.hidden_size * config.intermediate_size >= _PROGRESS_MIN_WEIGHTS:
+            bar = progress = _progress.reporter(f"packing {fmt}", E, "expert")
+        try:
+            for e in range(E):
+                for name, (w, scale) in expert(e).items():
+                    packed[name].append(pack_expert_weight(w, scale, fmt, group, f"{name}[{e}]"))
+                if progress is not None:
+                    progress(e + 1, E)
+        finally:
+            if bar is not None:
+                bar.close()
         return cls(config, packed["gate"], packed["up"], packed["down"], bias)
 
     @property
