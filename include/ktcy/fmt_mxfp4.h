@@ -35,7 +35,31 @@ KT_AI float KT_(code)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) {
 #elif KT_SKEL == KT_SKEL_AVX2
 #define KT_WKIND KT_W_BF16
 #define KT_PREDECODE 1
-#define KT_REG_DECODE 0
+#define KT_REG_DECODE 1
+/* Half h of row r in registers: the 16 codes (8 channels x even/odd K) split by vpshufb, their
+ * magnitudes looked up as floats (vpermps), the sign bit moved in, and each channel's
+ * 2^(e - 127) - built from the exponent bits - multiplied in (exact: the product is a normal
+ * float with 2 significant bits). */
+KT_AI kt_w256 KT_(half)(const uint8_t *blk, int r, int h) {
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)(blk + (r >> 1) * 32 + h * 16));
+    const __m128i codes = _mm_and_si128((r & 1) ? _mm_srli_epi16(bytes, 4) : bytes, _mm_set1_epi8(0x0F));
+    const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m128i eo = _mm_shuffle_epi8(codes, split); /* even codes, then odd codes */
+    int64_t e8;
+    memcpy(&e8, blk + 256 + h * 8, 8);
+    const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(e8)), 23));
+    const __m256 mag = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+    kt_w256 out;
+    out.i = _mm256_setzero_si256();
+    for (int half = 0; half < 2; ++half) {
+        const __m256i c = _mm256_cvtepu8_epi32(half ? _mm_srli_si128(eo, 8) : eo);
+        const __m256 v = _mm256_permutevar8x32_ps(mag, c); /* uses the low 3 bits */
+        const __m256 sign = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(8)), 28));
+        const __m256 value = _mm256_mul_ps(_mm256_xor_ps(v, sign), scale);
+        if (half) out.o = value; else out.e = value;
+    }
+    return out;
+}
 KT_AI void KT_(decode_panels)(const uint8_t *src, uint8_t *dst, int64_t blocks) { KT_(decode_scalar)(src, dst, blocks); }
 
 #elif KT_SKEL == KT_SKEL_AVX512
