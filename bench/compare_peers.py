@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Side-by-side MoE forward: ktcy against a straightforward numpy float32 MoE, PyTorch CPU (bf16
-and fp32) and kt-kernel (BF16, INT8) when installed, interleaved in one run on the same weights and routing, printed
-as time ratios to ktcy.  Not part of CI; see bench/README.md for installing the peers.
+and fp32) and kt-kernel (BF16, INT8, with the classes its installed build has) when installed, interleaved in one
+run on the same weights, every call with a freshly drawn routing, printed as time ratios to ktcy.  Not part of CI; see bench/README.md for installing the peers.
 
     python bench/compare_peers.py [--shape qwen3-30b] [--tokens 1,32,512] [--formats BF16,INT8]
 """
@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 import ktcy
-from ktcy.bench import parse_shape
+from ktcy.bench import draw_routing, parse_shape
 
 
 def numpy_moe(gate, up, down):
@@ -46,6 +46,20 @@ def torch_moe(gate, up, down, dtype):
     return forward
 
 
+def kt_moe_class(module, fmt):
+    """The kt-kernel MoE class for fmt in the variant installed here: its AMX build has
+    AMXBF16_MOE / AMXInt8_MOE, its AVX2 build AVX2BF16_MOE and the like; AMX classes only where
+    ktcy finds AMX usable.  None when the build has no class for fmt."""
+    amx = "amx" in ktcy.available_isas()
+    names = sorted((n for n in dir(module) if n.upper().endswith("_MOE") and fmt in n.upper()),
+                   key=lambda n: (not n.upper().startswith("AMX"), n))
+    for name in names:
+        if name.upper().startswith("AMX") and not amx:
+            continue
+        return getattr(module, name)
+    return None
+
+
 class KtKernelPeer:
     """kt-kernel 0.7.2 driven through its extension the way its own wrapper does: one CPUInfer
     worker pool, MOEConfig with bf16 weight pointers, online quantization, forward_task."""
@@ -57,7 +71,8 @@ class KtKernelPeer:
         config = kt_kernel_ext.WorkerPoolConfig()
         config.subpool_count, config.subpool_numa_map, config.subpool_thread_count = 1, [0], [threads]
         self.pool = kt_kernel_ext.CPUInfer(config)
-        self.classes = {"BF16": kt_kernel_ext.moe.AMXBF16_MOE, "INT8": kt_kernel_ext.moe.AMXInt8_MOE}
+        self.classes = {fmt: cls for fmt in ("BF16", "INT8")
+                        if (cls := kt_moe_class(kt_kernel_ext.moe, fmt)) is not None}
         self.weights = [torch.from_numpy(a).to(torch.bfloat16).contiguous() for a in (gate, up, down)]
         self.gpu_mask = torch.zeros(gate.shape[0], dtype=torch.bool)
         self.max_tokens = -(-max_tokens // 32) * 32  # its buffers come in 32-row steps
@@ -92,6 +107,7 @@ class KtKernelPeer:
 
 
 def median_time(fn, calls):
+    """Median seconds over calls[1:] (calls[0] warms up); every call carries its own routing."""
     fn(*calls[0])
     times = []
     for args in calls[1:]:
@@ -99,6 +115,13 @@ def median_time(fn, calls):
         fn(*args)
         times.append(time.perf_counter() - t)
     return float(np.median(times))
+
+
+def fresh_calls(rng, n, T, H, E, k):
+    """n (x, ids, w) calls, each with a routing drawn afresh, so no call finds its experts in a
+    cache that an earlier call (of any contender) filled."""
+    return [(rng.standard_normal((T, H), np.float32), draw_routing(rng, T, E, k), rng.random((T, k), np.float32))
+            for _ in range(n)]
 
 
 def main():
@@ -122,7 +145,7 @@ def main():
         torch_note = f"torch {torch.__version__}"
     except ImportError:
         torch_note = "torch not installed"
-    kt_note = "kt-kernel not installed"
+    kt_note = "kt-kernel not installed: skipped"
     try:
         import kt_kernel  # noqa: F401
     except ImportError:
@@ -130,22 +153,23 @@ def main():
     else:
         threads = args.kt_threads or ktcy.get_num_threads()
         peer = KtKernelPeer(gate, up, down, threads, max(int(t) for t in args.tokens.split(",")))
-        for fmt in ("BF16", "INT8"):
+        for fmt, cls in peer.classes.items():
             contenders[f"kt-kernel {fmt}"] = peer.layer(fmt, k)
-        kt_note = f"kt-kernel with {threads} worker threads"
+        missing = [f for f in ("BF16", "INT8") if f not in peer.classes]
+        kt_note = (f"kt-kernel with {threads} worker threads ({', '.join(c.__name__ for c in peer.classes.values())})"
+                   + (f"; its build has no {'/'.join(missing)} class: skipped" if missing else ""))
     for fmt in args.formats.split(","):
         layer = ktcy.MoE.from_weights(ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig(fmt)), gate, up, down)
         contenders[f"ktcy {layer.format}"] = layer.forward
     print(f"{note}; {ktcy.get_num_threads()} threads; {torch_note}; {kt_note}; ktcy kernels: "
           + ", ".join(sorted({ktcy.kernel_table()[f]['variant'] for f in ktcy.FORMATS})))
     for T in (int(t) for t in args.tokens.split(",")):
-        calls = [(rng.standard_normal((T, H), np.float32), np.argsort(rng.random((T, E)), axis=1)[:, :k],
-                  rng.random((T, k), np.float32)) for _ in range(4 if T >= 128 else 12)]
+        n = 4 if T >= 128 else 12
         results = {name: [] for name in contenders}
         for _ in range(args.rounds):  # interleave, so drifting machine load hits everyone alike
             for name, fn in contenders.items():
                 time.sleep(0.05)  # let the previous contender's threads go idle
-                results[name].append(median_time(fn, calls))
+                results[name].append(median_time(fn, fresh_calls(rng, n, T, H, E, k)))
         med = {name: float(np.median(v)) for name, v in results.items()}
         print(f"\nT={T}")
         for name, t in sorted(med.items(), key=lambda kv: kv[1]):

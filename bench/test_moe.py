@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import ktcy
-from support import isa_list, record
+from support import isa_list, record, routing_pool
 from ktcy.bench import parse_shape
 
 H, I, E, K, NOTE = parse_shape(os.environ.get("KTCY_BENCH_SHAPE", "qwen3-30b"))
@@ -37,11 +37,11 @@ def layers(weights):
 def test_moe_forward(benchmark, roof, layers, rng, fmt, isa, tokens):
     layer = layers(fmt, isa)
     x = rng.standard_normal((tokens, H), np.float32)
-    routes = [np.argsort(rng.random((tokens, E)), axis=1)[:, :K] for _ in range(8)]
+    routes = routing_pool(rng, tokens, E, K, layer.nbytes / E)
     w = rng.random((tokens, K), np.float32)
     state = {"i": 0}
 
-    def step():  # a fresh routing each call, so expert weights come from memory, not cache
+    def step():  # cycles a pool too long for the LLC to keep any routing's experts between uses
         state["i"] += 1
         return layer.forward(x, routes[state["i"] % len(routes)], w)
 

@@ -35,6 +35,27 @@ cdef ktcy_swiglu_fn _swiglu_for(str isa_a, str isa_b):
         return ktcy_swiglu_avx2
     return ktcy_swiglu_ref
 
+cdef ktcy_glu_clamped_fn _glu_clamped_for(str isa_a, str isa_b):
+    """GPT-OSS's clamped GLU on the same rule as _swiglu_for."""
+    rank = min(_ISA_RANK[isa_a], _ISA_RANK[isa_b])
+    if rank == 2:
+        return ktcy_glu_clamped_avx512
+    if rank == 1:
+        return ktcy_glu_clamped_avx2
+    return ktcy_glu_clamped_ref
+
+ACTIVATIONS = ("silu", "gpt_oss")
+
+cdef const float *_bias_rows(object a, int rows, int64_t cols, str what) except? NULL:
+    """Pointer to a float32 [rows, cols] C-contiguous array, or NULL for None."""
+    cdef const float[:, ::1] v
+    if a is None:
+        return NULL
+    if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.shape != (rows, cols) or not a.flags.c_contiguous:
+        raise ValueError(f"{what} bias must be a C-contiguous float32 array of shape {(rows, cols)}")
+    v = a
+    return &v[0, 0]
+
 cdef inline int64_t _round16(int64_t m) noexcept nogil:
     return (m + 15) // 16 * 16
 
@@ -57,6 +78,13 @@ cdef class MoEEngine:
     cdef ktcy_weight *down_w
     cdef ktcy_gemm_fn big_fn, small_fn
     cdef ktcy_swiglu_fn swiglu
+    cdef ktcy_glu_clamped_fn glu_clamped
+    cdef int activation
+    cdef float alpha, limit
+    cdef const float *bias_gate
+    cdef const float *bias_up
+    cdef const float *bias_down
+    cdef object biases
     cdef public int64_t big_min_rows
     cdef object keep
     cdef dict arena
@@ -71,7 +99,7 @@ cdef class MoEEngine:
         free(self.down_w)
 
     def __init__(self, str format_name, list gate, list up, list down, str big_variant, str small_variant,
-                 int64_t big_min_rows):
+                 int64_t big_min_rows, dict bias=None, str activation="silu", float alpha=1.702, float limit=7.0):
         cdef int e, E = len(gate)
         cdef Weight g
         self.fmt = _format_index(format_name)
@@ -90,8 +118,13 @@ cdef class MoEEngine:
         self.keep = (gate, up, down)
         self.big_fn = KTCY_VARIANTS[_variant_index(format_name, big_variant)].fn
         self.small_fn = KTCY_VARIANTS[_variant_index(format_name, small_variant)].fn
-        self.swiglu = _swiglu_for(ISAS[KTCY_VARIANTS[_variant_index(format_name, big_variant)].isa],
-                                  ISAS[KTCY_VARIANTS[_variant_index(format_name, small_variant)].isa])
+        isa_big = ISAS[KTCY_VARIANTS[_variant_index(format_name, big_variant)].isa]
+        isa_small = ISAS[KTCY_VARIANTS[_variant_index(format_name, small_variant)].isa]
+        self.swiglu = _swiglu_for(isa_big, isa_small)
+        self.glu_clamped = _glu_clamped_for(isa_big, isa_small)
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation {activation!r}: choose one of {', '.join(ACTIVATIONS)}")
+        self.activation, self.alpha, self.limit = ACTIVATIONS.index(activation), alpha, limit
         self.big_min_rows = big_min_rows
         self.gate_w = <ktcy_weight *>malloc(E * sizeof(ktcy_weight))
         self.up_w = <ktcy_weight *>malloc(E * sizeof(ktcy_weight))
@@ -103,6 +136,13 @@ cdef class MoEEngine:
             self.up_w[e] = (<Weight>up[e]).view
             self.down_w[e] = (<Weight>down[e]).view
         self.inter, self.hidden, self.group = g.view.n, g.view.k, g.view.group
+        bias = bias or {}
+        if set(bias) - {"gate", "up", "down"}:
+            raise ValueError(f"bias keys must be gate, up, down; got {sorted(bias)}")
+        self.biases = bias
+        self.bias_gate = _bias_rows(bias.get("gate"), E, self.inter, "gate")
+        self.bias_up = _bias_rows(bias.get("up"), E, self.inter, "up")
+        self.bias_down = _bias_rows(bias.get("down"), E, self.hidden, "down")
         self.kpad_h = g.view.k_pad
         self.kpad_i = (<Weight>down[0]).view.k_pad
         self.arena = {}
@@ -217,6 +257,13 @@ cdef class MoEEngine:
         cdef int64_t m, p0, p1, seg0, col, col_end, tid, base
         cdef float wgt
         cdef ktcy_swiglu_fn swiglu = self.swiglu
+        cdef ktcy_glu_clamped_fn glu_clamped = self.glu_clamped
+        cdef int clamped = self.activation == 1
+        cdef float alpha = self.alpha, limit = self.limit
+        cdef const float *bg = self.bias_gate
+        cdef const float *bu = self.bias_up
+        cdef const float *bd = self.bias_down
+        cdef int64_t cc
         cdef ktcy_gemm_fn fn
         cdef char *my_scratch
         with nogil, parallel(num_threads=nthreads):
@@ -264,7 +311,16 @@ cdef class MoEEngine:
                     col_end = I
                 col = p0 * KTCY_PANEL
                 for r in range(seg0, seg0 + m):
-                    swiglu(&hg[r, col], &hu[r, col], col_end - col)
+                    if bg != NULL:
+                        for cc in range(col, col_end):
+                            hg[r, cc] = hg[r, cc] + bg[e * I + cc]
+                    if bu != NULL:
+                        for cc in range(col, col_end):
+                            hu[r, cc] = hu[r, cc] + bu[e * I + cc]
+                    if clamped:
+                        glu_clamped(&hg[r, col], &hu[r, col], col_end - col, alpha, limit)
+                    else:
+                        swiglu(&hg[r, col], &hu[r, col], col_end - col)
             # 2. the SwiGLU rows become the down projection's activations
             for r in prange(rows, schedule="static"):
                 if rtok[r] >= 0:
@@ -290,6 +346,13 @@ cdef class MoEEngine:
                                                     0, NULL, NULL, NULL, &b2[seg0, 0])
                 if st[n_items1 + c] != KTCY_OK:
                     _take_message(st[n_items1 + c], <char *>&msg[tid, 0])
+                if bd != NULL:
+                    col_end = p1 * KTCY_PANEL
+                    if col_end > H:
+                        col_end = H
+                    for r in range(seg0, seg0 + m):
+                        for cc in range(p0 * KTCY_PANEL, col_end):
+                            hd[r, cc] = hd[r, cc] + bd[e * H + cc]
             # 4. weighted sum per token, experts in routing order
             for t in prange(T, schedule="static"):
                 for col in range(H):
@@ -306,19 +369,25 @@ cdef class MoEEngine:
             _raise_status(first, text)
 
 
-def swiglu(str isa, const float[::1] g, const float[::1] u):
-    """silu(g) * u with the SwiGLU an engine on `isa` would run (for tests: every version must
-    give the same bits)."""
+def swiglu(str isa, const float[::1] g, const float[::1] u, str activation="silu", float alpha=1.702,
+           float limit=7.0):
+    """The gated activation an engine on `isa` would run, silu(g) * u or GPT-OSS's clamped form
+    (for tests: every version must give the same bits)."""
     if g.shape[0] != u.shape[0]:
         raise ValueError("g and u must have the same length")
     if isa not in _ISA_RANK:
         raise ValueError(f"unknown ISA {isa!r}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation {activation!r}: choose one of {', '.join(ACTIVATIONS)}")
     needs = {"avx2": KTCY_NEED_AVX2, "avx512": KTCY_NEED_AVX512, "amx": KTCY_NEED_AVX512}.get(isa, 0)
     if needs & ~_satisfied:
-        raise UnsupportedISAError(f"this CPU cannot run the {isa} SwiGLU")
+        raise UnsupportedISAError(f"this CPU cannot run the {isa} activation")
     out = np.array(g, np.float32)
     cdef float[::1] ov = out
     cdef ktcy_swiglu_fn fn = _swiglu_for(isa, isa)
-    if out.shape[0]:
+    cdef ktcy_glu_clamped_fn clamped = _glu_clamped_for(isa, isa)
+    if out.shape[0] and activation == "silu":
         fn(&ov[0], &u[0], out.shape[0])
+    elif out.shape[0]:
+        clamped(&ov[0], &u[0], out.shape[0], alpha, limit)
     return out

@@ -120,6 +120,10 @@ cdef extern from "ktcy/ktcy.h" nogil:
 
 cdef extern from "ktcy/ktcy.h" nogil:
     ctypedef void (*ktcy_swiglu_fn)(float *g, const float *u, int64_t n)
+    ctypedef void (*ktcy_glu_clamped_fn)(float *g, const float *u, int64_t n, float alpha, float limit)
+    void ktcy_glu_clamped_ref(float *g, const float *u, int64_t n, float alpha, float limit)
+    void ktcy_glu_clamped_avx2(float *g, const float *u, int64_t n, float alpha, float limit)
+    void ktcy_glu_clamped_avx512(float *g, const float *u, int64_t n, float alpha, float limit)
     void ktcy_swiglu_ref(float *g, const float *u, int64_t n)
     void ktcy_swiglu_avx2(float *g, const float *u, int64_t n)
     void ktcy_swiglu_avx512(float *g, const float *u, int64_t n)

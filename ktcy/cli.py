@@ -1,13 +1,57 @@
-"""The `ktcy` command line: info, bench, convert, run-block."""
+"""The `ktcy` command line: info, doctor, bench, run-block, convert.
+
+Every command takes -v/--verbose, -q/--quiet and --debug.  An ordinary user error (a bad flag
+value, a missing file, an ISA this CPU lacks) is one line on stderr and exit status 1 (2 for
+usage errors); --debug shows the traceback instead."""
 import argparse
 import json
+import os
 import sys
 
-from ktcy import report
+from ktcy import log, report
+from ktcy.version import __version__
+
+EXIT_ERROR, EXIT_USAGE = 1, 2
+_GLOBAL_FLAGS = {"-v": "verbose", "--verbose": "verbose", "-q": "quiet", "--quiet": "quiet", "--debug": "debug"}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (the usage itself is one `--help` away)."""
+
+    def error(self, message):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows "(default: ...)" where a default says something (not for switches or unset values)."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False) or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def _mark(flag):
     return "\u2713" if flag else "\u2717"
+
+
+def _usable_cpus():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def thread_count(text):
+    """--threads: 1 .. the CPUs this process may run on."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    limit = _usable_cpus()
+    if not 1 <= n <= limit:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {limit} (the CPUs this process may use), got {n}")
+    return n
 
 
 def cmd_info(args):
@@ -22,7 +66,8 @@ def cmd_info(args):
     print("OS state (xgetbv, Linux AMX permission):")
     print("  " + "  ".join(f"{_mark(feats[f])} {f}" for f in report.OS_STATE))
     pol = data["policy"]
-    print(f"\nPolicy: forced ISA = {pol['forced_isa'] or 'none'}, AMX {'enabled' if pol['amx_enabled'] else 'disabled (CPUINFER_ENABLE_AMX=OFF)'}")
+    print(f"\nPolicy: forced ISA = {pol['forced_isa'] or 'none'}, AMX "
+          f"{'enabled' if pol['amx_enabled'] else 'disabled (CPUINFER_ENABLE_AMX=OFF)'}")
     print(f"Available ISAs: {', '.join(data['available_isas'])}")
     print("Kernel per format:")
     for fmt, row in data["kernels"].items():
@@ -32,66 +77,120 @@ def cmd_info(args):
             print(f"  {fmt:15s} {row['isa']:8s} {row['variant']:18s} ({row['reason']})")
     b = data["build"]
     print("\nBuilt with: " + ", ".join(f"{k}={'ON' if b[k] else 'OFF'}" for k in ("amx", "avx512_bf16", "avx512_vbmi")))
+    print("More (memory, NUMA, huge pages, why not a faster kernel): ktcy doctor")
+    return 0
+
+
+def cmd_doctor(args):
+    from ktcy import doctor
+    data = doctor.collect()
+    print(json.dumps(data, indent=2) if args.json else doctor.format_text(data))
     return 0
 
 
 def cmd_bench(args):
     from ktcy import bench, roofline
-    from ktcy.threads import set_num_threads, get_num_threads
+    from ktcy.threads import get_num_threads, set_num_threads
     if args.threads:
         set_num_threads(args.threads)
+    try:
+        formats = bench.check_formats(f.strip() for f in args.formats.split(",") if f.strip())
+    except ValueError as e:
+        raise ValueError(f"--formats: {e}") from None
+    if args.tokens is None:
+        tokens = bench.FULL_TOKENS if args.full else bench.DEFAULT_TOKENS
+    else:
+        try:
+            tokens = [int(t) for t in args.tokens.split(",")]
+        except ValueError:
+            raise ValueError(f"--tokens takes comma-separated integers, got {args.tokens!r}") from None
+        if not tokens or any(t < 1 for t in tokens):
+            raise ValueError(f"--tokens must be positive integers, got {args.tokens!r}")
+    H, I, E, k, note = bench.parse_shape(args.shape)
+    bench.check_isa(args.isa, formats)
+    bench.check_memory(H, I, E, k, max(tokens))
+    if args.plot:  # fail on a missing matplotlib or a bad path before minutes of work
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ValueError("--plot needs matplotlib: pip install 'ktcy[plot]' (or pip install matplotlib)") from None
+        _check_output_path(args.plot, "--plot")
+
+    def say(text):  # one line per step, on stderr so stdout stays the report (or the JSON)
+        if not log.quiet():
+            print(text, file=sys.stderr, flush=True)
+
+    say(f"measuring the roofline on {get_num_threads()} threads (a few seconds)")
     roof = roofline.roofline()
     if args.roofline:
         print(json.dumps(roof, indent=2) if args.json else bench.format_roofline(roof))
         return 0
-    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
-    try:
-        tokens = [int(t) for t in args.tokens.split(",")]
-    except ValueError:
-        print(f"--tokens takes comma-separated integers, got {args.tokens!r}", file=sys.stderr)
-        return 2
-    if any(t < 1 for t in tokens):
-        print("--tokens must be positive", file=sys.stderr)
-        return 2
-    H, I, E, k, note = bench.parse_shape(args.shape)
-    live = sys.stderr if args.json else sys.stdout
-    tty = live.isatty()
-
-    def progress(text, transient=False):
-        # On a terminal transient lines (per-expert packing) overwrite each other; elsewhere
-        # only the lasting ones are written.
-        if transient and not tty:
-            return
-        live.write(("\r" + text[:110].ljust(110) + ("" if transient else "\n")) if tty else text + "\n")
-        live.flush()
-
     if not args.json:
-        print(f"ktcy bench: {note}; {get_num_threads()} threads")
+        print(f"ktcy bench: {note}; {get_num_threads()} threads; T = {', '.join(map(str, tokens))}", flush=True)
         print(bench.format_roofline(roof))
+        print(bench.LEGEND)
+        print(bench.HEADER, flush=True)
     rows = []
-    for row in bench.run(args.shape, formats, tokens, args.isa, progress=progress):
+    for row in bench.run(args.shape, formats, tokens, args.isa, say=say):
         rows.append(row)
         if not args.json:
-            print(bench.format_row(row))
+            print(bench.format_row(row), flush=True)
+    bandwidth, bw_note = bench.settle_bandwidth(rows, roof, roofline.read_bandwidth)
+    closing = bench.summary(rows) + ([f"Note: {bw_note}"] if bw_note else [])
     if args.json:
         print(json.dumps({"shape": {"name": args.shape, "hidden": H, "intermediate": I, "experts": E, "top_k": k,
-                                    "note": note}, "roofline": roof, "rows": rows}, indent=2))
+                                    "note": note}, "roofline": roof, "read_bandwidth_gbs_used": bandwidth,
+                          "rows": rows, "summary": closing}, indent=2))
+    else:
+        print("\n" + "\n".join(closing))
+    if args.plot:
+        bench.save_plot(rows, dict(roof, read_bandwidth_gbs=bandwidth), args.plot, f"ktcy bench: {note}, {get_num_threads()} threads")
+        say(f"plot written to {args.plot}")
     return 0
 
 
+def _check_output_path(path, flag):
+    if os.path.isdir(path):
+        raise ValueError(f"{flag} {path!r} is a folder; give a file name")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ValueError(f"{flag} {path!r}: folder {parent!r} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise ValueError(f"{flag} {path!r}: folder {parent!r} is not writable")
+
+
+def _load_hidden_states(path, hidden):
+    import ml_dtypes
+    import numpy as np
+    try:
+        h = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise ValueError(f"--input {path!r} is not a readable .npy file ({e})") from None
+    if isinstance(h, np.ndarray) and h.dtype == np.dtype("V2"):
+        h = h.view(ml_dtypes.bfloat16)  # np.save writes ml_dtypes.bfloat16 as 2-byte void
+    if not isinstance(h, np.ndarray) or h.dtype not in (np.float32, np.float64, np.dtype(ml_dtypes.bfloat16)):
+        raise ValueError(f"--input {path!r} holds {getattr(h, 'dtype', type(h).__name__)}; "
+                         "hidden states must be float32, float64 or bfloat16")
+    if h.ndim != 2 or h.shape[1] != hidden or h.shape[0] < 1:
+        raise ValueError(f"--input {path!r} has shape {h.shape}; this block needs [T, {hidden}] with T >= 1")
+    return h
+
+
 def cmd_run_block(args):
-    import os
     import numpy as np
     from ktcy.model import MoEModel
-    from ktcy.safetensors_io import CheckpointError
-    try:
-        model = MoEModel.from_pretrained(args.path, rules=args.rules, backend=args.backend, layers=[args.layer])
-        h = np.load(args.input)
-        block = next(iter(model.blocks.values()))
-        y = block.forward(h)
-    except (CheckpointError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    if args.threads:
+        from ktcy.threads import set_num_threads
+        set_num_threads(args.threads)
+    _check_output_path(args.output, "--output")
+    if not os.path.isfile(args.input):
+        raise ValueError(f"--input {args.input!r} is not a file")
+    model = MoEModel.from_pretrained(args.path, rules=args.rules, backend=args.backend, layers=[args.layer])
+    if not model.blocks:
+        raise ValueError(f"layer {args.layer} of {args.path!r} has no MoE block")
+    block = next(iter(model.blocks.values()))
+    h = _load_hidden_states(args.input, block.experts.config.hidden_size)
+    y = block.forward(h)
     tmp = args.output + ".partial.npy"
     np.save(tmp, y)
     os.replace(tmp, args.output)
@@ -99,42 +198,132 @@ def cmd_run_block(args):
     return 0
 
 
+def _common(parser):
+    # SUPPRESS: a flag given before the command is not overwritten by the command's default
+    d = argparse.SUPPRESS
+    parser.add_argument("-v", "--verbose", action="count", default=d, help="more messages (-v: info, -vv: debug)")
+    parser.add_argument("-q", "--quiet", action="store_true", default=d, help="errors only, no progress")
+    parser.add_argument("--debug", action="store_true", default=d, help="show tracebacks of errors")
+
+
 def build_parser():
-    parser = argparse.ArgumentParser(prog="ktcy", description="MoE expert kernels for x86 CPUs")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("info", help="CPU features, chosen kernels, build switches")
+    parser = _Parser(prog="ktcy", description="MoE expert kernels for x86 CPUs: inspect the machine, benchmark, "
+                     "convert checkpoints, run a block.", formatter_class=_Formatter)
+    parser.add_argument("--version", action="version", version=f"ktcy {__version__}")
+    _common(parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def command(name, help_text, description):
+        p = sub.add_parser(name, help=help_text, description=description, formatter_class=_Formatter)
+        _common(p)
+        return p
+
+    p = command("info", "CPU features, chosen kernels, build switches",
+                "The CPU features (cpuid/xgetbv), the kernel chosen per weight format and why, the build switches.")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_info)
-    b = sub.add_parser("bench", help="MoE forward speed against the measured roofline")
+    d = command("doctor", "everything that decides speed on this machine",
+                "Versions, memory, NUMA nodes, huge pages, frequency governor, SMT, AMX permission, the kernel per "
+                "format and why not a faster one, and a verdict per KTransformers backend.")
+    d.add_argument("--json", action="store_true", help="machine-readable output (every field)")
+    d.set_defaults(func=cmd_doctor)
+    b = command("bench", "MoE forward speed against the measured roofline",
+                "Time one model-shaped MoE layer (random weights, a fresh random routing every call) in each weight "
+                "format and token count, against this machine's measured read bandwidth and multiply-add peaks. "
+                "The default run takes about a minute on 2 cores.")
     b.add_argument("--shape", default="qwen3-30b", help="qwen3-30b | deepseek-v3 | mixtral | H,I,E,k")
-    b.add_argument("--formats", default="BF16,INT8,INT4,FP8_PERCHANNEL,FP8_BLOCK",
+    b.add_argument("--formats", default=",".join(("BF16", "INT8", "INT4", "FP8_PERCHANNEL", "FP8_BLOCK")),
                    help="comma-separated formats or backend names")
-    b.add_argument("--tokens", default="1,4,32,128,512", help="comma-separated token counts T")
-    b.add_argument("--isa", default=None, help="force one ISA (default: the dispatcher's choice)")
-    b.add_argument("--threads", type=int, default=None, help="OpenMP threads (default: all usable cores)")
+    b.add_argument("--tokens", default=None, help="comma-separated token counts T (default: 1,32,512; "
+                   "with --full: 1,4,32,128,512)")
+    b.add_argument("--full", action="store_true", help="every token count")
+    b.add_argument("--isa", default=None, help="force one ISA: amx, avx512, avx2, ref, amx_emu "
+                   "(default: the dispatcher's choice)")
+    b.add_argument("--threads", type=thread_count, default=None, help="OpenMP threads (default: all usable CPUs)")
     b.add_argument("--roofline", action="store_true", help="only measure and print the roofline")
-    b.add_argument("--json", action="store_true", help="machine-readable output")
+    b.add_argument("--plot", metavar="PNG", default=None, help="also save time vs T per format against the "
+                   "roofline (needs matplotlib: the 'plot' extra)")
+    b.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     b.set_defaults(func=cmd_bench)
-    r = sub.add_parser("run-block", help="one MoE block of a checkpoint on hidden states from an .npy file")
+    r = command("run-block", "one MoE block of a checkpoint on hidden states from an .npy file",
+                "Load one decoder layer's MoE block (router, experts, shared experts) from a Hugging Face "
+                "checkpoint and run it on hidden states [T, H] read from an .npy file.")
     r.add_argument("path", help="Hugging Face checkpoint folder")
     r.add_argument("--layer", type=int, required=True, help="decoder layer of the MoE block")
     r.add_argument("--input", required=True, help=".npy of hidden states [T, H] (float32 or bfloat16)")
     r.add_argument("--output", required=True, help=".npy to write the block output [T, H] float32 to")
     r.add_argument("--backend", default=None, help="AMXINT8, AMXBF16, AMXINT4, INT8, INT4, BF16, FP8, ...")
     r.add_argument("--rules", default=None, help="optimize-rule YAML (KTransformers schema)")
+    r.add_argument("--threads", type=thread_count, default=None, help="OpenMP threads (default: all usable CPUs)")
     r.set_defaults(func=cmd_run_block)
-    c = sub.add_parser("convert", help="Hugging Face MoE checkpoint -> packed ktcy layers", add_help=False)
+    c = sub.add_parser("convert", help="Hugging Face MoE checkpoint -> packed ktcy layers (ktcy convert --help)",
+                       add_help=False)
     c.set_defaults(func=None)
     return parser
 
 
+def _flags(args):
+    return {"verbose": getattr(args, "verbose", 0) or 0, "quiet": getattr(args, "quiet", False),
+            "debug": getattr(args, "debug", False)}
+
+
+def _set_verbosity(verbose=0, quiet=False, **_):
+    log.set_verbosity(log.ERROR if quiet else log.DEBUG if verbose >= 2 else log.INFO if verbose else log.WARNING)
+
+
+def _split_global_flags(argv):
+    """-v/-q/--debug anywhere in a `convert` command line (the converter parses the rest)."""
+    flags, rest = {"verbose": 0, "quiet": False, "debug": False}, []
+    for a in argv:
+        name = _GLOBAL_FLAGS.get(a) or ("verbose" if a.startswith("-v") and set(a[1:]) == {"v"} else None)
+        if name == "verbose":
+            flags["verbose"] += a.count("v") if not a.startswith("--") else 1
+        elif name:
+            flags[name] = True
+        else:
+            rest.append(a)
+    return flags, rest
+
+
+def _user_errors():
+    from ktcy.errors import TileError, UnsupportedISAError
+    return (ValueError, TypeError, OSError, MemoryError, UnsupportedISAError, TileError)
+
+
+def _guarded(fn, debug):
+    """Run a command; user errors become one line on stderr (tracebacks with --debug)."""
+    try:
+        rc = fn()
+        sys.stdout.flush()
+        return rc
+    except BrokenPipeError:
+        # stdout's reader left (`ktcy info --json | head -1`): quiet exit, as other Unix tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("ktcy: interrupted", file=sys.stderr)
+        return 130
+    except _user_errors() as e:
+        if debug:
+            raise
+        text = str(e).strip().replace("\n", " ") or type(e).__name__
+        print(f"ktcy: error: {text}", file=sys.stderr)
+        return EXIT_ERROR
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["convert"]:  # the converter owns its flags (shared with tools/convert_cpu_weights.py)
+    first = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
+    if first is not None and argv[first] == "convert":  # the converter owns its flags
+        flags, rest = _split_global_flags(argv[:first] + argv[first + 1:])
+        _set_verbosity(**flags)
         from ktcy.convert import main as convert_main
-        return convert_main(argv[1:], prog="ktcy convert")
+        return _guarded(lambda: convert_main(rest, prog="ktcy convert"), flags["debug"])
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    flags = _flags(args)
+    _set_verbosity(**flags)
+    return _guarded(lambda: args.func(args), flags["debug"])
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """MoE layer configuration in the seeds' vocabulary: QuantConfig and MoeConfig."""
+import math
 from dataclasses import dataclass, field
 
 from ktcy.formats import AMX_BACKENDS, DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format, has_groups
@@ -26,7 +27,10 @@ class MoeConfig:
     backend (optional) overrides quant_config.method with a KTransformers backend name; an AMX
     backend on a CPU without usable AMX falls back to the best ISA for its format.  isa forces one
     ISA and fails if it can't run.  num_threads: threads of this layer's forward (default: ktcy's
-    count at call time, ktcy.set_num_threads); it does not change the process-wide count."""
+    count at call time, ktcy.set_num_threads); it does not change the process-wide count.
+    activation: "silu" (down(silu(gate x) * up x)) or "gpt_oss" (GPT-OSS's clamped form:
+    (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g) with g = min(gate, limit)); swiglu_alpha
+    and swiglu_limit are its alpha and limit."""
     num_experts: int
     top_k: int
     hidden_size: int
@@ -35,6 +39,9 @@ class MoeConfig:
     backend: str = None
     isa: str = None
     num_threads: int = None
+    activation: str = "silu"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
 
     def __post_init__(self):
         for name in ("num_experts", "top_k", "hidden_size", "intermediate_size"):
@@ -46,6 +53,12 @@ class MoeConfig:
         if self.num_threads is not None and (isinstance(self.num_threads, bool) or not isinstance(self.num_threads, int)
                                              or self.num_threads < 1):
             raise ValueError(f"MoeConfig.num_threads must be a positive integer, got {self.num_threads!r}")
+        if self.activation not in ("silu", "gpt_oss"):
+            raise ValueError(f"MoeConfig.activation must be 'silu' or 'gpt_oss', got {self.activation!r}")
+        for name in ("swiglu_alpha", "swiglu_limit"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"MoeConfig.{name} must be a positive finite number, got {value!r}")
         if not isinstance(self.quant_config, QuantConfig):
             raise TypeError("quant_config must be a ktcy.QuantConfig")
         self.weight_format  # validates backend

@@ -59,8 +59,10 @@ def _warn_once(message):
 class MoE:
     """The routed experts of one MoE layer: y = sum_j w[t,j] * down_e(silu(gate_e x) * up_e x)."""
 
-    def __init__(self, config, gate, up, down):
-        """gate, up, down: lists (one per expert) of kernels.PackedWeight, already packed."""
+    def __init__(self, config, gate, up, down, bias=None):
+        """gate, up, down: lists (one per expert) of kernels.PackedWeight, already packed.
+        bias: optional {"gate": [E, I], "up": [E, I], "down": [E, H]} added after each projection
+        (GPT-OSS has them); any subset, float arrays."""
         if not isinstance(config, MoeConfig):
             raise TypeError("config must be a ktcy.MoeConfig")
         E, H, I = config.num_experts, config.hidden_size, config.intermediate_size
@@ -85,14 +87,16 @@ class MoE:
         self._mapped = []  # (fd, size, path) of files the weights are mapped from, see watch_file
         big_isa, big, small_isa, small = choose_kernels(fmt, config)
         self.isa, self.variant, self.decode_isa, self.decode_variant = big_isa, big, small_isa, small
+        self.bias = _checked_bias(bias, E, H, I)
         self._engine = _native.MoEEngine(fmt, [w.native() for w in self.gate], [w.native() for w in self.up],
-                                         [w.native() for w in self.down], big, small, AMX_MIN_ROWS)
+                                         [w.native() for w in self.down], big, small, AMX_MIN_ROWS, self.bias,
+                                         config.activation, config.swiglu_alpha, config.swiglu_limit)
         self._lock = threading.Lock()
         log.info("ktcy: MoE %d experts H=%d I=%d top-%d runs %s", E, H, I, config.top_k, self.kernel)
 
     @classmethod
     def from_weights(cls, config, gate, up, down, gate_scale=None, up_scale=None, down_scale=None,
-                     progress=None):
+                     progress=None, bias=None):
         """Quantize and pack every expert.  gate/up [E, I, H], down [E, H, I] in float32, float64
         or bfloat16; for FP8 also already-quantized float8_e4m3fn (or uint8) codes with their
         scales ([E, N] / [E, N, 1] per channel, [E, ceil(N/128), ceil(K/128)] blocks).
@@ -108,12 +112,16 @@ class MoE:
         def expert(e):
             return {name: (np.asarray(a[e]), None if scale is None else np.asarray(scale)[e])
                     for name, (a, _, scale) in arrays.items()}
-        return cls.from_experts(config, expert, progress)
+        return cls.from_experts(config, expert, progress, bias)
 
     @classmethod
-    def from_experts(cls, config, expert, progress=None):
-        """Pack expert by expert: expert(e) -> {"gate"|"up"|"down": (weight [N, K], scale or None)}.
-        Only one expert's source arrays need to be in memory at a time."""
+    def from_experts(cls, config, expert, progress=None, bias=None):
+        """Pack expert by expert: expert(e) -> {"gate"|"up"|"down": (weight [N, K], scale)}.
+        Only one expert's source arrays need to be in memory at a time.  scale is None for float
+        weights, the scale array for FP8 codes, or for other codes as released a spec dict:
+        {"format": "INT4" | "INT4_ZP", "scale": [N, K/g], "zero_points": [N, K/g], "group_size": g}
+        or {"format": "MXFP4", "exponents": uint8 [N, ceil(K/32)]}; such codes are packed as
+        stored when the layer's format is theirs, else dequantized exactly and quantized again."""
         fmt, group = config.weight_format, config.quant_config.group_size
         packed = {"gate": [], "up": [], "down": []}
         for e in range(config.num_experts):
@@ -121,7 +129,7 @@ class MoE:
                 packed[name].append(pack_expert_weight(w, scale, fmt, group, f"{name}[{e}]"))
             if progress is not None:
                 progress(e + 1, config.num_experts)
-        return cls(config, packed["gate"], packed["up"], packed["down"])
+        return cls(config, packed["gate"], packed["up"], packed["down"], bias)
 
     @property
     def kernel(self):
@@ -205,9 +213,53 @@ def _as_rows(a, what, width):
     return kernels.as_float32_matrix(a, what)
 
 
+def _checked_bias(bias, E, H, I):
+    if bias is None:
+        return None
+    if not isinstance(bias, dict) or set(bias) - {"gate", "up", "down"}:
+        raise ValueError("bias must be a dict with keys among gate, up, down")
+    out = {}
+    for name, b in bias.items():
+        if b is None:
+            continue
+        shape = (E, H) if name == "down" else (E, I)
+        a = np.asarray(b)
+        if a.shape != shape or not (np.issubdtype(a.dtype, np.floating) or a.dtype == ml_dtypes.bfloat16):
+            raise ValueError(f"{name} bias must be a float array of shape {shape}, got {a.dtype} {a.shape}")
+        a = np.ascontiguousarray(a, np.float32)
+        if not np.isfinite(a).all():
+            raise ValueError(f"{name} bias holds NaN or infinity")
+        out[name] = a
+    return out or None
+
+
+def _pack_released(w, spec, fmt, group, what):
+    """Codes as released (INT4 / INT4_ZP / MXFP4 with their spec dict): packed as stored when fmt
+    is their format, else dequantized exactly and packed in fmt."""
+    if not isinstance(spec, dict) or "format" not in spec:
+        raise ValueError(f"{what}: a scale spec must be a dict with a 'format'")
+    stored = spec["format"]
+    if stored == "MXFP4":
+        packed = kernels.pack_quantized(w, spec.get("exponents"), "MXFP4")
+    elif stored in ("INT4", "INT4_ZP"):
+        packed = kernels.pack_quantized(w, spec.get("scale"), stored, group_size=spec.get("group_size"),
+                                        zero_points=spec.get("zero_points"))
+    else:
+        raise ValueError(f"{what}: codes as released in {stored!r} are not understood")
+    if fmt == stored and (not packed.group_size or packed.group_size == group):
+        return packed
+    if stored == "INT4" and fmt == "INT4_ZP" and packed.group_size == group:  # z = 8
+        return kernels.pack_quantized(packed.codes().astype(np.int16) + 8, packed.scale, "INT4_ZP",
+                                      group_size=group, zero_points=np.full(packed.scale.shape, 8, np.uint8))
+    return kernels.pack(packed.dequantize(np.float32), fmt, group_size=group)
+
+
 def pack_expert_weight(w, scale, fmt, group, what):
     """One expert projection: float weights are quantized; FP8 codes (with scales) are packed as
-    they are when the format is FP8 and the scale kinds agree, else dequantized first."""
+    they are when the format is FP8 and the scale kinds agree, else dequantized first; codes as
+    released with a spec dict (see MoE.from_experts) likewise."""
+    if isinstance(scale, dict):
+        return _pack_released(np.asarray(w), scale, fmt, group, what)
     if w.dtype == ml_dtypes.float8_e4m3fn and scale is not None and not fmt.startswith("FP8"):
         raise ValueError(f"{what}: FP8 codes must be dequantized before packing as {fmt}")
     if fmt.startswith("FP8") and (w.dtype == ml_dtypes.float8_e4m3fn or w.dtype == np.uint8):

@@ -27,8 +27,8 @@ def kernel_choices():
     for fmt in FORMATS:
         try:
             isa, variant = _native.resolve(fmt)
-            out[fmt] = {"isa": isa, "variant": variant, "reason": _native._policy["reasons"][fmt]}
-        except UnsupportedISAError as e:
+            out[fmt] = {"isa": isa, "variant": variant, "reason": _native._policy["reasons"].get(fmt, "")}
+        except (UnsupportedISAError, ValueError) as e:  # ValueError: an invalid KTCY_ISA
             out[fmt] = {"error": str(e)}
     return out
 
@@ -56,7 +56,7 @@ def backend_readiness():
         missing = [f for f in needs if not feats[f]]
         try:
             isa, variant = _native.resolve(fmt)
-        except UnsupportedISAError as e:
+        except (UnsupportedISAError, ValueError) as e:  # ValueError: an invalid KTCY_ISA
             isa, variant = None, str(e)
         rows[backend] = {"format": fmt, "ideal": not missing, "missing": missing, "isa": isa, "variant": variant}
     return rows

@@ -1,8 +1,9 @@
-"""`ktcy bench` end to end on a small layer, and the roofline probes."""
+"""`ktcy bench` end to end on a small layer: rows, fresh routings, the closing summary, the plot."""
 import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from ktcy import _native, bench
@@ -20,6 +21,7 @@ def test_roofline_json_has_bandwidth_and_peaks():
     assert set(data["peaks"]) == set(_native.peak_names())
     for peak in data["peaks"].values():
         assert peak["value"] > 0 and peak["unit"] in ("GFLOP/s", "GOP/s")
+        assert isinstance(peak["reliable"], bool)
 
 
 def test_bench_rows_on_a_custom_shape():
@@ -31,15 +33,86 @@ def test_bench_rows_on_a_custom_shape():
     for r in data["rows"]:
         assert r["median_ms"] > 0 and r["p10_ms"] <= r["median_ms"] <= r["p90_ms"]
         assert r["weight_gbs"] > 0 and r["bandwidth_pct"] > 0 and r["tokens_per_s"] > 0
+        assert r["routings"] == r["runs"] + 1  # one drawn per call, warm-up included
+        assert 1 < r["distinct_routings"] <= r["routings"]  # 6 experts, top 2: draws may repeat by chance
+    assert any(line.startswith("Best format for decode here:") for line in data["summary"])
 
 
-def test_bench_text_output_and_forced_isa():
-    out = run_ktcy("bench", "--shape", "128,64,4,2", "--formats", "BF16", "--tokens", "2", "--isa", "ref").stdout
-    assert "Roofline" in out and "BF16" in out and " ref " in out and "T=2" in out
+def test_text_output_has_header_legend_and_summary():
+    r = run_ktcy("bench", "--shape", "128,64,4,2", "--formats", "BF16", "--tokens", "2", "--isa", "ref")
+    out = r.stdout
+    assert "Roofline" in out
+    assert bench.HEADER in out and "[p10-p90]: the 10th-90th percentile" in out
+    row = next(line for line in out.splitlines() if line.startswith("BF16"))
+    assert row.split()[1] == "ref" and row.split()[2] == "2"
+    assert "Best format for decode here: BF16" in out
+    # progress goes to stderr, one line per step, even though stderr is a pipe here
+    assert "packing BF16: 4/4 expert" in r.stderr and "packed BF16" in r.stderr
+    assert "\r" not in r.stderr
 
 
-def test_bad_bench_arguments():
-    r = subprocess.run([sys.executable, "-m", "ktcy", "bench", "--tokens", "1,x"], capture_output=True, text=True)
-    assert r.returncode == 2 and "--tokens" in r.stderr
-    with pytest.raises(ValueError, match="H,I,E,k"):
-        bench.parse_shape("big")
+def test_quiet_bench_prints_no_progress():
+    r = run_ktcy("bench", "-q", "--shape", "128,64,4,2", "--formats", "INT8", "--tokens", "1")
+    assert r.stderr == "" and "INT8" in r.stdout
+
+
+class _Recorder:
+    """A layer stand-in that records the routing of every call."""
+
+    def __init__(self):
+        self.ids = []
+
+    def forward(self, x, ids, w):
+        self.ids.append(np.array(ids))
+
+
+def test_every_call_gets_a_fresh_routing():
+    rng = np.random.default_rng(1)
+    layer = _Recorder()
+    times, used = bench.time_forward(layer, None, lambda: bench.draw_routing(rng, 4, 64, 8), None,
+                                     min_seconds=0, min_reps=20, max_reps=20)
+    assert len(layer.ids) == 21 and len(times) == 20
+    assert bench.distinct_routings(layer.ids) == 21
+    assert all(np.array_equal(a, b) for a, b in zip(layer.ids, used))
+    for ids in layer.ids:  # k distinct experts per token, all in range
+        assert ids.shape == (4, 8) and all(len(set(row)) == 8 for row in ids) and ids.max() < 64
+
+
+def test_default_and_full_token_counts():
+    assert bench.DEFAULT_TOKENS == (1, 32, 512)
+    assert set(bench.DEFAULT_TOKENS) < set(bench.FULL_TOKENS)
+
+
+def test_summary_and_bandwidth_settling():
+    rows = [dict(format="INT8", isa="avx512", tokens=1, median_ms=1.0, tokens_per_s=1000.0, weight_gbs=30.0,
+                 bandwidth_pct=150.0, gflops=10.0, peak="avx512_vnni", peak_pct=1.0, layer_bytes=2**40),
+            dict(format="BF16", isa="avx512", tokens=1, median_ms=2.0, tokens_per_s=500.0, weight_gbs=20.0,
+                 bandwidth_pct=100.0, gflops=5.0, peak="avx512_bf16", peak_pct=0.5, layer_bytes=2**40)]
+    best, note = bench.settle_bandwidth(rows, {"read_bandwidth_gbs": 20.0}, lambda: 40.0)
+    assert best == 40.0 and rows[0]["bandwidth_pct"] == pytest.approx(75.0)
+    assert "probed again: 40.0 GB/s" in note and "still above" not in note
+    best, note = bench.settle_bandwidth(rows, {"read_bandwidth_gbs": 40.0}, lambda: 10.0)
+    assert best == 40.0 and note is None
+    text = bench.summary(rows)
+    assert text[0].startswith("Decode (T=1) reads weights at up to 75%")
+    assert text[-1].startswith("Best format for decode here: INT8")
+
+
+def test_plot_is_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "bench.png"
+    run_ktcy("bench", "-q", "--shape", "128,64,4,2", "--formats", "INT8,BF16", "--tokens", "1,8",
+             "--plot", str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_plot_without_matplotlib_is_one_clear_line(tmp_path):
+    # a stub that makes `import matplotlib` fail, first on the path
+    (tmp_path / "matplotlib.py").write_text("raise ImportError('no matplotlib here')\n")
+    env = {"PYTHONPATH": str(tmp_path)}
+    import os
+    r = subprocess.run([sys.executable, "-m", "ktcy", "bench", "--shape", "128,64,4,2", "--plot",
+                        str(tmp_path / "x.png")], capture_output=True, text=True, env={**os.environ, **env})
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == ["ktcy: error: --plot needs matplotlib: pip install 'ktcy[plot]' "
+                                             "(or pip install matplotlib)"]

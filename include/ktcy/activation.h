@@ -27,6 +27,9 @@
 #define KTCY_EXP_C1 6.9314718e-1f
 
 typedef void (*ktcy_swiglu_fn)(float *g, const float *u, int64_t n);
+/* GPT-OSS's clamped variant: g <- (clamp(u, -limit, limit) + 1) * g' * sigmoid(alpha g'),
+ * g' = min(g, limit); sigmoid through the same exp, so it too gives the same bits everywhere. */
+typedef void (*ktcy_glu_clamped_fn)(float *g, const float *u, int64_t n, float alpha, float limit);
 
 static inline float ktcy_exp_scalar(float x) {
     x = KTCY_EXP_CLAMP < x ? KTCY_EXP_CLAMP : x;
@@ -44,6 +47,15 @@ static inline float ktcy_exp_scalar(float x) {
 
 static inline void ktcy_swiglu_ref(float *g, const float *u, int64_t n) {
     for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + ktcy_exp_scalar(-g[i])) * u[i];
+}
+
+static inline void ktcy_glu_clamped_ref(float *g, const float *u, int64_t n, float alpha, float limit) {
+    for (int64_t i = 0; i < n; ++i) {
+        const float gc = limit < g[i] ? limit : g[i];
+        float uc = limit < u[i] ? limit : u[i];
+        uc = -limit > uc ? -limit : uc;
+        g[i] = (uc + 1.0f) * (gc / (1.0f + ktcy_exp_scalar(-(alpha * gc))));
+    }
 }
 
 __attribute__((target("avx2,fma"))) static inline __m256 ktcy_exp_avx2(__m256 x) {
@@ -73,6 +85,20 @@ __attribute__((target("avx2,fma"))) static void ktcy_swiglu_avx2(float *g, const
     }
 }
 
+__attribute__((target("avx2,fma"))) static void ktcy_glu_clamped_avx2(float *g, const float *u, int64_t n, float alpha,
+                                                                      float limit) {
+    const __m256 one = _mm256_set1_ps(1.0f), lim = _mm256_set1_ps(limit), nlim = _mm256_set1_ps(-limit);
+    const __m256 a = _mm256_set1_ps(alpha), zero = _mm256_setzero_ps();
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i < 8 ? n - i : 8)), lanes);
+        const __m256 gc = _mm256_min_ps(lim, _mm256_maskload_ps(g + i, m));
+        const __m256 uc = _mm256_max_ps(nlim, _mm256_min_ps(lim, _mm256_maskload_ps(u + i, m)));
+        const __m256 e = ktcy_exp_avx2(_mm256_sub_ps(zero, _mm256_mul_ps(a, gc)));
+        _mm256_maskstore_ps(g + i, m, _mm256_mul_ps(_mm256_add_ps(uc, one), _mm256_div_ps(gc, _mm256_add_ps(one, e))));
+    }
+}
+
 __attribute__((target("avx512f"))) static inline __m512 ktcy_exp_avx512(__m512 x) {
     x = _mm512_min_ps(_mm512_set1_ps(KTCY_EXP_CLAMP), x);
     x = _mm512_max_ps(_mm512_set1_ps(-KTCY_EXP_CLAMP), x);
@@ -96,6 +122,19 @@ __attribute__((target("avx512f"))) static void ktcy_swiglu_avx512(float *g, cons
         const __m512 gv = _mm512_maskz_loadu_ps(m, g + i), uv = _mm512_maskz_loadu_ps(m, u + i);
         const __m512 e = ktcy_exp_avx512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
         _mm512_mask_storeu_ps(g + i, m, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)), uv));
+    }
+}
+
+__attribute__((target("avx512f"))) static void ktcy_glu_clamped_avx512(float *g, const float *u, int64_t n, float alpha,
+                                                                      float limit) {
+    const __m512 one = _mm512_set1_ps(1.0f), lim = _mm512_set1_ps(limit), nlim = _mm512_set1_ps(-limit);
+    const __m512 a = _mm512_set1_ps(alpha), zero = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+        const __m512 gc = _mm512_min_ps(lim, _mm512_maskz_loadu_ps(m, g + i));
+        const __m512 uc = _mm512_max_ps(nlim, _mm512_min_ps(lim, _mm512_maskz_loadu_ps(m, u + i)));
+        const __m512 e = ktcy_exp_avx512(_mm512_sub_ps(zero, _mm512_mul_ps(a, gc)));
+        _mm512_mask_storeu_ps(g + i, m, _mm512_mul_ps(_mm512_add_ps(uc, one), _mm512_div_ps(gc, _mm512_add_ps(one, e))));
     }
 }
 

@@ -19,17 +19,30 @@ static inline uint64_t ktcy_read_ref(const uint8_t *p, int64_t n) {
     return acc;
 }
 
+/* Four streams a quarter of the range apart, as in ktcy_read_avx512: the GEMMs read several
+ * weight panels side by side, and one stream alone keeps too few cache-line misses in flight to
+ * show what the memory system can deliver (the bench's GB/s then exceeded the "peak"). */
 __attribute__((target("avx2"))) static uint64_t ktcy_read_avx2(const uint8_t *p, int64_t n) {
     __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t i = 0; i + 128 <= n; i += 128) {
-        a0 = _mm256_xor_si256(a0, _mm256_loadu_si256((const __m256i *)(p + i)));
-        a1 = _mm256_xor_si256(a1, _mm256_loadu_si256((const __m256i *)(p + i + 32)));
-        a2 = _mm256_xor_si256(a2, _mm256_loadu_si256((const __m256i *)(p + i + 64)));
-        a3 = _mm256_xor_si256(a3, _mm256_loadu_si256((const __m256i *)(p + i + 96)));
+    const int64_t quarter = n / 4 / 64 * 64;
+    const uint8_t *s0 = p, *s1 = p + quarter, *s2 = p + 2 * quarter, *s3 = p + 3 * quarter;
+    for (int64_t i = 0; i + 64 <= quarter; i += 64) {
+        a0 = _mm256_xor_si256(a0, _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(s0 + i)),
+                                                   _mm256_loadu_si256((const __m256i *)(s0 + i + 32))));
+        a1 = _mm256_xor_si256(a1, _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(s1 + i)),
+                                                   _mm256_loadu_si256((const __m256i *)(s1 + i + 32))));
+        a2 = _mm256_xor_si256(a2, _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(s2 + i)),
+                                                   _mm256_loadu_si256((const __m256i *)(s2 + i + 32))));
+        a3 = _mm256_xor_si256(a3, _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(s3 + i)),
+                                                   _mm256_loadu_si256((const __m256i *)(s3 + i + 32))));
     }
     __m256i x = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
     return (uint64_t)_mm256_extract_epi64(x, 0) ^ (uint64_t)_mm256_extract_epi64(x, 3);
 }
+
+/* Bytes a ktcy_read_avx2 / ktcy_read_avx512 call over n bytes actually reads. */
+static inline int64_t ktcy_read_avx2_bytes(int64_t n) { return n / 4 / 64 * 64 * 4; }
+static inline int64_t ktcy_read_avx512_bytes(int64_t n) { return n / 4 / 128 * 128 * 4; }
 
 /* Four streams at once, a quarter of the range apart: like the GEMMs, which read several weight
  * panels side by side, this keeps more cache-line misses in flight than one stream can. */
@@ -59,6 +72,24 @@ __attribute__((target("avx2,fma"))) static float ktcy_peak_fma256(int64_t iters,
     __m256 s = acc[0];
     for (int j = 1; j < 12; ++j) s = _mm256_add_ps(s, acc[j]);
     return _mm256_cvtss_f32(s);
+}
+
+/* The AVX2 INT8/INT4 kernels' inner step: vpmaddubsw (u8 x s8 pairs -> s16), vpmaddwd by ones
+ * (-> s32), vpaddd.  Three dependent instructions per 32 int8 multiply-adds (64 ops). */
+__attribute__((target("avx2"))) static float ktcy_peak_int8_256(int64_t iters, float seed) {
+    __m256i acc[12], a = _mm256_set1_epi8((char)(1 + (int)seed)), b = _mm256_set1_epi8(1);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int j = 0; j < 12; ++j) acc[j] = _mm256_set1_epi32(j);
+    for (int64_t i = 0; i < iters; ++i)
+        for (int j = 0; j < 12; ++j) {
+            /* An empty asm makes `a` look new to the compiler each step, so the loop-invariant
+             * products are not hoisted; it emits no instruction. */
+            __asm__("" : "+x"(a));
+            acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones));
+        }
+    __m256i s = acc[0];
+    for (int j = 1; j < 12; ++j) s = _mm256_add_epi32(s, acc[j]);
+    return (float)_mm256_extract_epi32(s, 0);
 }
 
 __attribute__((target("avx512f"))) static float ktcy_peak_fma512(int64_t iters, float seed) {

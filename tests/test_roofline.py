@@ -1,0 +1,69 @@
+"""Roofline probes on the host that runs the tests: every peak this CPU can measure (the AVX2
+probes run wherever AVX2 does, so AVX-512 hosts check them too) is either within
+RELIABLE_SCALING of threads x its one-thread figure or flagged unreliable with a note."""
+import pytest
+
+from ktcy import _native, roofline
+from ktcy.errors import UnsupportedISAError
+
+THREADS = 2
+
+
+@pytest.mark.parametrize("name", _native.peak_names())
+def test_peak_is_sane_or_flagged(name):
+    p = _native.measure_peak(name, THREADS, seconds=0.02, repeats=3)
+    assert p["value"] > 0 and p["single_thread"] > 0 and p["threads"] == THREADS
+    scaled = p["value"] >= _native.RELIABLE_SCALING * THREADS * p["single_thread"]
+    assert p["reliable"] == scaled
+    if not p["reliable"]:
+        assert "unreliable" in p["note"]
+    else:
+        assert p["note"] is None
+
+
+def test_one_thread_peak_is_its_own_reference():
+    name = _native.peak_names()[0]
+    p = _native.measure_peak(name, 1, seconds=0.02, repeats=3)
+    assert p["reliable"] and p["value"] == p["single_thread"]
+
+
+def test_avx2_probes_run_wherever_avx2_does():
+    if not _native.cpu_features()["avx2"]:
+        pytest.skip("this CPU has no AVX2")
+    assert {"avx2_fma", "avx2_int8"} <= set(_native.peak_names())
+    fma = _native.measure_peak("avx2_fma", 1, seconds=0.02, repeats=3)
+    int8 = _native.measure_peak("avx2_int8", 1, seconds=0.02, repeats=3)
+    # 64 int8 ops per ymm step against 16 flops: the int8 chain beats the FMA figure on every AVX2 CPU
+    assert int8["value"] > fma["value"] > 1
+
+
+def test_avx2_kernels_are_measured_against_their_own_peaks():
+    roof = {"threads": 2, "peaks": {n: {"value": 1.0, "reliable": True} for n in ("avx2_fma", "avx2_int8")}}
+    assert roofline.peak_for("INT8", "avx2", roof)["name"] == "avx2_int8"
+    assert roofline.peak_for("INT4", "avx2", roof)["name"] == "avx2_int8"
+    assert roofline.peak_for("BF16", "avx2", roof)["name"] == "avx2_fma"
+    assert roofline.peak_for("FP8_BLOCK", "avx2", roof)["name"] == "avx2_fma"
+    assert roofline.peak_for("INT8", "ref", roof) is None
+
+
+def test_an_unreliable_peak_is_replaced_by_the_per_thread_bound():
+    roof = {"threads": 2, "peaks": {"avx2_fma": {"value": 10.0, "single_thread": 8.0, "reliable": False}}}
+    p = roofline.peak_for("BF16", "avx2", roof)
+    assert p["value"] == 16.0 and p["basis"] == "threads x one-thread"
+
+
+def test_bad_probe_arguments():
+    with pytest.raises(ValueError, match="threads"):
+        _native.measure_peak(_native.peak_names()[0], 0)
+    with pytest.raises(UnsupportedISAError, match="measurable"):
+        _native.measure_peak("avx1024_fma", 1)
+    with pytest.raises(ValueError, match="threads"):
+        _native.measure_read_bandwidth(0)
+
+
+def test_read_bandwidth_and_probe_size():
+    assert roofline.probe_bytes() >= 512 * 2**20
+    llc = roofline.llc_bytes()
+    if llc:
+        assert roofline.probe_bytes() >= 4 * llc
+    assert _native.measure_read_bandwidth(THREADS, 64 * 2**20, 2) > 1e8
