@@ -1,0 +1,201 @@
+"""INT4 checkpoints as released (compressed-tensors pack-quantized, GPTQ v1/v2, AWQ): tensors packed
+in the tests from each format's description, loaded as stored with exact dequantization, MoE
+forward against float64, the same numbers on every ISA, convert -> load bit-exact, refusals."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import ktcy
+from checkpoints import make_released_checkpoint, nibbles_to_int32
+from ktcy.convert import convert
+from ktcy.safetensors_io import CheckpointError, SafetensorsFile, write
+
+CASES = {  # id: (kind, group, symmetric, stored format)
+    "ct_sym_g32": ("ct", 32, True, "INT4"),       # Kimi-K2's scheme
+    "ct_asym_g64": ("ct", 64, False, "INT4_ZP"),
+    "gptq_v1_sym_g32": ("gptq", 32, True, "INT4"),
+    "gptq_v1_asym_g64": ("gptq", 64, False, "INT4_ZP"),
+    "gptq_v2_asym_g32": ("gptq_v2", 32, False, "INT4_ZP"),
+    "awq_g64": ("awq", 64, False, "INT4_ZP"),
+}
+E, H, I, K = 4, 128, 64, 2
+
+
+class Quiet:
+    def bar(self, *a):
+        pass
+
+    def line(self, text):
+        pass
+
+
+def build(tmp_path, case, **kw):
+    kind, group, sym, _ = CASES[case]
+    path = tmp_path / case
+    return path, make_released_checkpoint(path, kind, group=group, sym=sym, E=E, H=H, I=I, top_k=K, **kw)
+
+
+def moe_reference(x, ids, w, truth, L):
+    """float64 SwiGLU MoE on the dequantized weights."""
+    out = np.zeros((x.shape[0], H))
+    xd = x.astype(np.float64)
+    for t in range(x.shape[0]):
+        for j, e in enumerate(ids[t]):
+            g, u = truth[L]["gate"][e] @ xd[t], truth[L]["up"][e] @ xd[t]
+            out[t] += w[t, j] * (truth[L]["down"][e] @ (g / (1 + np.exp(-g)) * u))
+    return out
+
+
+def inputs(seed=1, T=6):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    ids = np.stack([rng.choice(E, K, replace=False) for _ in range(T)])
+    return x, ids, rng.random((T, K)).astype(np.float32)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_loaded_as_stored_with_exact_dequantization(tmp_path, case):
+    path, truth = build(tmp_path, case)
+    moe = ktcy.load_experts(path, 1)
+    assert moe.format == CASES[case][3] and moe.gate[0].group_size == CASES[case][1]
+    for proj in ("gate", "up", "down"):
+        for e in range(E):
+            assert np.array_equal(getattr(moe, proj)[e].dequantize(), truth[1][proj][e]), (proj, e)
+    x, ids, w = inputs()
+    y = moe.forward(x, ids, w)
+    ref = moe_reference(x, ids, w, truth, 1)
+    assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 0.03  # the int8 activations' error only
+    for isa in [i for i in ktcy.available_isas() if i != "amx"] + ["amx_emu"]:
+        assert np.array_equal(ktcy.load_experts(path, 1, isa=isa).forward(x, ids, w), y), isa
+
+
+@pytest.mark.parametrize("case", ["ct_sym_g32", "gptq_v1_asym_g64", "awq_g64"])
+def test_convert_keeps_the_codes_bit_exact(tmp_path, case):
+    path, _ = build(tmp_path, case)
+    out = tmp_path / "packed"
+    assert convert(path, out, progress=Quiet()) == [1]
+    x, ids, w = inputs(2)
+    original, packed = ktcy.load_experts(path, 1), ktcy.load_experts(out, 1)
+    assert packed.format == original.format and packed.gate[0].group_size == CASES[case][1]
+    assert np.array_equal(packed.forward(x, ids, w), original.forward(x, ids, w))
+    for proj in ("gate", "up", "down"):
+        assert np.array_equal(getattr(packed, proj)[3].codes(), getattr(original, proj)[3].codes())
+    record = json.loads((out / "ktcy_model.json").read_text())["layer_records"]["1"]
+    assert record["weight_format"] == CASES[case][3] and record["group_size"] == CASES[case][1]
+
+
+def test_other_methods_dequantize_exactly_first(tmp_path):
+    path, truth = build(tmp_path, "gptq_v2_asym_g32")
+    x, ids, w = inputs(3)
+    ref = moe_reference(x, ids, w, truth, 1)
+    bf16 = ktcy.load_experts(path, 1, method="BF16")
+    import ml_dtypes
+    assert np.array_equal(bf16.up[2].dequantize(), truth[1]["up"][2].astype(ml_dtypes.bfloat16).astype(np.float64))
+    int8 = ktcy.load_experts(path, 1, method="INT8")
+    assert np.linalg.norm(int8.forward(x, ids, w) - ref) / np.linalg.norm(ref) < 0.03
+    assert ktcy.load_experts(path, 1, method="INT4_ZP", group_size=64).gate[0].group_size == 64
+
+
+def test_gptq_desc_act_is_refused_as_stored_and_converts_exactly(tmp_path):
+    path, truth = build(tmp_path, "gptq_v2_asym_g32", permute=True)
+    with pytest.raises(CheckpointError, match="g_idx.*desc_act"):
+        ktcy.load_experts(path, 1)
+    moe = ktcy.load_experts(path, 1, method="BF16")
+    import ml_dtypes
+    assert np.array_equal(moe.down[1].dequantize(), truth[1]["down"][1].astype(ml_dtypes.bfloat16).astype(np.float64))
+
+
+def test_gptq_v1_zero_point_16_is_refused_as_stored(tmp_path):
+    path, truth = build(tmp_path, "gptq_v1_asym_g64")
+    name = "model.layers.1.mlp.experts.0.gate_proj.qzeros"
+    tensors = _tensors(path)
+    z = np.asarray(tensors[name]).copy()
+    z[0, 0] |= 0xF  # stored 15: GPTQ v1's z - 1 of 16
+    tensors[name] = z
+    write(str(path / "model.safetensors"), tensors, {"format": "pt"})
+    with pytest.raises(CheckpointError, match="zero point 16"):
+        ktcy.load_experts(path, 1)
+    assert ktcy.load_experts(path, 1, method="BF16").format == "BF16"
+
+
+def test_model_blocks_route_over_released_experts(tmp_path):
+    path, truth = build(tmp_path, "ct_sym_g32")
+    model = ktcy.MoEModel.from_pretrained(path)
+    block = model.blocks["model.layers.1.mlp.experts"]
+    assert block.experts.format == "INT4"
+    x = inputs(4)[0]
+    ids, w = block.route(x)
+    ref = moe_reference(x, ids, w, truth, 1)
+    y = block.forward(x)
+    assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 0.03
+
+
+def _tensors(path):
+    f = SafetensorsFile(str(path / "model.safetensors"))
+    return {k: np.array(f.get(k)) for k in f.keys()}
+
+
+def _tamper(path, edit):
+    tensors = _tensors(path)
+    edit(tensors)
+    os.remove(path / "model.safetensors")
+    write(str(path / "model.safetensors"), tensors, {"format": "pt"})
+
+
+EXPERT0 = "model.layers.1.mlp.experts.0"
+TAMPERED = {
+    "weight_shape": ("ct_sym_g32", lambda t: t.__setitem__(f"{EXPERT0}.gate_proj.weight_shape", np.array([64, 64])),
+                     "weight_shape"),
+    "ct_scale_shape": ("ct_sym_g32", lambda t: t.__setitem__(f"{EXPERT0}.up_proj.weight_scale",
+                                                             t[f"{EXPERT0}.up_proj.weight_scale"][:, :2]), "weight_scale"),
+    "ct_packed_dtype": ("ct_sym_g32", lambda t: t.__setitem__(f"{EXPERT0}.gate_proj.weight_packed",
+                                                              t[f"{EXPERT0}.gate_proj.weight_packed"].view(np.float32)),
+                        "weight_packed"),
+    "ct_zero_point_out_of_range": ("ct_asym_g64", lambda t: t.__setitem__(
+        f"{EXPERT0}.down_proj.weight_zero_point", np.full((H, 1), 20, np.int8)), "weight_zero_point"),
+    "ct_missing_zero_point": ("ct_asym_g64", lambda t: t.pop(f"{EXPERT0}.down_proj.weight_zero_point"),
+                              "weight_zero_point"),
+    "gptq_missing_qzeros": ("gptq_v1_asym_g64", lambda t: t.pop(f"{EXPERT0}.up_proj.qzeros"), "qzeros"),
+    "gptq_scales_shape": ("gptq_v1_asym_g64", lambda t: t.__setitem__(f"{EXPERT0}.up_proj.scales",
+                                                                      t[f"{EXPERT0}.up_proj.scales"][:, :8]), "scales"),
+    "gptq_g_idx_out_of_range": ("gptq_v2_asym_g32", lambda t: t[f"{EXPERT0}.gate_proj.g_idx"].__setitem__(5, 99),
+                                "g_idx"),
+    "gptq_sym_with_zero_points": ("gptq_v1_sym_g32", lambda t: t.__setitem__(
+        f"{EXPERT0}.gate_proj.qzeros", nibbles_to_int32(np.full((4, I), 3), axis=1)), "symmetric"),
+    "awq_qweight_shape": ("awq_g64", lambda t: t.__setitem__(f"{EXPERT0}.down_proj.qweight",
+                                                             t[f"{EXPERT0}.down_proj.qweight"][:32]), "qweight"),
+}
+
+
+@pytest.mark.parametrize("case", TAMPERED)
+def test_tampered_tensors_are_refused_naming_the_tensor(tmp_path, case):
+    kind, edit, named = TAMPERED[case]
+    path, _ = build(tmp_path, kind)
+    _tamper(path, edit)
+    with pytest.raises(CheckpointError, match=named):
+        moe = ktcy.load_experts(path, 1)
+        moe.forward(*inputs())
+
+
+CONFIGS = {
+    "unknown_method": ({"quant_method": "bitsandbytes"}, "unknown quant_method"),
+    "gptq_8_bits": ({"quant_method": "gptq", "bits": 8, "group_size": 32}, "4-bit"),
+    "awq_gemv": ({"quant_method": "awq", "bits": 4, "group_size": 64, "version": "gemv"}, "gemm"),
+    "group_does_not_divide_k": ({"quant_method": "gptq", "bits": 4, "group_size": 48, "sym": False,
+                                 "checkpoint_format": "gptq_v2"}, "does not divide"),
+    "ct_activations": ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {
+        "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32},
+        "input_activations": {"num_bits": 8}}}}, "activations"),
+}
+
+
+@pytest.mark.parametrize("case", CONFIGS)
+def test_bad_quantization_configs_are_refused(tmp_path, case):
+    path, _ = build(tmp_path, "gptq_v2_asym_g32")
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["quantization_config"] = CONFIGS[case][0]
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=CONFIGS[case][1]):
+        ktcy.load_experts(path, 1)
