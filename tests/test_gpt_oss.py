@@ -154,3 +154,44 @@ def test_tampered_checkpoints_are_refused(tmp_path, case):
     _rewrite(tmp_path, edit)
     with pytest.raises(CheckpointError, match=named):
         ktcy.MoEModel.from_pretrained(tmp_path)
+
+
+def test_run_block_cli(checkpoint, tmp_path):
+    import subprocess
+    import sys
+    path, truth = checkpoint
+    h = np.random.default_rng(8).standard_normal((3, H)).astype(np.float32)
+    np.save(tmp_path / "h.npy", h)
+    r = subprocess.run([sys.executable, "-m", "ktcy", "run-block", str(path), "--layer", "1", "--input",
+                        str(tmp_path / "h.npy"), "--output", str(tmp_path / "y.npy")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "MXFP4" in r.stdout
+    ids, w = router_reference(h, truth[1])
+    ref = experts_reference(h, ids, w, truth[1])
+    y = np.load(tmp_path / "y.npy")
+    assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 4e-3
+
+
+def test_bf16_gpt_oss_layout(tmp_path):
+    """GPT-OSS dequantized to BF16 keeps [E, H, 2I] gate_up_proj (in x out, interleaved) and
+    [E, I, H] down_proj: read as the same weights."""
+    import ml_dtypes
+    truth = make_gpt_oss_checkpoint(tmp_path / "mx", E=4, H=64, I=32, top_k=2, num_layers=1, swiglu_limit=LIMIT)[0]
+    gu = np.empty((4, 64, 64))
+    gu[:, :, 0::2], gu[:, :, 1::2] = truth["gate"].transpose(0, 2, 1), truth["up"].transpose(0, 2, 1)
+    f = SafetensorsFile(str(tmp_path / "mx" / "model.safetensors"))
+    tensors = {k: np.array(f.get(k)) for k in f.keys() if "_blocks" not in k and "_scales" not in k}
+    tensors[f"{P}.experts.gate_up_proj"] = gu.astype(ml_dtypes.bfloat16)
+    tensors[f"{P}.experts.down_proj"] = truth["down"].transpose(0, 2, 1).astype(ml_dtypes.bfloat16)
+    os.makedirs(tmp_path / "bf16")
+    write(str(tmp_path / "bf16" / "model.safetensors"), tensors, {"format": "pt"})
+    cfg = json.loads((tmp_path / "mx" / "config.json").read_text())
+    del cfg["quantization_config"]
+    (tmp_path / "bf16" / "config.json").write_text(json.dumps(cfg))
+    moe = ktcy.load_experts(tmp_path / "bf16", 0)
+    assert moe.format == "BF16" and moe.config.activation == "gpt_oss"
+    for proj in ("gate", "up", "down"):
+        assert np.array_equal(getattr(moe, proj)[1].dequantize(), truth[proj][1]), proj
+    x = np.random.default_rng(9).standard_normal((4, 64)).astype(np.float32)
+    ids, w = np.array([[0, 1], [2, 3], [1, 3], [0, 2]]), np.full((4, 2), 0.5, np.float32)
+    assert np.array_equal(moe.forward(x, ids, w), ktcy.load_experts(tmp_path / "mx", 0, method="BF16").forward(x, ids, w))

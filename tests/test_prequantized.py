@@ -199,3 +199,16 @@ def test_bad_quantization_configs_are_refused(tmp_path, case):
     (path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match=CONFIGS[case][1]):
         ktcy.load_experts(path, 1)
+
+
+def test_convert_cli_keeps_gptq_codes(tmp_path):
+    import subprocess
+    import sys
+    path, _ = build(tmp_path, "gptq_v1_asym_g64")
+    out = tmp_path / "cli_out"
+    r = subprocess.run([sys.executable, "-m", "ktcy", "convert", "--input", str(path), "--output", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "INT4_ZP" in r.stderr
+    x, ids, w = inputs(5)
+    assert np.array_equal(ktcy.load_experts(out, 1).forward(x, ids, w), ktcy.load_experts(path, 1).forward(x, ids, w))
