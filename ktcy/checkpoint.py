@@ -97,7 +97,7 @@ class MoEArchitecture:
         if isinstance(cfg.get("text_config"), dict) and cfg.get("hidden_size") is None:
             cfg = cfg["text_config"]  # multimodal wrappers nest the language model's config
         experts = config_int(cfg, where, "num_experts", "num_local_experts", "n_routed_experts")
-        top_k = config_int(cfg, where, "num_experts_per_tok", maximum=experts)
+        top_k = config_int(cfg, where, "num_experts_per_tok", "experts_per_token", maximum=experts)
         hidden = config_int(cfg, where, "hidden_size")
         inter = config_int(cfg, where, "moe_intermediate_size", "intermediate_size")
         layers = config_int(cfg, where, "num_hidden_layers", maximum=MAX_LAYERS)

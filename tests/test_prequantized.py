@@ -212,3 +212,38 @@ def test_convert_cli_keeps_gptq_codes(tmp_path):
     assert "INT4_ZP" in r.stderr
     x, ids, w = inputs(5)
     assert np.array_equal(ktcy.load_experts(out, 1).forward(x, ids, w), ktcy.load_experts(path, 1).forward(x, ids, w))
+
+
+def test_shared_expert_released_like_the_routed_ones(tmp_path):
+    """A Qwen2-MoE-style block whose shared expert is stored pack-quantized too: packed as stored
+    and added, gated by sigmoid(h . shared_expert_gate)."""
+    import ml_dtypes
+    from checkpoints import released_tensors
+    S = 96
+    path, truth = build(tmp_path, "ct_sym_g32", extra_config={"model_type": "qwen2_moe", "norm_topk_prob": False,
+                                                              "shared_expert_intermediate_size": S})
+    rng = np.random.default_rng(11)
+    shared = {}
+
+    def add(t):
+        for proj, (n, k) in (("gate", (S, H)), ("up", (S, H)), ("down", (H, S))):
+            q, s = rng.integers(0, 16, (n, k)), rng.uniform(0.001, 0.01, (n, k // 32)).astype(np.float32)
+            t.update(released_tensors("ct", f"model.layers.1.mlp.shared_expert.{proj}_proj", q, np.full(s.shape, 8), s,
+                                      32, rng))
+            stored = s.astype(ml_dtypes.bfloat16).astype(np.float64)
+            shared[proj] = (q - 8) * np.repeat(stored, 32, axis=1)
+        gate = (rng.standard_normal((1, H)) * 0.1).astype(ml_dtypes.bfloat16)
+        t["model.layers.1.mlp.shared_expert_gate.weight"] = gate
+        shared["gate_w"] = gate.astype(np.float64)
+    _tamper(path, add)
+    block = ktcy.MoEModel.from_pretrained(path).blocks["model.layers.1.mlp.experts"]
+    assert block.shared.moe.format == "INT4" and block.shared.moe.gate[0].group_size == 32
+    assert np.array_equal(block.shared.moe.down[0].dequantize(), shared["down"])
+    x = inputs(6)[0]
+    ids, w = block.route(x)
+    xd = x.astype(np.float64)
+    g, u = xd @ shared["gate"].T, xd @ shared["up"].T
+    extra = ((g / (1 + np.exp(-g)) * u) @ shared["down"].T) / (1 + np.exp(-(xd @ shared["gate_w"].T)))
+    ref = moe_reference(x, ids, w, truth, 1) + extra
+    y = block.forward(x)
+    assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 0.03
