@@ -195,3 +195,29 @@ def test_bf16_gpt_oss_layout(tmp_path):
     x = np.random.default_rng(9).standard_normal((4, 64)).astype(np.float32)
     ids, w = np.array([[0, 1], [2, 3], [1, 3], [0, 2]]), np.full((4, 2), 0.5, np.float32)
     assert np.array_equal(moe.forward(x, ids, w), ktcy.load_experts(tmp_path / "mx", 0, method="BF16").forward(x, ids, w))
+
+
+@pytest.mark.parametrize("case", ["no_bias_tensors", "bad_activation", "unknown_key"])
+def test_converted_block_settings_are_checked(checkpoint, tmp_path, case):
+    path, _ = checkpoint
+    out = tmp_path / "packed"
+    convert(path, out, layers="1", progress=Quiet())
+    model_file = out / "ktcy_model.json"
+    model = json.loads(model_file.read_text())
+    if case == "no_bias_tensors":
+        layer = str(out / "ktcy_layer_0001.safetensors")
+        f = SafetensorsFile(layer)
+        tensors, meta = {k: np.array(f.get(k)) for k in f.keys() if not k.endswith(".bias")}, f.metadata
+        del f
+        os.remove(layer)
+        write(layer, tensors, meta)
+        match = "up.bias|gate.bias"
+    elif case == "bad_activation":
+        model["block"]["activation"] = "relu"
+        match = "activation"
+    else:
+        model["block"]["temperature"] = 2
+        match = "block"
+    model_file.write_text(json.dumps(model))
+    with pytest.raises(CheckpointError, match=match):
+        ktcy.load_experts(out, 1)
