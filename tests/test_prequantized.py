@@ -247,3 +247,79 @@ def test_shared_expert_released_like_the_routed_ones(tmp_path):
     ref = moe_reference(x, ids, w, truth, 1) + extra
     y = block.forward(x)
     assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 0.03
+
+
+# ---- property: any quantization_config or replaced expert tensor -> a scheme / layer, or CheckpointError ----
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from ktcy.quant_readers import scheme_from_config  # noqa: E402
+
+SHORT = settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+LONG = settings(max_examples=2000, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+SCALARS = st.none() | st.booleans() | st.integers(-3, 300) | st.floats() | st.text(max_size=6) \
+    | st.sampled_from(["gptq", "awq", "mxfp4", "compressed-tensors", "pack-quantized", "group", "int", "gemm", "gptq_v2"])
+VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+    st.sampled_from(["weights", "num_bits", "group_size", "strategy", "symmetric", "type", "format", "g"]), inner,
+    max_size=4), max_leaves=10)
+CONFIG_KEYS = st.sampled_from(["quant_method", "bits", "w_bit", "group_size", "sym", "desc_act", "checkpoint_format",
+                               "version", "zero_point", "format", "config_groups"])
+CONFIGS_ST = st.dictionaries(CONFIG_KEYS, VALUES, max_size=6)
+
+
+def _config_property(q):
+    try:
+        scheme = scheme_from_config({"quantization_config": q})
+    except CheckpointError:
+        return
+    assert scheme is None or scheme.native_format in ("INT4", "INT4_ZP", "MXFP4")
+
+
+@SHORT
+@given(CONFIGS_ST)
+def test_any_quantization_config_gives_a_scheme_or_checkpoint_error(q):
+    _config_property(q)
+
+
+@LONG
+@given(CONFIGS_ST)
+@pytest.mark.fuzz
+def test_any_quantization_config_long(q):
+    _config_property(q)
+
+
+REPLACEMENTS = st.tuples(st.sampled_from(["int32", "int8", "uint8", "float16", "int64", "float32"]),
+                         st.lists(st.integers(0, 70), min_size=0, max_size=3), st.integers(0, 2**32 - 1))
+
+
+def _replaced_tensor_property(tmp_path, case, which, replacement):
+    path, _ = build(tmp_path, case)
+    tensors = _tensors(path)
+    names = sorted(n for n in tensors if ".experts.0." in n or ".experts.1." in n)
+    name = names[which % len(names)]
+    dtype, shape, seed = replacement
+    rng = np.random.default_rng(seed)
+    count = int(np.prod(shape, dtype=np.int64))
+    tensors[name] = np.frombuffer(rng.bytes(count * np.dtype(dtype).itemsize), dtype).reshape(shape)
+    os.remove(path / "model.safetensors")
+    write(str(path / "model.safetensors"), tensors, {"format": "pt"})
+    try:
+        moe = ktcy.load_experts(path, 1, isa="ref")
+    except CheckpointError:
+        return
+    assert np.isfinite(moe.forward(*inputs())).all()  # a well-formed replacement may load: it must run finitely
+
+
+@SHORT
+@given(st.sampled_from(sorted(CASES)), st.integers(0, 100), REPLACEMENTS)
+def test_replaced_expert_tensors_load_or_give_checkpoint_error(tmp_path_factory, case, which, replacement):
+    _replaced_tensor_property(tmp_path_factory.mktemp("r"), case, which, replacement)
+
+
+@LONG
+@given(st.sampled_from(sorted(CASES)), st.integers(0, 100), REPLACEMENTS)
+@pytest.mark.fuzz
+def test_replaced_expert_tensors_long(tmp_path_factory, case, which, replacement):
+    _replaced_tensor_property(tmp_path_factory.mktemp("r"), case, which, replacement)
