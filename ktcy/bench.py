@@ -21,7 +21,7 @@ SHAPES = {
     "deepseek-v3": (7168, 2048, 32, 8, "DeepSeek-V3 layer with 32 of its 256 experts (real H, I, top-k)"),
     "mixtral": (4096, 14336, 8, 2, "Mixtral-8x7B layer"),
 }
-DEFAULT_FORMATS = ("BF16", "INT8", "INT4", "FP8_PERCHANNEL", "FP8_BLOCK")
+DEFAULT_FORMATS = FORMATS  # every row of the format descriptor table
 DISTINCT_EXPERTS = 16                  # quantized and packed; the other experts are copies
 DEFAULT_TOKENS = (1, 32, 512)          # decode, the AMX switch-over, prefill: about a minute on 2 cores
 FULL_TOKENS = (1, 4, 32, 128, 512)     # --full
@@ -119,9 +119,8 @@ def distinct_routings(routes):
 
 def _clone(weight):
     """The same packed bytes in fresh memory: a stand-in expert that costs a copy, not a packing."""
-    colsum = None if weight.colsum is None else weight.colsum.copy()
-    return dataclasses.replace(weight, data=weight.data.copy(), scale=weight.scale.copy(), colsum=colsum,
-                               _view=None)
+    arrays = {name: getattr(weight, name) for name in ("data", "scale", "colsum", "zero")}
+    return dataclasses.replace(weight, _view=None, **{k: None if a is None else a.copy() for k, a in arrays.items()})
 
 
 def build_layer(config, sources, say_progress):

@@ -9,6 +9,7 @@ import os
 import sys
 
 from ktcy import log, report
+from ktcy.formats import FORMATS
 from ktcy.version import __version__
 
 EXIT_ERROR, EXIT_USAGE = 1, 2
@@ -232,7 +233,7 @@ def build_parser():
                 "format and token count, against this machine's measured read bandwidth and multiply-add peaks. "
                 "The default run takes about a minute on 2 cores.")
     b.add_argument("--shape", default="qwen3-30b", help="qwen3-30b | deepseek-v3 | mixtral | H,I,E,k")
-    b.add_argument("--formats", default=",".join(("BF16", "INT8", "INT4", "FP8_PERCHANNEL", "FP8_BLOCK")),
+    b.add_argument("--formats", default=",".join(FORMATS),
                    help="comma-separated formats or backend names")
     b.add_argument("--tokens", default=None, help="comma-separated token counts T (default: 1,32,512; "
                    "with --full: 1,4,32,128,512)")
@@ -315,9 +316,10 @@ def _guarded(fn, debug):
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     first = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
-    if first is not None and argv[first] == "convert":  # the converter owns its flags
-        flags, rest = _split_global_flags(argv[:first] + argv[first + 1:])
-        _set_verbosity(**flags)
+    if first is not None and argv[first] == "convert":
+        # the converter owns its flags, -q/-v/--debug included (before or after the word convert)
+        rest = argv[:first] + argv[first + 1:]
+        flags, _ = _split_global_flags(rest)
         from ktcy.convert import main as convert_main
         return _guarded(lambda: convert_main(rest, prog="ktcy convert"), flags["debug"])
     args = build_parser().parse_args(argv)

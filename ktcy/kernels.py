@@ -2,7 +2,10 @@
 
 Contract (used from outside the repo): ``pack(W, format=...)`` and ``linear(X, packed, isa=None)``.
 """
+from __future__ import annotations
+
 from dataclasses import dataclass, field
+from typing import Optional
 
 import ml_dtypes
 import numpy as np
@@ -141,8 +144,11 @@ class PackedWeight:
         return values * expand_block_scale(self.scale.astype(dtype), n, k)
 
 
-def pack(W, format="INT8", group_size=DEFAULT_INT4_GROUP):
-    """Quantize (if the format asks) and pack a float weight matrix W[N][K] (out x in)."""
+def pack(W: np.ndarray, format: str = "INT8", group_size: int = DEFAULT_INT4_GROUP) -> PackedWeight:
+    """Quantize (if the format asks) and pack a float weight matrix W[N][K] (out x in).
+    format: a format or KTransformers backend name (ktcy.FORMATS); group_size: for grouped formats
+    (INT4, INT4_ZP: 32, 64, 128).  Raises ValueError for unknown formats, bad group sizes or
+    non-finite weights, TypeError for non-float input."""
     fmt = canonical_format(format)
     group = group_size if has_groups(fmt) else 0
     if has_groups(fmt) and group not in descriptor(fmt)["group_sizes"]:
@@ -172,7 +178,8 @@ def _refuse_non_finite(w):
         raise ValueError(f"weight row {int(np.flatnonzero(bad)[0])} holds NaN or infinity; it cannot be packed")
 
 
-def pack_quantized(codes, scale, format, group_size=None, zero_points=None):
+def pack_quantized(codes: np.ndarray, scale: Optional[np.ndarray], format: str, group_size: Optional[int] = None,
+                   zero_points: Optional[np.ndarray] = None) -> PackedWeight:
     """Pack codes that are already quantized: int8 [N,K] + scale [N] (INT8); int8 in [-8,7] +
     scale [K_pad/group, N_pad] or [N, K/group] (INT4); unsigned codes 0..15 [N,K] + scale and
     zero_points 0..15, each [K_pad/group, N_pad] or [N, K/group] (INT4_ZP: w = s * (q - z));
@@ -307,8 +314,11 @@ def prepare_activations(X, packed):
     return _native.Activations(_CODE[packed.format], x, packed.k_pad, packed.group_size)
 
 
-def linear(X, packed, isa=None, out=None):
-    """Y[M, N] = X[M, K] @ W.T in float32 with the packed weight, on the chosen or given ISA."""
+def linear(X: np.ndarray, packed: PackedWeight, isa: Optional[str] = None,
+           out: Optional[np.ndarray] = None) -> np.ndarray:
+    """Y[M, N] = X[M, K] @ W.T in float32 with the packed weight, on the chosen or given ISA
+    (ktcy.available_isas(), plus "amx_emu").  Raises UnsupportedISAError for an ISA this CPU cannot
+    run, ValueError/TypeError for shapes or arrays that do not fit."""
     if not isinstance(packed, PackedWeight):
         raise TypeError("packed must come from ktcy.kernels.pack")
     _, variant = _native.resolve(packed.format, isa)

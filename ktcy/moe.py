@@ -3,14 +3,18 @@
 Contract (used from outside the repo): ``MoE.from_weights(config, gate, up, down)``,
 ``MoE.forward(x, topk_ids, topk_weights, out=None)``, ``MoE.kernel``.
 """
+from __future__ import annotations
+
 import logging
 import os
 import threading
+from typing import Callable, Mapping, Optional, Sequence
 
 import ml_dtypes
 import numpy as np
 
 from ktcy import _native, kernels
+from ktcy import progress as _progress
 from ktcy.config import MoeConfig
 from ktcy.errors import UnsupportedISAError
 from ktcy.safetensors_io import CheckpointError
@@ -23,6 +27,10 @@ log = logging.getLogger("ktcy")
 AMX_MIN_ROWS = 32
 
 _DECODE_LADDER = ("avx512", "avx2", "ref")
+
+# Layers at least this large (weights of all experts) show a progress bar while they are packed
+# (a Qwen3-30B-A3B layer, 604M weights, takes seconds); small ones pack too fast to need one.
+_PROGRESS_MIN_WEIGHTS = 1 << 26
 
 
 def choose_kernels(fmt, config):
@@ -59,7 +67,8 @@ def _warn_once(message):
 class MoE:
     """The routed experts of one MoE layer: y = sum_j w[t,j] * down_e(silu(gate_e x) * up_e x)."""
 
-    def __init__(self, config, gate, up, down, bias=None):
+    def __init__(self, config: MoeConfig, gate: Sequence[kernels.PackedWeight], up: Sequence[kernels.PackedWeight],
+                 down: Sequence[kernels.PackedWeight], bias: Optional[Mapping[str, np.ndarray]] = None):
         """gate, up, down: lists (one per expert) of kernels.PackedWeight, already packed.
         bias: optional {"gate": [E, I], "up": [E, I], "down": [E, H]} added after each projection
         (GPT-OSS has them); any subset, float arrays."""
@@ -95,12 +104,16 @@ class MoE:
         log.info("ktcy: MoE %d experts H=%d I=%d top-%d runs %s", E, H, I, config.top_k, self.kernel)
 
     @classmethod
-    def from_weights(cls, config, gate, up, down, gate_scale=None, up_scale=None, down_scale=None,
-                     progress=None, bias=None):
+    def from_weights(cls, config: MoeConfig, gate: np.ndarray, up: np.ndarray, down: np.ndarray,
+                     gate_scale: Optional[np.ndarray] = None, up_scale: Optional[np.ndarray] = None,
+                     down_scale: Optional[np.ndarray] = None, progress: Optional[Callable[[int, int], None]] = None,
+                     bias: Optional[Mapping[str, np.ndarray]] = None) -> "MoE":
         """Quantize and pack every expert.  gate/up [E, I, H], down [E, H, I] in float32, float64
         or bfloat16; for FP8 also already-quantized float8_e4m3fn (or uint8) codes with their
         scales ([E, N] / [E, N, 1] per channel, [E, ceil(N/128), ceil(K/128)] blocks).
-        progress(done, total) is called after each expert."""
+        progress(done, total) is called after each expert (default: a progress bar for large layers).
+        Raises ValueError/TypeError for shapes, dtypes or scales that do not fit, and
+        UnsupportedISAError when config.isa cannot run here."""
         E, H, I = config.num_experts, config.hidden_size, config.intermediate_size
         arrays = {"gate": (gate, (E, I, H), gate_scale), "up": (up, (E, I, H), up_scale),
                   "down": (down, (E, H, I), down_scale)}
@@ -115,7 +128,9 @@ class MoE:
         return cls.from_experts(config, expert, progress, bias)
 
     @classmethod
-    def from_experts(cls, config, expert, progress=None, bias=None):
+    def from_experts(cls, config: MoeConfig, expert: Callable[[int], dict],
+                     progress: Optional[Callable[[int, int], None]] = None,
+                     bias: Optional[Mapping[str, np.ndarray]] = None) -> "MoE":
         """Pack expert by expert: expert(e) -> {"gate"|"up"|"down": (weight [N, K], scale)}.
         Only one expert's source arrays need to be in memory at a time.  scale is None for float
         weights, the scale array for FP8 codes, or for other codes as released a spec dict:
@@ -124,11 +139,19 @@ class MoE:
         stored when the layer's format is theirs, else dequantized exactly and quantized again."""
         fmt, group = config.weight_format, config.quant_config.group_size
         packed = {"gate": [], "up": [], "down": []}
-        for e in range(config.num_experts):
-            for name, (w, scale) in expert(e).items():
-                packed[name].append(pack_expert_weight(w, scale, fmt, group, f"{name}[{e}]"))
-            if progress is not None:
-                progress(e + 1, config.num_experts)
+        E = config.num_experts
+        bar = None
+        if progress is None and E * 3 * config.hidden_size * config.intermediate_size >= _PROGRESS_MIN_WEIGHTS:
+            bar = progress = _progress.reporter(f"packing {fmt}", E, "expert")
+        try:
+            for e in range(E):
+                for name, (w, scale) in expert(e).items():
+                    packed[name].append(pack_expert_weight(w, scale, fmt, group, f"{name}[{e}]"))
+                if progress is not None:
+                    progress(e + 1, E)
+        finally:
+            if bar is not None:
+                bar.close()
         return cls(config, packed["gate"], packed["up"], packed["down"], bias)
 
     @property
@@ -167,8 +190,15 @@ class MoE:
                 raise CheckpointError(f"{path} changed size on disk ({size} -> {now} bytes) while mapped; "
                                       f"reload the layer")
 
-    def forward(self, x, topk_ids, topk_weights, out=None):
-        """x [T, H] float32/bfloat16, topk_ids [T, k] int, topk_weights [T, k] float32 -> [T, H] float32."""
+    def forward(self, x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
+                out: Optional[np.ndarray] = None) -> np.ndarray:
+        """y [T, H] float32 = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]).
+
+        x [T, H] float32/float64/float16/bfloat16; topk_ids [T, top_k] integers in [0, E) (a
+        repeated id counts twice); topk_weights [T, top_k] floats; out, if given, a writable
+        C-contiguous float32 [T, H] array that receives the result.  Raises ValueError/TypeError
+        for shapes, dtypes or ids that do not fit, CheckpointError when a mapped file changed on
+        disk, TileError for an emulated AMX fault.  Threaded; the GIL is released."""
         c = self.config
         x = _as_rows(x, "x", c.hidden_size)
         T = x.shape[0]

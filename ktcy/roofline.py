@@ -4,6 +4,7 @@ import functools
 import os
 
 from ktcy import _native
+from ktcy.formats import descriptor
 from ktcy.threads import get_num_threads
 
 # Which peak bounds each (format family, ISA): the instruction its GEMM spends its time in
@@ -65,7 +66,7 @@ def roofline(threads=None):
 def peak_for(fmt, isa, roof):
     """The peak (dict) that bounds fmt on isa, or None when no honest bound exists (emulation,
     portable C, or an instruction this CPU lacks)."""
-    family = "int" if fmt in ("INT8", "INT4") else "bf16"
+    family = "int" if descriptor(fmt)["activations"] == "int8" else "bf16"
     name = _PEAK_FOR.get((family, isa))
     if name == "avx512_vnni" and name not in roof["peaks"]:
         name = "avx512_fma"  # the F/BW kernels without VNNI

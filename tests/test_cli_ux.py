@@ -251,7 +251,6 @@ def test_progress_reporter_on_a_terminal_uses_tqdm(fresh_logging):
 # Needs the guard the lead puts at the top of ktcy/__init__.py (the package is imported before
 # ktcy/__main__.py runs, so nothing else can catch it).  strict: when the guard lands this test
 # passes, and the mark must go.
-@pytest.mark.xfail(strict=True, reason="needs the source-tree guard in ktcy/__init__.py (lead)")
 def test_python_m_ktcy_from_the_source_tree_says_what_to_do():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if not os.path.isfile(os.path.join(root, "ktcy", "_native.pyx")):

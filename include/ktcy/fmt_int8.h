@@ -21,7 +21,7 @@ KT_AI float KT_(final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64
 #elif KT_SKEL == KT_SKEL_AVX2
 #define KT_WKIND KT_W_S8
 #define KT_PREDECODE 0
-KT_AI __m256i KT_(half)(const uint8_t *blk, int r, int h) { return _mm256_loadu_si256((const __m256i *)(blk + r * 64 + h * 32)); }
+#include "traits_plain_rows.h"
 #include "traits_no_groups.h"
 KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n0) {
     (void)facc;
@@ -33,13 +33,7 @@ KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_
 #define KT_WKIND KT_W_S8
 #define KT_PREDECODE 0
 #define KT_REG_DECODE 0
-typedef struct { int unused; } KT_(ctx);
-KT_AI KT_(ctx) KT_(make_ctx)(void) { KT_(ctx) c = {0}; return c; }
-KT_AI void KT_(rows)(const KT_(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2]) {
-    (void)c;
-    out[0].v0 = _mm512_loadu_si512(blk + r * 64);
-    out[1].v0 = _mm512_loadu_si512(blk + r * 64 + 64);
-}
+#include "traits_plain_rows.h"
 #include "traits_no_groups.h"
 KT_AI __m512 KT_(final)(KT_(acc_t) acc, __m512 facc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n0) {
     (void)facc;

@@ -31,31 +31,16 @@ static inline void KT_(decode_scalar)(const uint8_t *src, uint8_t *dst, int64_t 
 KT_AI float KT_(code)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) {
     return ktcy_bf16_to_f32(KT_(value)(w->data + (p * (w->k_pad / 32) + k / 32) * 272, nn, k % 32));
 }
-KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return w->k_pad; }
-KT_AI float KT_(group)(float acc, float part, const ktcy_weight *w, int64_t n, int64_t g) {
-    (void)w; (void)n; (void)g;
-    return acc + part;
-}
-KT_AI float KT_(final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
-    (void)a; (void)w; (void)m; (void)n;
-    return acc;
-}
 
 #elif KT_SKEL == KT_SKEL_AVX2
 #define KT_WKIND KT_W_BF16
 #define KT_PREDECODE 1
-#include "traits_no_groups.h"
 KT_AI void KT_(decode_panels)(const uint8_t *src, uint8_t *dst, int64_t blocks) { KT_(decode_scalar)(src, dst, blocks); }
-KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n0) {
-    (void)facc; (void)a; (void)w; (void)m; (void)n0;
-    return _mm256_castsi256_ps(acc);
-}
 
 #elif KT_SKEL == KT_SKEL_AVX512
 #define KT_WKIND KT_W_BF16
 #define KT_PREDECODE 1
 #define KT_REG_DECODE KT_FAST
-#include "traits_no_groups.h"
 typedef struct { __m512i lut, pairs; } KT_(ctx);
 KT_AI KT_(ctx) KT_(make_ctx)(void) {
     KT_(ctx) c;
@@ -91,10 +76,6 @@ KT_AI void KT_(decode_panels)(const KT_(ctx) *c, const uint8_t *src, uint8_t *ds
             _mm512_storeu_si512(dst + b * 1024 + r * 64 + 64, rows[1].v0);
         }
 }
-KT_AI __m512 KT_(final)(KT_(acc_t) acc, __m512 facc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n0) {
-    (void)facc; (void)a; (void)w; (void)m; (void)n0;
-    return acc;
-}
 
 #elif KT_SKEL == KT_SKEL_AMX
 /* The np panels decoded once to bf16 blocks (the BF16 tile layout). */
@@ -103,16 +84,9 @@ KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uin
     KT_(decode_scalar)(w->data + p * nkb * 272, buf, np * nkb);
     return buf;
 }
-KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return w->k_pad; }
-KT_AI float KT_(tile_group)(float acc, float c, const ktcy_weight *w, int64_t n, int64_t g) {
-    (void)w; (void)n; (void)g;
-    return acc + c;
-}
-KT_AI float KT_(tile_final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
-    (void)a; (void)w; (void)m; (void)n;
-    return acc;
-}
 
 #else
 #error "fmt_mxfp4.h: no traits for this skeleton"
 #endif
+
+#include "traits_unscaled.h"
