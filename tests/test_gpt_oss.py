@@ -101,18 +101,19 @@ def test_default_activation_settings_without_config_values(tmp_path):
     assert (cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit) == ("gpt_oss", 1.702, 7.0)
 
 
-def test_convert_round_trip_is_bit_exact(checkpoint, tmp_path):
+@pytest.mark.parametrize("method", [None, "INT8"])
+def test_convert_round_trip_is_bit_exact(checkpoint, tmp_path, method):
     path, truth = checkpoint
     out = tmp_path / "packed"
-    assert convert(path, out, progress=Quiet()) == [0, 1]
+    assert convert(path, out, method=method, progress=Quiet()) == [0, 1]
     block = json.loads((out / "ktcy_model.json").read_text())["block"]
     assert block == {"activation": "gpt_oss", "swiglu_alpha": ALPHA, "swiglu_limit": LIMIT, "bias": True}
     rng = np.random.default_rng(7)
     x = rng.standard_normal((9, H)).astype(np.float32)
     ids = np.stack([rng.choice(E, K, replace=False) for _ in range(9)])
     w = rng.random((9, K)).astype(np.float32)
-    packed, original = ktcy.load_experts(out, 1), ktcy.load_experts(path, 1)
-    assert packed.format == "MXFP4" and packed.config.activation == "gpt_oss"
+    packed, original = ktcy.load_experts(out, 1), ktcy.load_experts(path, 1, method=method)
+    assert packed.format == (method or "MXFP4") and packed.config.activation == "gpt_oss"
     assert np.array_equal(packed.forward(x, ids, w), original.forward(x, ids, w))
     del packed  # the mapped file stays checked while the layer lives, and closes after
 
@@ -221,3 +222,18 @@ def test_converted_block_settings_are_checked(checkpoint, tmp_path, case):
     model_file.write_text(json.dumps(model))
     with pytest.raises(CheckpointError, match=match):
         ktcy.load_experts(out, 1)
+
+
+def test_hf_fp8_export_refuses_gpt_oss(checkpoint, tmp_path):
+    from ktcy.output_guard import ConvertError
+    from ktcy.hf_fp8 import convert_to_hf_fp8
+    src = tmp_path / "bf16"
+    os.makedirs(src)
+    path, _ = checkpoint
+    cfg = json.loads((path / "config.json").read_text())
+    del cfg["quantization_config"]
+    (src / "config.json").write_text(json.dumps(cfg))
+    f = SafetensorsFile(str(path / "model.safetensors"))
+    write(str(src / "model.safetensors"), {k: np.array(f.get(k)) for k in f.keys()}, {"format": "pt"})
+    with pytest.raises(ConvertError, match="GPT-OSS"):
+        convert_to_hf_fp8(src, tmp_path / "fp8", progress=Quiet())
