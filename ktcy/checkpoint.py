@@ -163,6 +163,13 @@ class Checkpoint:
             self._where = self._scan_files()
         self.arch = MoEArchitecture.from_config(self.config, cfg_path, stored_layers=self._stored_layers())
         self.quant = scheme_from_config(self.config, cfg_path)
+        legacy = os.path.join(self.path, "quantize_config.json")
+        if self.quant is None and "quantization_config" not in self.config and os.path.lexists(legacy):
+            # AutoGPTQ's own checkpoints describe their quantization only there
+            q = read_json(legacy, MAX_CONFIG_BYTES)
+            if isinstance(q, dict):
+                q = dict(q, quant_method=q.get("quant_method", "gptq"))
+            self.quant = scheme_from_config({"quantization_config": q}, legacy)
         self._experts_by_block = None
 
     def _read_index(self, index):

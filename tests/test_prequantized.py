@@ -323,3 +323,18 @@ def test_replaced_expert_tensors_load_or_give_checkpoint_error(tmp_path_factory,
 @pytest.mark.fuzz
 def test_replaced_expert_tensors_long(tmp_path_factory, case, which, replacement):
     _replaced_tensor_property(tmp_path_factory.mktemp("r"), case, which, replacement)
+
+
+def test_autogptq_quantize_config_json(tmp_path):
+    """AutoGPTQ's own checkpoints keep their settings in quantize_config.json, not config.json."""
+    path, truth = build(tmp_path, "gptq_v1_asym_g64")
+    cfg = json.loads((path / "config.json").read_text())
+    q = cfg.pop("quantization_config")
+    q.pop("quant_method")
+    (path / "config.json").write_text(json.dumps(cfg))
+    (path / "quantize_config.json").write_text(json.dumps(q))
+    moe = ktcy.load_experts(path, 1)
+    assert moe.format == "INT4_ZP" and np.array_equal(moe.up[1].dequantize(), truth[1]["up"][1])
+    (path / "quantize_config.json").write_text(json.dumps(dict(q, bits=3)))
+    with pytest.raises(CheckpointError, match="quantize_config.json.*4-bit"):
+        ktcy.load_experts(path, 1)
