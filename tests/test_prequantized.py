@@ -335,6 +335,10 @@ def test_autogptq_quantize_config_json(tmp_path):
     (path / "quantize_config.json").write_text(json.dumps(q))
     moe = ktcy.load_experts(path, 1)
     assert moe.format == "INT4_ZP" and np.array_equal(moe.up[1].dequantize(), truth[1]["up"][1])
+    from ktcy.hf_fp8 import convert_to_hf_fp8
+    from ktcy.output_guard import ConvertError
+    with pytest.raises(ConvertError, match="already quantized"):
+        convert_to_hf_fp8(path, tmp_path / "fp8", progress=Quiet())
     (path / "quantize_config.json").write_text(json.dumps(dict(q, bits=3)))
     with pytest.raises(CheckpointError, match="quantize_config.json.*4-bit"):
         ktcy.load_experts(path, 1)
