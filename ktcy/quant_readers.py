@@ -10,7 +10,8 @@ re-quantizing: symmetric INT4 -> int8 codes in [-8, 7] with {"format": "INT4", "
 Packings (each documented by its library; written here from those descriptions):
   compressed-tensors  weight_packed int32 [N, ceil(K/8)], value k at bits 4*(k % 8) of word
                       k // 8, stored as q + 8; weight_zero_point (asymmetric) packed the same way
-                      along N: int32 [ceil(N/8), groups]; weight_shape = [N, K].
+                      along N: int32 [ceil(N/8), groups]; weight_shape = [N, K]; with actorder
+                      weight_g_idx [K] (the group of each K column).
   GPTQ                qweight int32 [K/8, N] packed along K (row k at bits 4*(k % 8));
                       qzeros int32 [groups, N/8] packed along N; scales [groups, N]; g_idx [K]
                       (group of each K row; desc_act permutes it).  checkpoint_format "gptq" (v1,
@@ -265,8 +266,9 @@ def read_compressed_tensors(ckpt, base, n, k, scheme):
                                   f"{(-(-n // 8), groups)} (packed) or int8 {(n, groups)}")
         if ((zero < 0) | (zero > 15)).any():
             raise CheckpointError(f"{ckpt.path}: {zname} holds zero points outside [-8, 7]")
-    return _int4_result(ckpt, f"{base}.weight_zero_point" if not scheme.symmetric else base, codes,
-                        np.asarray(scale, np.float32), zero, g, scheme.symmetric)
+    result = _int4_result(ckpt, f"{base}.weight_zero_point" if not scheme.symmetric else base, codes,
+                          np.asarray(scale, np.float32), zero, g, scheme.symmetric)
+    return _with_g_idx(ckpt, f"{base}.weight_g_idx", result, k, g, groups)
 
 
 def read_gptq(ckpt, base, n, k, scheme):
@@ -280,19 +282,25 @@ def read_gptq(ckpt, base, n, k, scheme):
     scale = _tensor(ckpt, f"{base}.scales", _FLOAT_SCALES, (groups, n))
     result = _int4_result(ckpt, f"{base}.qzeros", np.ascontiguousarray(q.T), np.asarray(scale, np.float32).T,
                           np.ascontiguousarray(zero.T), g, scheme.symmetric)
-    gname = f"{base}.g_idx"
-    if gname in ckpt:
-        g_idx = np.asarray(_tensor(ckpt, gname, ("int32", "int64"), (k,)))
-        if g_idx.min() < 0 or g_idx.max() >= groups:
-            bad = int(np.flatnonzero((g_idx < 0) | (g_idx >= groups))[0])
-            raise CheckpointError(f"{ckpt.path}: {gname}[{bad}] = {int(g_idx[bad])} is outside [0, {groups})")
-        if not np.array_equal(g_idx, np.arange(k) // g):
-            # desc_act: the K columns of a group are scattered.  Packed layouts need contiguous
-            # groups, and permuting K would permute the activations per expert: exact
-            # dequantization (a conversion) is offered instead.
-            result.spec["g_idx"] = g_idx.astype(np.int64)
-            result.problem = result.problem or (f"{gname} is a desc_act permutation (act-order); its groups are "
-                                                "not contiguous in K")
+    return _with_g_idx(ckpt, f"{base}.g_idx", result, k, g, groups)
+
+
+def _with_g_idx(ckpt, gname, result, k, g, groups):
+    """result, checked against the group index of each K column when the checkpoint stores one
+    (GPTQ g_idx, compressed-tensors weight_g_idx)."""
+    if gname not in ckpt:
+        return result
+    g_idx = np.asarray(_tensor(ckpt, gname, ("int32", "int64"), (k,)))
+    if g_idx.min() < 0 or g_idx.max() >= groups:
+        bad = int(np.flatnonzero((g_idx < 0) | (g_idx >= groups))[0])
+        raise CheckpointError(f"{ckpt.path}: {gname}[{bad}] = {int(g_idx[bad])} is outside [0, {groups})")
+    if not np.array_equal(g_idx, np.arange(k) // g):
+        # desc_act / actorder: the K columns of a group are scattered.  Packed layouts need
+        # contiguous groups, and permuting K would permute the activations per expert: exact
+        # dequantization (a conversion) is offered instead.
+        result.spec["g_idx"] = g_idx.astype(np.int64)
+        result.problem = result.problem or (f"{gname} is a desc_act permutation (act-order); its groups are "
+                                            "not contiguous in K")
     return result
 
 

@@ -342,3 +342,20 @@ def test_autogptq_quantize_config_json(tmp_path):
     (path / "quantize_config.json").write_text(json.dumps(dict(q, bits=3)))
     with pytest.raises(CheckpointError, match="quantize_config.json.*4-bit"):
         ktcy.load_experts(path, 1)
+
+
+def test_compressed_tensors_actorder_g_idx(tmp_path):
+    """compressed-tensors' actorder stores weight_g_idx: a permuted one is refused as stored,
+    an in-order one is read as usual, one out of range is an error."""
+    path, truth = build(tmp_path, "ct_asym_g64")
+    name = "model.layers.1.mlp.experts.2.gate_proj.weight_g_idx"
+    in_order = (np.arange(H) // 64).astype(np.int32)
+    _tamper(path, lambda t: t.__setitem__(name, in_order))
+    assert np.array_equal(ktcy.load_experts(path, 1).gate[2].dequantize(), truth[1]["gate"][2])
+    _tamper(path, lambda t: t.__setitem__(name, in_order[::-1].copy()))
+    with pytest.raises(CheckpointError, match="weight_g_idx.*desc_act"):
+        ktcy.load_experts(path, 1)
+    assert ktcy.load_experts(path, 1, method="INT8").format == "INT8"
+    _tamper(path, lambda t: t.__setitem__(name, in_order + 5))
+    with pytest.raises(CheckpointError, match="weight_g_idx.*outside"):
+        ktcy.load_experts(path, 1, method="INT8")
