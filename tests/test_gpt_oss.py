@@ -237,3 +237,15 @@ def test_hf_fp8_export_refuses_gpt_oss(checkpoint, tmp_path):
     write(str(src / "model.safetensors"), {k: np.array(f.get(k)) for k in f.keys()}, {"format": "pt"})
     with pytest.raises(ConvertError, match="GPT-OSS"):
         convert_to_hf_fp8(src, tmp_path / "fp8", progress=Quiet())
+
+
+def test_injected_int8_backend_keeps_biases_and_activation(checkpoint):
+    path, truth = checkpoint
+    model = ktcy.MoEModel.from_pretrained(path, layers=[1])
+    assert model.inject_expert_backend(r"model\.layers\.1\.", "AMXINT8") == ["model.layers.1.mlp.experts"]
+    block = model.blocks["model.layers.1.mlp.experts"]
+    assert block.experts.format == "INT8" and block.experts.config.activation == "gpt_oss"
+    x = np.random.default_rng(10).standard_normal((6, H)).astype(np.float32)
+    ids, w = router_reference(x, truth[1])
+    ref = experts_reference(x, ids, w, truth[1])
+    assert np.linalg.norm(block.forward(x) - ref) / np.linalg.norm(ref) < 0.03  # int8 weights and activations
