@@ -12,6 +12,7 @@ KT_AI float KT_(code)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) {
 #elif KT_SKEL == KT_SKEL_AVX2
 #define KT_WKIND KT_W_BF16
 #define KT_PREDECODE 0
+#define KT_REG_DECODE 0
 #include "traits_plain_rows.h"
 #elif KT_SKEL == KT_SKEL_AVX512
 #define KT_WKIND KT_W_BF16

@@ -40,9 +40,10 @@ KT_AI int64_t KT_(group_at)(const ktcy_weight *w, int64_t kb, int r, int64_t nkb
 #if KT_SKEL == KT_SKEL_AVX2
 #define KT_WKIND KT_W_U8
 #define KT_PREDECODE 0
-KT_AI __m256i KT_(half)(const uint8_t *blk, int r, int h) {
+#define KT_REG_DECODE 0
+KT_AI kt_w256 KT_(half)(const uint8_t *blk, int r, int h) {
     __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + (r & 7) * 64 + h * 32));
-    return _mm256_and_si256(r < 8 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
+    return kt_int_half(_mm256_and_si256(r < 8 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F)));
 }
 KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int MB, const ktcy_act *a,
                                const ktcy_weight *w, int64_t m0, int64_t p, int64_t g) {

@@ -35,6 +35,7 @@ KT_AI float KT_(code)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) {
 #elif KT_SKEL == KT_SKEL_AVX2
 #define KT_WKIND KT_W_BF16
 #define KT_PREDECODE 1
+#define KT_REG_DECODE 0
 KT_AI void KT_(decode_panels)(const uint8_t *src, uint8_t *dst, int64_t blocks) { KT_(decode_scalar)(src, dst, blocks); }
 
 #elif KT_SKEL == KT_SKEL_AVX512

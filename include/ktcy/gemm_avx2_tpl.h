@@ -5,8 +5,9 @@
  * activation); bf16 uses even/odd FMAs.  No include guard.
  *
  * The traits header gives (see gemm_avx512_tpl.h for the common ones):
- *   KT_WKIND, KT_PREDECODE, KT_(has_groups), KT_(group_at)(w, kb, r, nkb) for any row r,
- *   KT_(half)(blk, r, h)                                     half h of row r of a packed block
+ *   KT_WKIND, KT_PREDECODE, KT_REG_DECODE, KT_(has_groups), KT_(group_at)(w, kb, r, nkb) for any row r,
+ *   KT_(half)(blk, r, h) -> kt_w256    half h of row r of a packed block (.i: int8 lanes; .e/.o:
+ *                                      the even/odd K element of 8 channels as floats)
  *   KT_(decode_panels)(src, dst, blocks)                     KT_PREDECODE only
  *   KT_(group_epilogue)(acc[4][2], facc[4][2], MB, a, w, m0, p, g)
  *   KT_(final)(acc, facc, a, w, m, n0)                       8 outputs of one row
@@ -22,29 +23,53 @@
 
 static const int KT_(formats) = KT_FORMATS; /* the descriptor rows this variant serves, for registry.h */
 
-KT_AI __m256i KT_(dp)(__m256i acc, __m256i a, __m256i w) {
+/* Formats whose panels are always decoded to bf16 scratch first (no in-register decode). */
+#define KT_ALWAYS_PRE (KT_PREDECODE && !KT_REG_DECODE)
+
+/* One activation dword broadcast, as the compute kind takes it: int8 codes as they are, bf16
+ * pairs split once into the even and odd element as floats (shared by both weight halves). */
+typedef struct { __m256i i; __m256 e, o; } KT_(avec);
+
+KT_AI KT_(avec) KT_(load_a)(const uint8_t *ak, int r) {
+    int32_t dword;
+    memcpy(&dword, ak + r * KT_KPR * KT_ASIZE, 4);
+    KT_(avec) av;
+    av.i = _mm256_set1_epi32(dword);
+#if KT_INT_ACT
+    av.e = av.o = _mm256_setzero_ps();
+#else
+    av.e = _mm256_castsi256_ps(_mm256_slli_epi32(av.i, 16));
+    av.o = _mm256_castsi256_ps(_mm256_and_si256(av.i, _mm256_set1_epi32((int)0xFFFF0000u)));
+#endif
+    return av;
+}
+
+/* Half h of block row r from a predecoded bf16 block. */
+KT_AI kt_w256 KT_(bf16_half)(const uint8_t *blk, int r, int h) {
+    return kt_bf16_split(_mm256_loadu_si256((const __m256i *)(blk + r * 64 + h * 32)));
+}
+
+KT_AI __m256i KT_(dp)(__m256i acc, KT_(avec) a, kt_w256 w) {
 #if KT_INT_ACT
     if (KT_WKIND == KT_W_S8) {
-        __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(a), _mm256_sign_epi8(w, a));
+        __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(a.i), _mm256_sign_epi8(w.i, a.i));
         return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
     }
-    __m256i pairs = _mm256_maddubs_epi16(w, a); /* unsigned code x signed activation, no saturation */
+    __m256i pairs = _mm256_maddubs_epi16(w.i, a.i); /* unsigned code x signed activation, no saturation */
     return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 #else
-    const __m256i odd = _mm256_set1_epi32((int)0xFFFF0000u);
-    __m256 f = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)),
-                               _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)), _mm256_castsi256_ps(acc));
-    f = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(a, odd)), _mm256_castsi256_ps(_mm256_and_si256(w, odd)), f);
-    return _mm256_castps_si256(f);
+    __m256 f = _mm256_fmadd_ps(a.e, w.e, _mm256_castsi256_ps(acc));
+    return _mm256_castps_si256(_mm256_fmadd_ps(a.o, w.o, f));
 #endif
 }
 
-/* PRE: panel p was decoded to 1024-byte bf16 blocks at `decoded`. */
-KT_AI void KT_(micro)(const int MB, const ktcy_act *a, const ktcy_weight *w, int64_t m0, int64_t p,
+/* PRE: panel p was decoded to 1024-byte bf16 blocks at `decoded`; else the packed panel is read
+ * and each row decoded in registers. */
+KT_AI void KT_(micro)(const int MB, const int PRE, const ktcy_act *a, const ktcy_weight *w, int64_t m0, int64_t p,
                       float *y, int64_t ldy, const uint8_t *decoded) {
     const int64_t nkb = w->k_pad / KT_BK;
-    const int64_t block_bytes = KT_PREDECODE ? 1024 : KT_BB;
-    const uint8_t *panel = KT_PREDECODE ? decoded : w->data + p * nkb * KT_BB;
+    const int64_t block_bytes = PRE ? 1024 : KT_BB;
+    const uint8_t *panel = PRE ? decoded : w->data + p * nkb * KT_BB;
     const int groups = KT_(has_groups)(w);
     const uint8_t *arow[4];
     __m256i acc[4][2];
@@ -63,17 +88,20 @@ KT_AI void KT_(micro)(const int MB, const ktcy_act *a, const ktcy_weight *w, int
         for (int m = 0; m < MB; ++m) ak[m] = arow[m] + kb * KT_BK * KT_ASIZE;
         _Pragma("GCC unroll 16")
         for (int r = 0; r < 16; ++r) {
-#if KT_PREDECODE
-            const __m256i w0 = _mm256_loadu_si256((const __m256i *)(blk + r * 64));
-            const __m256i w1 = _mm256_loadu_si256((const __m256i *)(blk + r * 64 + 32));
-#else
-            const __m256i w0 = KT_(half)(blk, r, 0), w1 = KT_(half)(blk, r, 1);
+            kt_w256 w0, w1;
+            if (PRE || KT_ALWAYS_PRE) {
+                w0 = KT_(bf16_half)(blk, r, 0);
+                w1 = KT_(bf16_half)(blk, r, 1);
+            }
+#if !KT_ALWAYS_PRE
+            else {
+                w0 = KT_(half)(blk, r, 0);
+                w1 = KT_(half)(blk, r, 1);
+            }
 #endif
             _Pragma("GCC unroll 8")
             for (int m = 0; m < MB; ++m) {
-                int32_t dword;
-                memcpy(&dword, ak[m] + r * KT_KPR * KT_ASIZE, 4);
-                __m256i av = _mm256_set1_epi32(dword);
+                const KT_(avec) av = KT_(load_a)(ak[m], r);
                 acc[m][0] = KT_(dp)(acc[m][0], av, w0);
                 acc[m][1] = KT_(dp)(acc[m][1], av, w1);
             }
@@ -96,27 +124,41 @@ KT_AI void KT_(micro)(const int MB, const ktcy_act *a, const ktcy_weight *w, int
     }
 }
 
+#define KT_TILE(pre)                                                                    \
+    do {                                                                                \
+        if (mb == 1) KT_(micro)(1, pre, a, w, m0, p, y, ldy, decoded);                  \
+        else if (mb == 2) KT_(micro)(2, pre, a, w, m0, p, y, ldy, decoded);             \
+        else KT_(micro)(4, pre, a, w, m0, p, y, ldy, decoded);                          \
+    } while (0)
+
 KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb,
                              int64_t pe, void *scratch) {
     if (!(KT_FORMATS & (1 << w->format))) return KTCY_ERR_FORMAT;
     const int max_rows = KT_(has_groups)(w) ? 2 : 4;
+    /* decode a panel once into scratch when several row tiles share it (or the format has no
+     * in-register decode); a few rows decode each weight row in registers as they stream by */
+    const int pre = KT_PREDECODE && (a->m > 4 || !KT_REG_DECODE);
     const int64_t nkb = w->k_pad / KT_BK;
     uint8_t *decoded = ktcy_align64(scratch);
     (void)nkb;
     for (int64_t p = pb; p < pe; ++p) {
 #if KT_PREDECODE
-        KT_(decode_panels)(w->data + p * nkb * KT_BB, decoded, nkb); /* once per panel, not per row tile */
+        if (pre) KT_(decode_panels)(w->data + p * nkb * KT_BB, decoded, nkb);
 #endif
         for (int64_t m0 = 0; m0 < a->m;) {
             const int64_t left = a->m - m0;
             const int mb = left >= max_rows ? max_rows : left <= 1 ? 1 : left <= 2 ? 2 : 4;
-            if (mb == 1) KT_(micro)(1, a, w, m0, p, y, ldy, decoded);
-            else if (mb == 2) KT_(micro)(2, a, w, m0, p, y, ldy, decoded);
-            else KT_(micro)(4, a, w, m0, p, y, ldy, decoded);
+#if KT_ALWAYS_PRE
+            KT_TILE(1);
+#else
+            if (pre) KT_TILE(1); else KT_TILE(0);
+#endif
             m0 += mb;
         }
     }
     return KTCY_OK;
 }
 
+#undef KT_TILE
+#undef KT_ALWAYS_PRE
 #include "traits_end.h"

@@ -24,8 +24,27 @@
 #define KT_W_BF16 2
 
 typedef struct { __m512i v0, v1; } kt_vec2; /* one AVX-512 operand, or its even/odd bf16 halves as floats */
+typedef struct { __m256i i; __m256 e, o; } kt_w256; /* half an AVX2 weight row: int8 lanes, or even/odd floats */
+
+/* bf16 pairs (even K element low, odd high) as the even and odd element in float lanes. */
+__attribute__((target("avx2"))) static inline kt_w256 kt_bf16_split(__m256i v) {
+    kt_w256 w;
+    w.i = v;
+    w.e = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    w.o = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xFFFF0000u)));
+    return w;
+}
+static inline __attribute__((target("avx2"))) kt_w256 kt_int_half(__m256i v) {
+    kt_w256 w;
+    w.i = v;
+    w.e = w.o = _mm256_setzero_ps();
+    return w;
+}
 
 #define KTCY_AVX512_BASE "avx512f,avx512bw,avx512vl,avx512dq"
+/* F16C (vcvtph2ps, the FP8 decode) comes with every AVX2 CPU (Intel since Ivy Bridge, AMD since
+ * Piledriver); the dispatcher requires it with AVX2. */
+#define KTCY_AVX2_BASE "avx2,fma,f16c"
 
 /* ---- portable C ---- */
 #define KT_GEMM ktcy_gemm_int8_ref
@@ -57,35 +76,35 @@ typedef struct { __m512i v0, v1; } kt_vec2; /* one AVX-512 operand, or its even/
 /* ---- AVX2 + FMA ---- */
 #define KT_GEMM ktcy_gemm_int8_avx2
 #define KT_TRAITS "fmt_int8.h"
-#define KT_TARGET __attribute__((target("avx2,fma")))
+#define KT_TARGET __attribute__((target(KTCY_AVX2_BASE)))
 #include "gemm_avx2_tpl.h"
 #undef KT_GEMM
 #undef KT_TRAITS
 #undef KT_TARGET
 #define KT_GEMM ktcy_gemm_int4_avx2
 #define KT_TRAITS "fmt_int4.h"
-#define KT_TARGET __attribute__((target("avx2,fma")))
+#define KT_TARGET __attribute__((target(KTCY_AVX2_BASE)))
 #include "gemm_avx2_tpl.h"
 #undef KT_GEMM
 #undef KT_TRAITS
 #undef KT_TARGET
 #define KT_GEMM ktcy_gemm_bf16_avx2
 #define KT_TRAITS "fmt_bf16.h"
-#define KT_TARGET __attribute__((target("avx2,fma")))
+#define KT_TARGET __attribute__((target(KTCY_AVX2_BASE)))
 #include "gemm_avx2_tpl.h"
 #undef KT_GEMM
 #undef KT_TRAITS
 #undef KT_TARGET
 #define KT_GEMM ktcy_gemm_fp8_avx2
 #define KT_TRAITS "fmt_fp8.h"
-#define KT_TARGET __attribute__((target("avx2,fma")))
+#define KT_TARGET __attribute__((target(KTCY_AVX2_BASE)))
 #include "gemm_avx2_tpl.h"
 #undef KT_GEMM
 #undef KT_TRAITS
 #undef KT_TARGET
 #define KT_GEMM ktcy_gemm_mxfp4_avx2
 #define KT_TRAITS "fmt_mxfp4.h"
-#define KT_TARGET __attribute__((target("avx2,fma")))
+#define KT_TARGET __attribute__((target(KTCY_AVX2_BASE)))
 #include "gemm_avx2_tpl.h"
 #undef KT_GEMM
 #undef KT_TRAITS

@@ -2,7 +2,10 @@
  * plain loads, no decode state.  Included by such a traits header for the vector skeletons; no
  * include guard. */
 #if KT_SKEL == KT_SKEL_AVX2
-KT_AI __m256i KT_(half)(const uint8_t *blk, int r, int h) { return _mm256_loadu_si256((const __m256i *)(blk + r * 64 + h * 32)); }
+KT_AI kt_w256 KT_(half)(const uint8_t *blk, int r, int h) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + r * 64 + h * 32));
+    return KT_WKIND == KT_W_BF16 ? kt_bf16_split(v) : kt_int_half(v);
+}
 #elif KT_SKEL == KT_SKEL_AVX512
 typedef struct { int unused; } KT_(ctx);
 KT_AI KT_(ctx) KT_(make_ctx)(void) { KT_(ctx) c = {0}; return c; }
