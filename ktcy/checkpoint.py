@@ -409,7 +409,8 @@ class LayerExperts:
                 if r.problem:
                     raise CheckpointError(f"{self.ckpt.path}: layer {self.layer} expert {e} {proj}: {r.problem}; ktcy "
                                           f"cannot keep it as stored ({self.native_format}) - load or convert it with "
-                                          "a method (e.g. method='INT8' or 'BF16'), which dequantizes it exactly first")
+                                          f"a method (e.g. method='{self.native_format}', 'INT8' or 'BF16'), which "
+                                          "dequantizes it exactly and quantizes it again")
                 out[proj] = (r.codes, r.spec)
             return out
         out = {}
@@ -424,13 +425,24 @@ class LayerExperts:
             out[proj] = (w, s)
         return out
 
-    def source(self, fmt):
+    def source(self, fmt, strict=True):
         """expert() as MoE.from_experts should see it for target format fmt: as stored when fmt
         keeps the stored precision (float, the same FP8 kind, the released format), else with
-        the stored codes dequantized exactly first."""
+        the stored codes dequantized exactly first.  strict=False (a method the caller asked
+        for): released codes that cannot keep their layout are dequantized instead of refused."""
+        if self.quant is not None and fmt == self.native_format and not strict:
+            return self._kept_or_dequantized
         if fmt == self.native_format or (self.quant is None and self.scale_kind is None):
             return self.expert
         return lambda e: {proj: (w, None) for proj, w in self.dequantized(e).items()}
+
+    def _kept_or_dequantized(self, e):
+        self._check_expert(e)
+        out = {}
+        for proj in ("gate", "up", "down"):
+            r = self._released(proj, e)
+            out[proj] = (r.dequantize(), None) if r.problem else (r.codes, r.spec)
+        return out
 
     def bias(self):
         """GPT-OSS's expert biases {"gate": [E, I], "up": [E, I], "down": [E, H]} as float32,

@@ -241,7 +241,7 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
             label = f"layer {L} ({i + 1}/{len(chosen)}) {fmt}"
             t0 = time.perf_counter()
             g = want["group_size"] or group
-            arrays = pack_layer(arch.num_experts, fmt, g, experts.source(fmt), lambda n, total: progress.bar(label, n, total))
+            arrays = pack_layer(arch.num_experts, fmt, g, experts.source(fmt, strict=asked is None), lambda n, total: progress.bar(label, n, total))
             bias = experts.bias()
             for proj, b in (bias or {}).items():  # GPT-OSS: read back by loading.with_block_extras
                 arrays[f"{proj}.bias"] = b

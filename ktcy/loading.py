@@ -130,9 +130,10 @@ def experts_from_checkpoint(ckpt, layer, method=None, isa=None, group_size=None,
     config = MoeConfig(a.num_experts, a.top_k, a.hidden_size, a.intermediate_size,
                        QuantConfig(fmt, group_size=group), backend=method, isa=isa, **block_settings(a))
     bias = experts.bias()
+    source = experts.source(fmt, strict=method is None)
     if bias is None:
-        return MoE.from_experts(config, experts.source(fmt), progress)
-    return MoE.from_experts(config, experts.source(fmt), progress, bias=bias)
+        return MoE.from_experts(config, source, progress)
+    return MoE.from_experts(config, source, progress, bias=bias)
 
 
 def layer_group_size(experts, fmt):

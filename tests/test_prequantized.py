@@ -105,6 +105,11 @@ def test_gptq_desc_act_is_refused_as_stored_and_converts_exactly(tmp_path):
     moe = ktcy.load_experts(path, 1, method="BF16")
     import ml_dtypes
     assert np.array_equal(moe.down[1].dequantize(), truth[1]["down"][1].astype(ml_dtypes.bfloat16).astype(np.float64))
+    asked = ktcy.load_experts(path, 1, method="INT4_ZP")  # asked for by name: quantized again, groups in order
+    assert asked.format == "INT4_ZP" and asked.gate[0].group_size == 32
+    x, ids, w = inputs(7)
+    ref = moe_reference(x, ids, w, truth, 1)
+    assert np.linalg.norm(asked.forward(x, ids, w) - ref) / np.linalg.norm(ref) < 0.15  # one more INT4 rounding
 
 
 def test_gptq_v1_zero_point_16_is_refused_as_stored(tmp_path):
