@@ -1,6 +1,8 @@
 """Hugging Face MoE checkpoints: config.json, single-file or sharded safetensors, and the usual
-names of routed-expert tensors (per-expert Qwen/DeepSeek/OLMoE, Mixtral w1/w3/w2, fused
-gate_up_proj), in BF16, F16, F32 or F8_E4M3 with per-channel or block scales."""
+names of routed-expert tensors (per-expert Qwen/DeepSeek/OLMoE/Kimi, Mixtral w1/w3/w2, fused
+gate_up_proj, GPT-OSS's interleaved gate_up_proj), in BF16, F16, F32 or F8_E4M3 with per-channel
+or block scales, or as released already quantized (ktcy.quant_readers: compressed-tensors INT4,
+GPTQ, AWQ, GPT-OSS MXFP4)."""
 import numbers
 import os
 import re
@@ -12,6 +14,7 @@ from ktcy.formats import fp8_scale_kind
 from ktcy.kernels import expand_block_scale
 from ktcy.paths import (MAX_CONFIG_BYTES, MAX_INDEX_BYTES, allowed_roots, confined_file, read_json,
                         require_folder, resolve_model_path)
+from ktcy.quant_readers import READERS, QuantScheme, mxfp4_released, read_mxfp4_stack, scheme_from_config
 from ktcy.safetensors_io import CheckpointError, SafetensorsFile
 
 PREFIXES = ("", "language_model.", "model.language_model.")
@@ -94,7 +97,7 @@ class MoEArchitecture:
         if isinstance(cfg.get("text_config"), dict) and cfg.get("hidden_size") is None:
             cfg = cfg["text_config"]  # multimodal wrappers nest the language model's config
         experts = config_int(cfg, where, "num_experts", "num_local_experts", "n_routed_experts")
-        top_k = config_int(cfg, where, "num_experts_per_tok", maximum=experts)
+        top_k = config_int(cfg, where, "num_experts_per_tok", "experts_per_token", maximum=experts)
         hidden = config_int(cfg, where, "hidden_size")
         inter = config_int(cfg, where, "moe_intermediate_size", "intermediate_size")
         layers = config_int(cfg, where, "num_hidden_layers", maximum=MAX_LAYERS)
@@ -114,6 +117,19 @@ class MoEArchitecture:
         moe = tuple(L for L in range(layers)
                     if L not in dense and (L + 1) % step == 0 and L >= first_dense and (L - first_dense) % freq == 0)
         return cls(experts, top_k, hidden, inter, layers, moe, cfg, where)
+
+    @property
+    def gpt_oss(self):
+        return str(self.raw.get("model_type", "")).lower() == "gpt_oss"
+
+    def activation_settings(self):
+        """MoeConfig's activation keywords: GPT-OSS's clamped SwiGLU (alpha and limit from
+        config.json when set, else GPT-OSS's 1.702 and 7.0), SiLU for every other family."""
+        if not self.gpt_oss:
+            return {"activation": "silu"}
+        cfg, where = self.raw, self.source
+        return {"activation": "gpt_oss", "swiglu_alpha": config_number(cfg, where, "swiglu_alpha", 1.702),
+                "swiglu_limit": config_number(cfg, where, "swiglu_limit", 7.0)}
 
     def router_settings(self):
         """The router's config.json values, checked: norm_topk_prob, n_group, topk_group,
@@ -146,6 +162,14 @@ class Checkpoint:
         else:
             self._where = self._scan_files()
         self.arch = MoEArchitecture.from_config(self.config, cfg_path, stored_layers=self._stored_layers())
+        self.quant = scheme_from_config(self.config, cfg_path)
+        legacy = os.path.join(self.path, "quantize_config.json")
+        if self.quant is None and "quantization_config" not in self.config and os.path.lexists(legacy):
+            # AutoGPTQ's own checkpoints describe their quantization only there
+            q = read_json(legacy, MAX_CONFIG_BYTES)
+            if isinstance(q, dict):
+                q = dict(q, quant_method=q.get("quant_method", "gptq"))
+            self.quant = scheme_from_config({"quantization_config": q}, legacy)
         self._experts_by_block = None
 
     def _read_index(self, index):
@@ -224,17 +248,24 @@ class Checkpoint:
 
 
 class LayerExperts:
-    """One layer's experts, read one at a time: expert(e) -> {proj: (weight [N, K], scale | None)}."""
+    """One layer's experts, read one at a time: expert(e) -> {proj: (weight [N, K], scale | None)},
+    or for weights released quantized {proj: (codes [N, K], spec dict)} (see ktcy.quant_readers)."""
 
     def __init__(self, ckpt, L):
         self.ckpt, self.layer = ckpt, L
         a = ckpt.arch
         self.num_experts, self.hidden, self.inter = a.num_experts, a.hidden_size, a.intermediate_size
+        self.quant = None
         self.scheme = self._detect()
         self._check_expert_count()
+        self.scale_kind = None
+        if self.quant is not None:
+            # the stored container dtype (int32 words, uint8 blocks), for --input-type's check
+            self.dtype = np.dtype(np.uint8 if self.quant.method == "mxfp4" else np.int32)
+            self._released("gate", 0)  # every tensor of one projection checked before anything is packed
+            return
         w, _ = self._raw("gate", 0)
         self.dtype = w.dtype
-        self.scale_kind = None
         if w.dtype.name == "float8_e4m3fn":
             _, scale_name = self._raw("gate", 0, want_scale_name=True)
             self.scale_kind = fp8_scale_kind(scale_name, self.ckpt.get(scale_name).shape, w.shape)
@@ -262,34 +293,84 @@ class LayerExperts:
     @property
     def native_format(self):
         """The format that keeps the checkpoint's own precision (F16/F32 have none: BF16)."""
+        if self.quant is not None:
+            return self.quant.native_format
         return self.scale_kind or "BF16"
 
+    @property
+    def group_size(self):
+        """The stored INT4 group size (None for other formats)."""
+        return self.quant.group_size if self.quant is not None and self.quant.method != "mxfp4" else None
+
     def _detect(self):
-        """(scheme, name pattern, projection names); also sets mlp_prefix and block_name."""
-        L = self.layer
+        """(scheme, name pattern, projection names); also sets mlp_prefix, block_name and quant."""
+        L, q = self.layer, self.ckpt.quant
+        suffixes = ((q.weight_suffix,) if q is not None and q.weight_suffix else ()) + ("weight",)
         for p in PREFIXES:
             base = f"{p}model.layers.{L}"
-            if f"{base}.mlp.experts.0.gate_proj.weight" in self.ckpt:
+            experts = f"{base}.mlp.experts"
+            scheme = None
+            for suffix in suffixes:
+                if f"{experts}.0.gate_proj.{suffix}" in self.ckpt:
+                    self.mlp_prefix = f"{base}.mlp"
+                    scheme = ("per_expert", f"{experts}.{{e}}.{{proj}}_proj.{suffix}", {"gate": "gate", "up": "up", "down": "down"})
+                elif f"{base}.block_sparse_moe.experts.0.w1.{suffix}" in self.ckpt:
+                    self.mlp_prefix = f"{base}.block_sparse_moe"
+                    scheme = ("per_expert", f"{base}.block_sparse_moe.experts.{{e}}.{{proj}}.{suffix}", {"gate": "w1", "up": "w3", "down": "w2"})
+                if scheme is not None:
+                    self.quant = q if suffix != "weight" else None  # experts left out of quantization read as floats
+                    break
+            if scheme is None and f"{experts}.gate_up_proj_blocks" in self.ckpt:
                 self.mlp_prefix = f"{base}.mlp"
-                scheme = ("per_expert", f"{base}.mlp.experts.{{e}}.{{proj}}_proj.weight", {"gate": "gate", "up": "up", "down": "down"})
-            elif f"{base}.block_sparse_moe.experts.0.w1.weight" in self.ckpt:
-                self.mlp_prefix = f"{base}.block_sparse_moe"
-                scheme = ("per_expert", f"{base}.block_sparse_moe.experts.{{e}}.{{proj}}.weight", {"gate": "w1", "up": "w3", "down": "w2"})
-            else:
-                suffix = next((s for s in ("", ".weight") if f"{base}.mlp.experts.gate_up_proj{s}" in self.ckpt), None)
+                self.quant = q if q is not None and q.method == "mxfp4" else QuantScheme("mxfp4", None)
+                scheme = ("mxfp4_fused", f"{experts}.{{proj}}", {"gate_up": "gate_up_proj", "down": "down_proj"})
+            if scheme is None:
+                suffix = next((s for s in ("", ".weight") if f"{experts}.gate_up_proj{s}" in self.ckpt), None)
                 if suffix is None:
                     continue
                 self.mlp_prefix = f"{base}.mlp"
-                scheme = ("fused", f"{base}.mlp.experts.{{proj}}{suffix}", {"gate_up": "gate_up_proj", "down": "down_proj"})
+                # GPT-OSS stores [E, H, 2I] with gate and up interleaved; the others [E, 2I, H], gate first
+                kind = "gpt_oss_fused" if self.ckpt.arch.gpt_oss else "fused"
+                scheme = (kind, f"{experts}.{{proj}}{suffix}", {"gate_up": "gate_up_proj", "down": "down_proj"})
+            if self.quant is not None and self.quant.method == "mxfp4" and scheme[0] != "mxfp4_fused":
+                self.quant = None  # quant_method mxfp4 with float experts: read them as floats
             self.block_name = f"{self.mlp_prefix}.experts"
             return scheme
         raise CheckpointError(f"{self.ckpt.path}: no routed-expert tensors found for layer {L} (looked for "
-                              f"model.layers.{L}.mlp.experts.0.gate_proj.weight, ...block_sparse_moe.experts.0.w1.weight "
-                              f"and ...mlp.experts.gate_up_proj, with prefixes {PREFIXES[1:]})")
+                              f"model.layers.{L}.mlp.experts.0.gate_proj.{suffixes[0]}, "
+                              f"...block_sparse_moe.experts.0.w1.{suffixes[0]}, ...mlp.experts.gate_up_proj and "
+                              f"...mlp.experts.gate_up_proj_blocks, with prefixes {PREFIXES[1:]})")
+
+    def _shape(self, proj):
+        return (self.inter, self.hidden) if proj != "down" else (self.hidden, self.inter)
+
+    def _released(self, proj, e):
+        """Projection `proj` of expert e as stored, a quant_readers.Released."""
+        kind, pattern, names = self.scheme
+        n, k = self._shape(proj)
+        if kind == "mxfp4_fused":
+            stack = "down_proj" if proj == "down" else "gate_up_proj"
+            blocks, scales = read_mxfp4_stack(self.ckpt, self.block_name, stack, self.num_experts,
+                                              n if proj == "down" else 2 * n, k)
+            rows = slice(None) if proj == "down" else slice(0 if proj == "gate" else 1, None, 2)  # interleaved
+            return mxfp4_released(self.ckpt, f"{self.block_name}.{stack}", blocks[e][rows], scales[e][rows])
+        name = pattern.format(e=e, proj=names[proj])
+        base = name[: -len(self.quant.weight_suffix) - 1]
+        return READERS[self.quant.method](self.ckpt, base, n, k, self.quant)
 
     def _raw(self, proj, e, want_scale_name=False):
         kind, pattern, names = self.scheme
         E, H, I = self.num_experts, self.hidden, self.inter
+        if kind == "gpt_oss_fused":
+            name = pattern.format(proj="gate_up_proj" if proj != "down" else "down_proj")
+            t = self.ckpt.get(name)
+            expect = (E, H, 2 * I) if proj != "down" else (E, I, H)
+            if t.shape != expect:
+                raise CheckpointError(f"{name}: shape {t.shape}, config.json implies {expect} (GPT-OSS stores [in, out])")
+            if t.dtype.name not in ("bfloat16", "float16", "float32"):
+                raise CheckpointError(f"{name}: {t.dtype} GPT-OSS experts; expected BF16, F16, F32 or the MXFP4 blocks")
+            w = t[e].T if proj == "down" else t[e][:, (0 if proj == "gate" else 1)::2].T
+            return (w, name) if want_scale_name else (w, None)
         if kind == "fused":
             name = pattern.format(proj="gate_up_proj" if proj != "down" else "down_proj")
             t = self.ckpt.get(name)
@@ -312,10 +393,26 @@ class LayerExperts:
                 return (w, scale_name) if want_scale_name else (w, self.ckpt.get(scale_name))
         raise CheckpointError(f"{name}: FP8 weight without {name}_scale_inv or {name}_scale")
 
+    def _check_expert(self, e):
+        if isinstance(e, bool) or not isinstance(e, (int, np.integer)) or not 0 <= e < self.num_experts:
+            raise IndexError(f"expert {e!r} outside [0, {self.num_experts})")
+
     def expert(self, e):
-        """{"gate"|"up"|"down": (weight [N, K] view, scale view or None)} of expert e."""
-        if not 0 <= e < self.num_experts:
-            raise IndexError(f"expert {e} outside [0, {self.num_experts})")
+        """{"gate"|"up"|"down": (weight [N, K] view, scale view or None)} of expert e; for weights
+        released quantized (codes [N, K], spec), refused (CheckpointError) where the stored
+        layout cannot be kept (then dequantized() / source(another format) still work)."""
+        self._check_expert(e)
+        if self.quant is not None:
+            out = {}
+            for proj in ("gate", "up", "down"):
+                r = self._released(proj, e)
+                if r.problem:
+                    raise CheckpointError(f"{self.ckpt.path}: layer {self.layer} expert {e} {proj}: {r.problem}; ktcy "
+                                          f"cannot keep it as stored ({self.native_format}) - load or convert it with "
+                                          f"a method (e.g. method='{self.native_format}', 'INT8' or 'BF16'), which "
+                                          "dequantizes it exactly and quantizes it again")
+                out[proj] = (r.codes, r.spec)
+            return out
         out = {}
         for proj in ("gate", "up", "down"):
             w, s = self._raw(proj, e)
@@ -328,14 +425,62 @@ class LayerExperts:
             out[proj] = (w, s)
         return out
 
-    def dense_mlp(self, name, hidden, inter):
-        """A dense SwiGLU MLP stored as {name}.{gate,up,down}_proj.weight (shared experts), in the
-        layout of expert(): {proj: (weight, scale | None)}."""
+    def source(self, fmt, strict=True):
+        """expert() as MoE.from_experts should see it for target format fmt: as stored when fmt
+        keeps the stored precision (float, the same FP8 kind, the released format), else with
+        the stored codes dequantized exactly first.  strict=False (a method the caller asked
+        for): released codes that cannot keep their layout are dequantized instead of refused."""
+        if self.quant is not None and fmt == self.native_format and not strict:
+            return self._kept_or_dequantized
+        if fmt == self.native_format or (self.quant is None and self.scale_kind is None):
+            return self.expert
+        return lambda e: {proj: (w, None) for proj, w in self.dequantized(e).items()}
+
+    def _kept_or_dequantized(self, e):
+        self._check_expert(e)
         out = {}
         for proj in ("gate", "up", "down"):
+            r = self._released(proj, e)
+            out[proj] = (r.dequantize(), None) if r.problem else (r.codes, r.spec)
+        return out
+
+    def bias(self):
+        """GPT-OSS's expert biases {"gate": [E, I], "up": [E, I], "down": [E, H]} as float32,
+        else None."""
+        if self.scheme[0] not in ("mxfp4_fused", "gpt_oss_fused"):
+            return None
+        E, H, I = self.num_experts, self.hidden, self.inter
+        out = {}
+        for stack, shape in (("gate_up_proj", (E, 2 * I)), ("down_proj", (E, H))):
+            name = f"{self.block_name}.{stack}_bias"
+            t = self.ckpt.get(name)
+            if t.dtype.name not in ("bfloat16", "float16", "float32") or tuple(t.shape) != shape:
+                raise CheckpointError(f"{self.ckpt.path}: {name} is {t.dtype} {tuple(t.shape)}; expected a float "
+                                      f"tensor of shape {shape}")
+            b = np.asarray(t, np.float32)
+            if not np.isfinite(b).all():
+                raise CheckpointError(f"{self.ckpt.path}: {name} holds NaN or infinity")
+            if stack == "down_proj":
+                out["down"] = b
+            else:
+                out["gate"], out["up"] = np.ascontiguousarray(b[:, 0::2]), np.ascontiguousarray(b[:, 1::2])
+        return out
+
+    def dense_mlp(self, name, hidden, inter):
+        """A dense SwiGLU MLP stored as {name}.{gate,up,down}_proj.weight (shared experts), in the
+        layout of expert(): {proj: (weight, scale | None)}, or (codes, spec) when released
+        quantized like the routed experts."""
+        out = {}
+        q = self.ckpt.quant
+        for proj in ("gate", "up", "down"):
             tensor = f"{name}.{proj}_proj.weight"
-            w = self.ckpt.get(tensor)
             expect = (inter, hidden) if proj != "down" else (hidden, inter)
+            if q is not None and q.weight_suffix and tensor not in self.ckpt \
+                    and f"{name}.{proj}_proj.{q.weight_suffix}" in self.ckpt:
+                r = READERS[q.method](self.ckpt, f"{name}.{proj}_proj", *expect, q)
+                out[proj] = (r.dequantize(), None) if r.problem else (r.codes, r.spec)
+                continue
+            w = self.ckpt.get(tensor)
             if w.shape != expect:
                 raise CheckpointError(f"{tensor}: shape {w.shape}, config.json implies {expect}")
             scale = None
@@ -350,7 +495,11 @@ class LayerExperts:
         return out
 
     def dequantized(self, e):
-        """Expert e as float32 arrays (FP8 codes times their scales, on the CPU)."""
+        """Expert e as float32 arrays: FP8 codes times their scales, released INT4 / MXFP4 codes
+        dequantized exactly (on the CPU)."""
+        self._check_expert(e)
+        if self.quant is not None:
+            return {proj: self._released(proj, e).dequantize() for proj in ("gate", "up", "down")}
         return {proj: dequantize(w, s) for proj, (w, s) in self.expert(e).items()}
 
 

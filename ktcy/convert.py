@@ -17,14 +17,14 @@ import time
 from ktcy.checkpoint import Checkpoint
 from ktcy.convert_args import INPUT_TYPES, run_cli
 from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format, has_groups
-from ktcy.loading import MODEL_FILE, source_for
+from ktcy.loading import MODEL_FILE, layer_group_size
 from ktcy.output_guard import (ConvertError, OutputLock, copy_file, refuse_output_in_input, remove,
                                source_fingerprint, write_json, publish)
 from ktcy.packed_io import LAYOUT_VERSION, layer_file_name, pack_layer, read_metadata, write_layer
 from ktcy.safetensors_io import CheckpointError
 from ktcy.version import __version__
 
-METHODS = ("AMXINT8", "AMXBF16", "AMXINT4", "INT8", "INT4", "INT4_ZP", "BF16", "FP8", "FP8_PERCHANNEL")
+METHODS = ("AMXINT8", "AMXBF16", "AMXINT4", "INT8", "INT4", "INT4_ZP", "MXFP4", "BF16", "FP8", "FP8_PERCHANNEL")
 _LAYER_FILE = re.compile(r"ktcy_layer_([0-9]{4,9})\.safetensors")
 _LAYER_PART = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 
@@ -200,8 +200,10 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
         """The record a layer file must carry to belong to this conversion (None: not a layer)."""
         if L not in moe_layers:
             return None
-        fmt = asked or ckpt.layer(L).native_format
-        return {"weight_format": fmt, "group_size": group if has_groups(fmt) else 0, "source_fingerprint": fingerprint}
+        layer = ckpt.layer(L)
+        fmt = asked or layer.native_format
+        g = layer_group_size(layer, fmt) if group_size is None else group  # released INT4 keeps its own groups
+        return {"weight_format": fmt, "group_size": g if has_groups(fmt) else 0, "source_fingerprint": fingerprint}
 
     with OutputLock(output_path):
         _refuse_foreign_config(output_path, overwrite)
@@ -238,21 +240,28 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
             fmt = want["weight_format"]
             label = f"layer {L} ({i + 1}/{len(chosen)}) {fmt}"
             t0 = time.perf_counter()
-            arrays = pack_layer(arch.num_experts, fmt, group, source_for(fmt, experts.scale_kind, experts.expert),
-                                lambda n, total: progress.bar(label, n, total))
-            publish(final, lambda tmp: write_layer(tmp, arrays, fmt, group, arch.num_experts, arch.top_k,
+            g = want["group_size"] or group
+            arrays = pack_layer(arch.num_experts, fmt, g, experts.source(fmt, strict=asked is None), lambda n, total: progress.bar(label, n, total))
+            bias = experts.bias()
+            for proj, b in (bias or {}).items():  # GPT-OSS: read back by loading.with_block_extras
+                arrays[f"{proj}.bias"] = b
+            publish(final, lambda tmp: write_layer(tmp, arrays, fmt, g, arch.num_experts, arch.top_k,
                                                     arch.hidden_size, arch.intermediate_size, L, source=source))
             del arrays
             seconds = time.perf_counter() - t0
             progress.line(f"{label}: {os.path.getsize(final) / 2**20:.1f} MiB in {seconds:.1f} s "
                           f"({arch.num_experts / max(seconds, 1e-9):.1f} experts/s)")
             done.append(L)
-        _write_manifest(output_path, input_path, fingerprint, asked, group, arch, wanted)
+        block = None
+        has_bias = bool(chosen) and ckpt.layer(chosen[0]).bias() is not None  # a model's layers all have them or none
+        if arch.gpt_oss or has_bias:
+            block = dict(arch.activation_settings(), bias=has_bias)
+        _write_manifest(output_path, input_path, fingerprint, asked, group, arch, wanted, block)
         copy_file(os.path.join(input_path, "config.json"), os.path.join(output_path, "config.json"))
     return done
 
 
-def _write_manifest(output_path, input_path, fingerprint, asked, group, arch, wanted):
+def _write_manifest(output_path, input_path, fingerprint, asked, group, arch, wanted, block=None):
     """ktcy_model.json lists exactly the layer files on disk whose record matches this run:
     never another model's or another method's layers."""
     records = {L: rec for L, rec in _layers_on_disk(output_path).items() if rec is not None and rec == wanted(L)}
@@ -262,6 +271,8 @@ def _write_manifest(output_path, input_path, fingerprint, asked, group, arch, wa
              "source": os.path.abspath(input_path), "source_fingerprint": fingerprint, "method": asked,
              "group_size": group if asked and has_groups(asked) else None,
              "layer_records": {str(L): rec for L, rec in sorted(records.items())}}
+    if block is not None:  # GPT-OSS: activation and biases the packed layer files alone do not say
+        model["block"] = block
     write_json(os.path.join(output_path, MODEL_FILE), model)
 
 

@@ -121,7 +121,8 @@ def parse_quant_config(text):
 def _kt_method(name):
     key = name.strip().lower()
     if key == "awq":
-        raise ValueError("AWQ checkpoints are not supported; convert the BF16/FP16 checkpoint instead")
+        raise ValueError("--quant-method awq: AWQ is a checkpoint format, not a target; an AWQ checkpoint is read "
+                         "as stored (INT4 with zero points) when no method is given")
     return KT_QUANT_METHODS.get(key, name)
 
 

@@ -157,10 +157,14 @@ def convert_to_hf_fp8(input_path, output_path, layers=None, resume=False, progre
     refuse_output_in_input(input_path, output_path, "--output-fp8-hf-path")
     ckpt = Checkpoint(input_path)
     text = ckpt.config.get("text_config") if isinstance(ckpt.config.get("text_config"), dict) else {}
-    if "quantization_config" in ckpt.config or "quantization_config" in text:
-        raise ConvertError(f"{input_path} is already quantized (config.json has a quantization_config); "
+    if "quantization_config" in ckpt.config or "quantization_config" in text or ckpt.quant is not None:
+        raise ConvertError(f"{input_path} is already quantized (a quantization_config in config.json, or "
+                           "AutoGPTQ's quantize_config.json); "
                            "--input-bf16-hf-path takes an unquantized BF16/F16/F32 checkpoint")
     arch = ckpt.arch
+    if arch.gpt_oss:  # its loader reads stacked, interleaved experts with biases, not per-expert FP8 linears
+        raise ConvertError(f"{input_path} is a GPT-OSS checkpoint; the HF FP8 per-channel export writes per-expert "
+                           "linears that GPT-OSS's loaders do not read (use ktcy convert --output for packed layers)")
     chosen = parse_layers(layers, arch.moe_layers, arch.num_layers)
     all_names = set(ckpt.tensor_names())
     plans = {L: _LayerPlan(ckpt, L, all_names) for L in chosen}

@@ -3,6 +3,7 @@ the converter.
 
 Contract (used from outside the repo): ``load_experts(path, layer, method=None, isa=None)``.
 """
+import dataclasses
 import os
 from typing import Callable, Optional, Union
 
@@ -12,7 +13,7 @@ from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format,
 from ktcy.moe import MoE
 from ktcy.packed_io import layer_file_name, load_layer, read_metadata
 from ktcy.paths import MAX_CONFIG_BYTES, allowed_roots, confined_file, read_json, resolve_model_path
-from ktcy.safetensors_io import CheckpointError
+from ktcy.safetensors_io import CheckpointError, SafetensorsFile
 
 MODEL_FILE = "ktcy_model.json"
 
@@ -34,13 +35,16 @@ def load_experts(path: PathLike, layer: int, method: Optional[str] = None, isa: 
         Face cache (HF_HUB_CACHE / HF_HOME; nothing is downloaded).
       layer: decoder layer number (an MoE layer of the config).
       method: None keeps the checkpoint's precision (BF16 -> BF16, F16/F32 -> BF16, FP8 block ->
-        FP8 block, FP8 per-channel -> FP8 per-channel); a format or KTransformers backend name
-        ("INT8", "AMXINT4", "FP8", ...) quantizes on load.  A converted folder holds one format
-        and can only be loaded in it.
+        FP8 block, FP8 per-channel -> FP8 per-channel) or its released codes (symmetric INT4 of
+        compressed-tensors / GPTQ -> INT4, INT4 with zero points of GPTQ / AWQ / compressed-tensors
+        -> INT4_ZP, GPT-OSS's MXFP4 -> MXFP4, each with its own group size); a format or
+        KTransformers backend name ("INT8", "AMXINT4", "FP8", ...) quantizes on load (released
+        codes are dequantized exactly first).  A converted folder holds one format and can only
+        be loaded in it.
       isa: force one instruction set ("amx", "amx_emu", "avx512", "avx2", "ref"); None picks the
         best this CPU runs.  An ISA the CPU cannot run raises UnsupportedISAError.
-      group_size: INT4 only, 32, 64 (default) or 128 values per scale along K.  For a converted
-        folder it must equal the group size the file was packed with.
+      group_size: INT4 only, 32, 64 (default; a released INT4 checkpoint's own) or 128 values per
+        scale along K.  For a converted folder it must equal the group size the file was packed with.
       progress: called as progress(experts_done, num_experts) while packing.
 
     Returns a MoE whose forward(x, topk_ids, topk_weights) runs the layer.
@@ -79,7 +83,40 @@ def _load_converted(path, layer, method, isa, group_size):
         held = f"{stored} with group size {dims['group_size']}" if has_groups(stored) else f"{stored} (no group size)"
         raise CheckpointError(f"{f}: packed as {held}; group_size={group_size} needs converting the original "
                               "checkpoint again")
-    return load_layer(f, isa=isa)
+    moe = load_layer(f, isa=isa)
+    extras = model.get("block")
+    if extras is None:
+        return moe
+    return with_block_extras(moe, f, extras, model_file)
+
+
+def with_block_extras(moe, path, extras, model_file):
+    """A converted layer with what its block adds to plain SwiGLU experts (GPT-OSS: biases kept
+    as tensors gate.bias / up.bias / down.bias in the layer file, the activation recorded in
+    ktcy_model.json), over the same mapped weights."""
+    if not isinstance(extras, dict) or set(extras) - {"activation", "swiglu_alpha", "swiglu_limit", "bias"}:
+        raise CheckpointError(f"{model_file}: 'block' must be an object with activation, swiglu_alpha, "
+                              f"swiglu_limit and bias, got {extras!r:.80}")
+    settings = {k: v for k, v in extras.items() if k != "bias"}
+    bias = None
+    if extras.get("bias"):
+        f = SafetensorsFile(path)
+        bias = {}
+        for proj in ("gate", "up", "down"):
+            if f"{proj}.bias" not in f:
+                raise CheckpointError(f"{path}: {model_file} says the block has biases, but the layer file has no "
+                                      f"{proj}.bias")
+            bias[proj] = f.get(f"{proj}.bias")
+    try:
+        config = dataclasses.replace(moe.config, **settings)
+        layer = MoE(config, moe.gate, moe.up, moe.down, bias=bias) if bias else MoE(config, moe.gate, moe.up, moe.down)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: block settings from {model_file}: {e}") from None
+    # the weights stay mapped from moe's file: keep its size check and the open descriptor alive
+    for fd, size, mapped in moe._mapped:
+        layer.watch_file(fd, size, mapped)
+    layer._mapping_owner = moe
+    return layer
 
 
 def experts_from_checkpoint(ckpt, layer, method=None, isa=None, group_size=None, progress=None):
@@ -89,9 +126,29 @@ def experts_from_checkpoint(ckpt, layer, method=None, isa=None, group_size=None,
     fmt = canonical_format(method) if method is not None else experts.native_format
     if group_size is not None and not has_groups(fmt):
         raise ValueError(f"group_size applies to grouped formats (INT4, INT4_ZP) only; the experts are loaded as {fmt}")
+    group = group_size or layer_group_size(experts, fmt)
     config = MoeConfig(a.num_experts, a.top_k, a.hidden_size, a.intermediate_size,
-                       QuantConfig(fmt, group_size=group_size or DEFAULT_INT4_GROUP), backend=method, isa=isa)
-    return MoE.from_experts(config, source_for(fmt, experts.scale_kind, experts.expert), progress)
+                       QuantConfig(fmt, group_size=group), backend=method, isa=isa, **block_settings(a))
+    bias = experts.bias()
+    source = experts.source(fmt, strict=method is None)
+    if bias is None:
+        return MoE.from_experts(config, source, progress)
+    return MoE.from_experts(config, source, progress, bias=bias)
+
+
+def layer_group_size(experts, fmt):
+    """The group size that keeps released INT4 codes as stored (their own, when fmt is their
+    format and ktcy's layout takes it), else the default."""
+    stored = experts.group_size
+    if fmt == experts.native_format and stored in INT4_GROUP_SIZES:
+        return stored
+    return DEFAULT_INT4_GROUP
+
+
+def block_settings(arch):
+    """MoeConfig keywords for the block's activation (GPT-OSS's clamped SwiGLU), {} for SiLU."""
+    settings = arch.activation_settings()
+    return {} if settings["activation"] == "silu" else settings
 
 
 def source_for(fmt, stored_kind, expert):

@@ -13,7 +13,8 @@ import numpy as np
 
 from ktcy.checkpoint import Checkpoint, config_int, layer_number
 from ktcy.config import MoeConfig, QuantConfig
-from ktcy.formats import canonical_format, fp8_scale_kind
+from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format, fp8_scale_kind
+from ktcy.gpt_oss import read_router
 from ktcy.kernels import as_float32_matrix
 from ktcy.loading import PathLike, experts_from_checkpoint, is_converted, source_for
 from ktcy.moe import MoE
@@ -198,6 +199,7 @@ class MoEModel:
             canonical_format(backend)
         ckpt = Checkpoint(path)
         ckpt.arch.router_settings()  # refuses bad router values before any expert is packed
+        ckpt.arch.activation_settings()
         parsed = load_rules(rules)
         chosen = list(ckpt.arch.moe_layers) if layers is None else _layer_list(layers)
         model = cls(ckpt, {}, parsed, backend, isa)
@@ -228,6 +230,9 @@ class MoEModel:
         rule = self._rule_for(name)
         backend = forced_backend or (rule.backend if rule is not None and rule.backend else None) or self.default_backend
         experts = experts_from_checkpoint(ckpt, L, backend, self.isa)
+        if arch.gpt_oss:
+            router = read_router(ckpt, layer.mlp_prefix, arch.num_experts, arch.hidden_size, arch.top_k)
+            return MoEBlock(name, L, router, experts, None, rule, backend)
         bias_name = f"{layer.mlp_prefix}.gate.e_score_correction_bias"
         router = Router(
             kind=router_kind(arch.raw, layer.mlp_prefix), weight=np.asarray(ckpt.get(f"{layer.mlp_prefix}.gate.weight"), np.float32),
@@ -247,10 +252,13 @@ class MoEModel:
         ckpt, cfg, H = self.checkpoint, self.checkpoint.arch.raw, self.checkpoint.arch.hidden_size
         p = layer.mlp_prefix
         where = self.checkpoint.arch.source
-        if f"{p}.shared_experts.gate_proj.weight" in ckpt:       # DeepSeek
+        q = ckpt.quant
+        suffixes = ("weight",) + ((q.weight_suffix,) if q is not None and q.weight_suffix else ())
+        stored = lambda name: any(f"{name}.gate_proj.{s}" in ckpt for s in suffixes)  # noqa: E731
+        if stored(f"{p}.shared_experts"):       # DeepSeek, Kimi
             name, gate = f"{p}.shared_experts", None
             inter = ckpt.arch.intermediate_size * config_int(cfg, where, "n_shared_experts", default=1)
-        elif f"{p}.shared_expert.gate_proj.weight" in ckpt:      # Qwen2-MoE
+        elif stored(f"{p}.shared_expert"):      # Qwen2-MoE
             inter = config_int(cfg, where, "shared_expert_intermediate_size")
             name, gate = f"{p}.shared_expert", ckpt.get(f"{p}.shared_expert_gate.weight")
             if gate.size != H:
@@ -259,9 +267,15 @@ class MoEModel:
             return None
         pairs = layer.dense_mlp(name, H, inter)
         w, s = pairs["gate"]
-        stored = None if s is None else fp8_scale_kind(f"{name}.gate_proj.weight_scale", s.shape, w.shape)
-        config = MoeConfig(1, 1, H, inter, QuantConfig(fmt), backend=backend, isa=self.isa)
-        return SharedExpert(MoE.from_experts(config, source_for(fmt, stored, lambda e: pairs)), gate)
+        group = DEFAULT_INT4_GROUP
+        if isinstance(s, dict):  # released codes: kept when fmt is theirs, else dequantized by the packer
+            kind = None
+            if s["format"] == fmt and s.get("group_size") in INT4_GROUP_SIZES:
+                group = s["group_size"]
+        else:
+            kind = None if s is None else fp8_scale_kind(f"{name}.gate_proj.weight_scale", s.shape, w.shape)
+        config = MoeConfig(1, 1, H, inter, QuantConfig(fmt, group_size=group), backend=backend, isa=self.isa)
+        return SharedExpert(MoE.from_experts(config, source_for(fmt, kind, lambda e: pairs)), gate)
 
     def inject_expert_backend(self, layer_regex: str, backend: str) -> List[str]:
         """Re-packs the routed experts of every block whose name matches layer_regex (re.match,

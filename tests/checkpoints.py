@@ -90,3 +90,154 @@ def make_checkpoint(path, *, style="qwen", dtype="bf16", E=4, H=128, I=64, top_k
         with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {}, "weight_map": weight_map}, f)
     return truth
+
+
+# ---- checkpoints released quantized, packed here from each format's description ----
+
+def nibbles_to_int32(values, axis):
+    """uint 0..15 values -> int32 words, 8 per word along `axis`, value i of a word at bits 4i
+    (the packing compressed-tensors and GPTQ describe); the axis is zero-padded to a multiple of 8."""
+    v = np.moveaxis(np.asarray(values, np.uint64), axis, -1)
+    pad = -v.shape[-1] % 8
+    v = np.concatenate([v, np.zeros(v.shape[:-1] + (pad,), np.uint64)], axis=-1)
+    words = np.zeros(v.shape[:-1] + (v.shape[-1] // 8,), np.uint64)
+    for i in range(8):
+        words |= v[..., i::8] << np.uint64(4 * i)
+    return np.moveaxis(words.astype(np.uint32).view(np.int32), -1, axis)
+
+
+AWQ_PACK_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # word nibble i holds channel 8c + AWQ_PACK_ORDER[i]
+
+
+def awq_pack(values):
+    """[rows, N] 0..15 -> int32 [rows, N/8] in AWQ's channel order."""
+    rows, n = values.shape
+    reordered = values.reshape(rows, n // 8, 8)[:, :, list(AWQ_PACK_ORDER)].reshape(rows, n)
+    return nibbles_to_int32(reordered, axis=1)
+
+
+RELEASED_CONFIG = {
+    "ct": lambda g, sym: {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {
+        "group_0": {"targets": ["Linear"], "input_activations": None, "weights": {
+            "num_bits": 4, "type": "int", "symmetric": sym, "group_size": g, "strategy": "group"}}}},
+    "gptq": lambda g, sym: {"quant_method": "gptq", "bits": 4, "group_size": g, "sym": sym, "desc_act": False,
+                            "checkpoint_format": "gptq"},
+    "gptq_v2": lambda g, sym: {"quant_method": "gptq", "bits": 4, "group_size": g, "sym": sym, "desc_act": False,
+                               "checkpoint_format": "gptq_v2"},
+    "awq": lambda g, sym: {"quant_method": "awq", "bits": 4, "group_size": g, "zero_point": True, "version": "gemm"},
+}
+
+
+def released_tensors(kind, base, q, z, s, g, rng, permute=False):
+    """Tensors of one projection W[N, K] = s * (q - z) per (channel, group) in `kind`'s layout.
+    q [N, K] and z [N, groups] hold 0..15 (z = 8: symmetric), s [N, groups] float32."""
+    n, k = q.shape
+    if kind == "ct":
+        out = {f"{base}.weight_packed": nibbles_to_int32(q, axis=1),
+               f"{base}.weight_shape": np.array([n, k], np.int64),
+               f"{base}.weight_scale": s.astype(ml_dtypes.bfloat16)}
+        if (z != 8).any():
+            out[f"{base}.weight_zero_point"] = nibbles_to_int32(z, axis=0)
+        return out
+    if kind == "awq":
+        return {f"{base}.qweight": awq_pack(q.T), f"{base}.qzeros": awq_pack(z.T), f"{base}.scales": s.T.astype(np.float16)}
+    stored_z = (z - 1) & 0xF if kind == "gptq" else z  # GPTQ v1 stores z - 1
+    g_idx = np.arange(k, dtype=np.int32) // g
+    if permute:  # desc_act: rows of a group scattered over K
+        g_idx = rng.permutation(g_idx).astype(np.int32)
+    return {f"{base}.qweight": nibbles_to_int32(q.T, axis=0), f"{base}.qzeros": nibbles_to_int32(stored_z.T, axis=1),
+            f"{base}.scales": s.T.astype(np.float16), f"{base}.g_idx": g_idx}
+
+
+def make_released_checkpoint(path, kind, *, group=32, sym=False, E=4, H=128, I=64, top_k=2, num_layers=2,
+                             dense_layers=(0,), seed=0, permute=False, extra_config=None):
+    """A Qwen-named checkpoint whose experts are INT4 as `kind` releases them ("ct", "gptq",
+    "gptq_v2", "awq").  Returns {layer: {proj: float64 [E, N, K] dequantized weights,
+    proj + "_g_idx": ...}}."""
+    os.makedirs(path, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    config = {"architectures": ["Test"], "model_type": "qwen3_moe", "hidden_size": H, "num_hidden_layers": num_layers,
+              "num_experts_per_tok": top_k, "mlp_only_layers": list(dense_layers), "num_experts": E,
+              "moe_intermediate_size": I, "intermediate_size": 4 * I, "norm_topk_prob": True,
+              "quantization_config": RELEASED_CONFIG[kind](group, sym)}
+    config.update(extra_config or {})
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    truth, tensors = {}, {}
+    for L in [L for L in range(num_layers) if L not in dense_layers]:
+        truth[L] = {}
+        for proj, (n, k) in (("gate", (I, H)), ("up", (I, H)), ("down", (H, I))):
+            full = np.empty((E, n, k))
+            for e in range(E):
+                groups = -(-k // group)
+                q = rng.integers(0, 16, (n, k))
+                z = np.full((n, groups), 8) if sym else rng.integers(1 if kind == "gptq" else 0, 16, (n, groups))
+                s = rng.uniform(0.001, 0.01, (n, groups)).astype(np.float32)
+                base = f"model.layers.{L}.mlp.experts.{e}.{proj}_proj"
+                t = released_tensors(kind, base, q, z, s, group, rng, permute)
+                tensors.update(t)
+                stored_s = (t.get(f"{base}.weight_scale", t.get(f"{base}.scales"))).astype(np.float64)
+                stored_s = stored_s if kind == "ct" else stored_s.T
+                g_idx = t[f"{base}.g_idx"] if f"{base}.g_idx" in t else np.arange(k) // group
+                full[e] = (q - z[:, g_idx]) * stored_s[:, g_idx]
+            truth[L][proj] = full
+        router = (rng.standard_normal((E, H)) * 0.3).astype(ml_dtypes.bfloat16)
+        tensors[f"model.layers.{L}.mlp.gate.weight"] = router
+        truth[L]["router"] = router.astype(np.float64)
+    write(os.path.join(path, "model.safetensors"), tensors, {"format": "pt"})
+    return truth
+
+
+def e2m1_value(code):
+    """E2M1 from its definition: sign bit 3, exponent bits 2..1 (bias 1), mantissa bit 0."""
+    sign, exp, man = -1.0 if code & 8 else 1.0, (code >> 1) & 3, code & 1
+    return sign * (man * 0.5 if exp == 0 else (1 + man / 2) * 2.0 ** (exp - 1))
+
+
+def mxfp4_blocks(codes):
+    """codes [..., K] 0..15 -> GPT-OSS's blocks [..., K/32, 16]: element 2j in the low nibble of
+    byte j of its block, 2j + 1 in the high nibble."""
+    c = np.asarray(codes, np.uint8)
+    pairs = c[..., 0::2] | (c[..., 1::2] << 4)
+    return pairs.reshape(c.shape[:-1] + (c.shape[-1] // 32, 16))
+
+
+def make_gpt_oss_checkpoint(path, *, E=8, H=128, I=96, top_k=4, num_layers=2, seed=0, swiglu_limit=None,
+                            exponents=(119, 123)):
+    """A GPT-OSS-shaped checkpoint (MXFP4 expert blocks, interleaved gate/up, biases, router with
+    bias).  Returns {layer: {"gate"/"up": float64 [E, I, H], "down": [E, H, I], "gate_bias",
+    "up_bias": [E, I], "down_bias": [E, H], "router", "router_bias"}}."""
+    os.makedirs(path, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    config = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": H,
+              "intermediate_size": I, "num_hidden_layers": num_layers, "num_local_experts": E,
+              "num_experts_per_tok": top_k, "experts_per_token": top_k, "quantization_config": {"quant_method": "mxfp4"}}
+    if swiglu_limit is not None:
+        config["swiglu_limit"] = swiglu_limit
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    table = np.array([e2m1_value(c) for c in range(16)])
+    truth, tensors = {}, {}
+    for L in range(num_layers):
+        p = f"model.layers.{L}.mlp"
+        t = truth[L] = {}
+        for stack, (n, k) in (("gate_up_proj", (2 * I, H)), ("down_proj", (H, I))):
+            codes = rng.integers(0, 16, (E, n, k))
+            exps = rng.integers(exponents[0], exponents[1] + 1, (E, n, k // 32))
+            tensors[f"{p}.experts.{stack}_blocks"] = mxfp4_blocks(codes)
+            tensors[f"{p}.experts.{stack}_scales"] = exps.astype(np.uint8)
+            w = table[codes] * np.exp2(np.repeat(exps - 127.0, 32, axis=2))
+            bias = (rng.standard_normal((E, n)) * 0.1).astype(ml_dtypes.bfloat16)
+            tensors[f"{p}.experts.{stack}_bias"] = bias
+            if stack == "down_proj":
+                t["down"], t["down_bias"] = w, bias.astype(np.float64)
+            else:  # GPT-OSS interleaves: gate = even output rows, up = odd ones
+                t["gate"], t["up"] = w[:, 0::2], w[:, 1::2]
+                t["gate_bias"], t["up_bias"] = bias[:, 0::2].astype(np.float64), bias[:, 1::2].astype(np.float64)
+        router = (rng.standard_normal((E, H)) * 0.2).astype(ml_dtypes.bfloat16)
+        router_bias = (rng.standard_normal(E) * 0.2).astype(ml_dtypes.bfloat16)
+        tensors[f"{p}.router.weight"], tensors[f"{p}.router.bias"] = router, router_bias
+        t["router"], t["router_bias"] = router.astype(np.float64), router_bias.astype(np.float64)
+        tensors[f"model.layers.{L}.self_attn.q_proj.weight"] = np.zeros((4, 4), ml_dtypes.bfloat16)
+    write(os.path.join(path, "model.safetensors"), tensors, {"format": "pt"})
+    return truth
