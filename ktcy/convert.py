@@ -17,7 +17,7 @@ import time
 from ktcy.checkpoint import Checkpoint
 from ktcy.convert_args import INPUT_TYPES, run_cli
 from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format, has_groups
-from ktcy.loading import MODEL_FILE, layer_group_size
+from ktcy.loading import MODEL_FILE, block_settings, layer_group_size
 from ktcy.output_guard import (ConvertError, OutputLock, copy_file, refuse_output_in_input, remove,
                                source_fingerprint, write_json, publish)
 from ktcy.packed_io import LAYOUT_VERSION, layer_file_name, pack_layer, read_metadata, write_layer
@@ -242,26 +242,21 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
             t0 = time.perf_counter()
             g = want["group_size"] or group
             arrays = pack_layer(arch.num_experts, fmt, g, experts.source(fmt, strict=asked is None), lambda n, total: progress.bar(label, n, total))
-            bias = experts.bias()
-            for proj, b in (bias or {}).items():  # GPT-OSS: read back by loading.with_block_extras
-                arrays[f"{proj}.bias"] = b
+            bias = experts.bias()  # GPT-OSS: biases and the clamped activation go into the layer file
             publish(final, lambda tmp: write_layer(tmp, arrays, fmt, g, arch.num_experts, arch.top_k,
-                                                    arch.hidden_size, arch.intermediate_size, L, source=source))
+                                                    arch.hidden_size, arch.intermediate_size, L, source=source,
+                                                    bias=bias, activation=block_settings(arch)))
             del arrays
             seconds = time.perf_counter() - t0
             progress.line(f"{label}: {os.path.getsize(final) / 2**20:.1f} MiB in {seconds:.1f} s "
                           f"({arch.num_experts / max(seconds, 1e-9):.1f} experts/s)")
             done.append(L)
-        block = None
-        has_bias = bool(chosen) and ckpt.layer(chosen[0]).bias() is not None  # a model's layers all have them or none
-        if arch.gpt_oss or has_bias:
-            block = dict(arch.activation_settings(), bias=has_bias)
-        _write_manifest(output_path, input_path, fingerprint, asked, group, arch, wanted, block)
+        _write_manifest(output_path, input_path, fingerprint, asked, group, arch, wanted)
         copy_file(os.path.join(input_path, "config.json"), os.path.join(output_path, "config.json"))
     return done
 
 
-def _write_manifest(output_path, input_path, fingerprint, asked, group, arch, wanted, block=None):
+def _write_manifest(output_path, input_path, fingerprint, asked, group, arch, wanted):
     """ktcy_model.json lists exactly the layer files on disk whose record matches this run:
     never another model's or another method's layers."""
     records = {L: rec for L, rec in _layers_on_disk(output_path).items() if rec is not None and rec == wanted(L)}
@@ -271,8 +266,6 @@ def _write_manifest(output_path, input_path, fingerprint, asked, group, arch, wa
              "source": os.path.abspath(input_path), "source_fingerprint": fingerprint, "method": asked,
              "group_size": group if asked and has_groups(asked) else None,
              "layer_records": {str(L): rec for L, rec in sorted(records.items())}}
-    if block is not None:  # GPT-OSS: activation and biases the packed layer files alone do not say
-        model["block"] = block
     write_json(os.path.join(output_path, MODEL_FILE), model)
 
 

@@ -3,7 +3,6 @@ the converter.
 
 Contract (used from outside the repo): ``load_experts(path, layer, method=None, isa=None)``.
 """
-import dataclasses
 import os
 from typing import Callable, Optional, Union
 
@@ -13,7 +12,7 @@ from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format,
 from ktcy.moe import MoE
 from ktcy.packed_io import layer_file_name, load_layer, read_metadata
 from ktcy.paths import MAX_CONFIG_BYTES, allowed_roots, confined_file, read_json, resolve_model_path
-from ktcy.safetensors_io import CheckpointError, SafetensorsFile
+from ktcy.safetensors_io import CheckpointError
 
 MODEL_FILE = "ktcy_model.json"
 
@@ -83,40 +82,7 @@ def _load_converted(path, layer, method, isa, group_size):
         held = f"{stored} with group size {dims['group_size']}" if has_groups(stored) else f"{stored} (no group size)"
         raise CheckpointError(f"{f}: packed as {held}; group_size={group_size} needs converting the original "
                               "checkpoint again")
-    moe = load_layer(f, isa=isa)
-    extras = model.get("block")
-    if extras is None:
-        return moe
-    return with_block_extras(moe, f, extras, model_file)
-
-
-def with_block_extras(moe, path, extras, model_file):
-    """A converted layer with what its block adds to plain SwiGLU experts (GPT-OSS: biases kept
-    as tensors gate.bias / up.bias / down.bias in the layer file, the activation recorded in
-    ktcy_model.json), over the same mapped weights."""
-    if not isinstance(extras, dict) or set(extras) - {"activation", "swiglu_alpha", "swiglu_limit", "bias"}:
-        raise CheckpointError(f"{model_file}: 'block' must be an object with activation, swiglu_alpha, "
-                              f"swiglu_limit and bias, got {extras!r:.80}")
-    settings = {k: v for k, v in extras.items() if k != "bias"}
-    bias = None
-    if extras.get("bias"):
-        f = SafetensorsFile(path)
-        bias = {}
-        for proj in ("gate", "up", "down"):
-            if f"{proj}.bias" not in f:
-                raise CheckpointError(f"{path}: {model_file} says the block has biases, but the layer file has no "
-                                      f"{proj}.bias")
-            bias[proj] = f.get(f"{proj}.bias")
-    try:
-        config = dataclasses.replace(moe.config, **settings)
-        layer = MoE(config, moe.gate, moe.up, moe.down, bias=bias) if bias else MoE(config, moe.gate, moe.up, moe.down)
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{path}: block settings from {model_file}: {e}") from None
-    # the weights stay mapped from moe's file: keep its size check and the open descriptor alive
-    for fd, size, mapped in moe._mapped:
-        layer.watch_file(fd, size, mapped)
-    layer._mapping_owner = moe
-    return layer
+    return load_layer(f, isa=isa)
 
 
 def experts_from_checkpoint(ckpt, layer, method=None, isa=None, group_size=None, progress=None):

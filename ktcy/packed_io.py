@@ -48,13 +48,38 @@ def pack_layer(num_experts, fmt, group, expert, progress=None):
     return arrays
 
 
-def write_layer(path, arrays, fmt, group, num_experts, top_k, hidden, inter, layer, source=""):
+def write_layer(path, arrays, fmt, group, num_experts, top_k, hidden, inter, layer, source="", bias=None,
+                activation=None):
+    """bias: optional {"gate"|"up"|"down": float32 [E, I] / [E, H]} stored as "<proj>.bias";
+    activation: optional {"activation", "swiglu_alpha", "swiglu_limit"} (GPT-OSS) kept in the
+    metadata, so the layer file alone says how its experts run."""
     meta = {"format": FILE_FORMAT, "layout_version": LAYOUT_VERSION, "weight_format": fmt,
             "group_size": group if DESCRIPTORS[fmt]["scale"] == "group" else 0,
             "scale_kind": DESCRIPTORS[fmt]["scale"],
             "num_experts": num_experts, "top_k": top_k, "hidden_size": hidden, "intermediate_size": inter,
             "layer": layer, "ktcy_version": __version__, "source": source}
+    for key, value in (activation or {}).items():
+        meta[key] = value
+    arrays = dict(arrays)
+    for proj, b in (bias or {}).items():
+        arrays[f"{proj}.bias"] = np.ascontiguousarray(b, np.float32)
+    if bias:
+        meta["bias"] = ",".join(sorted(bias))
     write(path, arrays, meta)
+
+
+def _activation_settings(path, m):
+    """MoeConfig keywords from the metadata (absent: plain SiLU), validated."""
+    settings = {}
+    if "activation" in m:
+        settings["activation"] = m["activation"]
+    for key in ("swiglu_alpha", "swiglu_limit"):
+        if key in m:
+            try:
+                settings[key] = float(m[key])
+            except ValueError:
+                raise CheckpointError(f"{path}: metadata {key}={m[key]!r} is not a number") from None
+    return settings
 
 
 def read_metadata(path):
@@ -129,9 +154,19 @@ def load_layer(path, isa=None, backend=None):
                 except (TypeError, ValueError) as err:
                     raise CheckpointError(f"{path}: {proj}[{e}]: {err}") from None
                 experts[proj].append(w)
+        listed = [p for p in m.get("bias", "").split(",") if p]
+        if set(listed) - set(PROJECTIONS):
+            raise CheckpointError(f"{path}: metadata bias={m['bias']!r} names no projection")
+        bias = {proj: _stacked(f, path, f"{proj}.bias", np.float32, E, ((H,) if proj == "down" else (I,)))
+                for proj in listed} or None
         quant = QuantConfig(fmt, group_size=group or DEFAULT_INT4_GROUP)
-        config = MoeConfig(E, d["top_k"], H, I, quant, isa=isa)
-        moe = MoE(config, experts["gate"], experts["up"], experts["down"])
+        try:
+            config = MoeConfig(E, d["top_k"], H, I, quant, isa=isa, **_activation_settings(path, m))
+            moe = MoE(config, experts["gate"], experts["up"], experts["down"], bias=bias)
+        except (TypeError, ValueError) as e:
+            if isinstance(e, CheckpointError):
+                raise
+            raise CheckpointError(f"{path}: {e}") from None
     except BaseException:
         os.close(fd)
         raise

@@ -106,8 +106,9 @@ def test_convert_round_trip_is_bit_exact(checkpoint, tmp_path, method):
     path, truth = checkpoint
     out = tmp_path / "packed"
     assert convert(path, out, method=method, progress=Quiet()) == [0, 1]
-    block = json.loads((out / "ktcy_model.json").read_text())["block"]
-    assert block == {"activation": "gpt_oss", "swiglu_alpha": ALPHA, "swiglu_limit": LIMIT, "bias": True}
+    meta = SafetensorsFile(str(out / "ktcy_layer_0001.safetensors")).metadata
+    assert (meta["activation"], float(meta["swiglu_alpha"]), float(meta["swiglu_limit"]), meta["bias"]) \
+        == ("gpt_oss", ALPHA, LIMIT, "down,gate,up")
     rng = np.random.default_rng(7)
     x = rng.standard_normal((9, H)).astype(np.float32)
     ids = np.stack([rng.choice(E, K, replace=False) for _ in range(9)])
@@ -198,28 +199,29 @@ def test_bf16_gpt_oss_layout(tmp_path):
     assert np.array_equal(moe.forward(x, ids, w), ktcy.load_experts(tmp_path / "mx", 0, method="BF16").forward(x, ids, w))
 
 
-@pytest.mark.parametrize("case", ["no_bias_tensors", "bad_activation", "unknown_key"])
+@pytest.mark.parametrize("case", ["no_bias_tensors", "bad_activation", "bad_alpha", "bad_bias_list"])
 def test_converted_block_settings_are_checked(checkpoint, tmp_path, case):
     path, _ = checkpoint
     out = tmp_path / "packed"
     convert(path, out, layers="1", progress=Quiet())
-    model_file = out / "ktcy_model.json"
-    model = json.loads(model_file.read_text())
-    if case == "no_bias_tensors":
-        layer = str(out / "ktcy_layer_0001.safetensors")
-        f = SafetensorsFile(layer)
-        tensors, meta = {k: np.array(f.get(k)) for k in f.keys() if not k.endswith(".bias")}, f.metadata
-        del f
-        os.remove(layer)
-        write(layer, tensors, meta)
-        match = "up.bias|gate.bias"
+    layer = str(out / "ktcy_layer_0001.safetensors")
+    f = SafetensorsFile(layer)
+    tensors, meta = {k: np.array(f.get(k)) for k in f.keys()}, dict(f.metadata)
+    del f
+    if case == "no_bias_tensors":  # the metadata still lists them: refused, not run without biases
+        tensors = {k: v for k, v in tensors.items() if not k.endswith(".bias")}
+        match = "bias"
     elif case == "bad_activation":
-        model["block"]["activation"] = "relu"
+        meta["activation"] = "relu"
         match = "activation"
+    elif case == "bad_alpha":
+        meta["swiglu_alpha"] = "x"
+        match = "swiglu_alpha"
     else:
-        model["block"]["temperature"] = 2
-        match = "block"
-    model_file.write_text(json.dumps(model))
+        meta["bias"] = "gate,side"
+        match = "bias"
+    os.remove(layer)
+    write(layer, tensors, meta)
     with pytest.raises(CheckpointError, match=match):
         ktcy.load_experts(out, 1)
 
