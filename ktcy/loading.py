@@ -9,6 +9,7 @@ from typing import Callable, Optional, Union
 from ktcy.checkpoint import Checkpoint, dequantize, layer_number
 from ktcy.config import MoeConfig, QuantConfig
 from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format, has_groups
+from ktcy.log import warn_once
 from ktcy.moe import MoE
 from ktcy.packed_io import layer_file_name, load_layer, read_metadata
 from ktcy.paths import MAX_CONFIG_BYTES, allowed_roots, confined_file, read_json, resolve_model_path
@@ -95,11 +96,26 @@ def experts_from_checkpoint(ckpt, layer, method=None, isa=None, group_size=None,
     group = group_size or layer_group_size(experts, fmt)
     config = MoeConfig(a.num_experts, a.top_k, a.hidden_size, a.intermediate_size,
                        QuantConfig(fmt, group_size=group), backend=method, isa=isa, **block_settings(a))
+    _warn_if_requantized(ckpt, experts.native_format, fmt, group, experts.group_size)
     bias = experts.bias()
     source = experts.source(fmt, strict=method is None)
     if bias is None:
         return MoE.from_experts(config, source, progress)
     return MoE.from_experts(config, source, progress, bias=bias)
+
+
+def _warn_if_requantized(ckpt, stored, fmt, group, stored_group):
+    """One WARNING when a load dequantizes weights the checkpoint already stores quantized and
+    quantizes them again (FP8 per-channel loaded as FP8 = 128x128 blocks, INT4 with another
+    group size, ...): an accuracy loss nobody asked for by name.  Float targets (BF16) are exact."""
+    if stored in (None, "BF16") or fmt == "BF16":
+        return
+    if fmt == stored and (not has_groups(fmt) or group == stored_group):
+        return
+    held = f"{stored}" + (f" group {stored_group}" if has_groups(stored) and stored_group else "")
+    warn_once(f"{ckpt.path}: the checkpoint stores {held}; loading it as {fmt}"
+               + (f" group {group}" if has_groups(fmt) else "")
+               + " dequantizes and quantizes it again, which costs accuracy (method=None keeps it as stored)")
 
 
 def layer_group_size(experts, fmt):

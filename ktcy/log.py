@@ -70,3 +70,14 @@ def get_verbosity():
 def quiet():
     """True when progress output should be left out (verbosity above WARNING)."""
     return logger.getEffectiveLevel() > WARNING
+
+
+_warned = set()
+
+
+def warn_once(message):
+    """A WARNING on the "ktcy" logger the first time this text is seen in the process, whatever
+    handlers the application set up (one notice per model, not one per layer)."""
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning(message)

@@ -15,6 +15,7 @@ import numpy as np
 
 from ktcy import _native, kernels
 from ktcy import progress as _progress
+from ktcy.log import warn_once
 from ktcy.config import MoeConfig
 from ktcy.errors import UnsupportedISAError
 from ktcy.safetensors_io import CheckpointError
@@ -40,7 +41,7 @@ def choose_kernels(fmt, config):
     else:
         big_isa, big = _native.resolve(fmt)
         if config.wants_amx and big_isa != "amx":
-            _warn_once(f"backend {config.backend} asks for AMX, which this CPU/OS/build cannot run; "
+            warn_once(f"backend {config.backend} asks for AMX, which this CPU/OS/build cannot run; "
                        f"using {big_isa} ({big}) for {fmt}")
     if big_isa not in ("amx", "amx_emu"):
         return big_isa, big, big_isa, big
@@ -51,17 +52,6 @@ def choose_kernels(fmt, config):
         except UnsupportedISAError:
             continue
     raise UnsupportedISAError(f"no decode kernel for {fmt}")  # ref always exists; kept for clarity
-
-
-_warned = set()
-
-
-def _warn_once(message):
-    """A WARNING the first time a message is seen in this process (one per layer would drown a
-    60-layer model's load in repeats)."""
-    if message not in _warned:
-        _warned.add(message)
-        log.warning(message)
 
 
 class MoE:

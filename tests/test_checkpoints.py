@@ -271,3 +271,18 @@ def test_moe_layer_selection_from_config():
     assert MoEArchitecture.from_config({"text_config": dict(base, num_local_experts=4)}).moe_layers == tuple(range(6))
     with pytest.raises(CheckpointError, match="num_experts_per_tok"):
         MoEArchitecture.from_config({k: v for k, v in dict(base, num_experts=4).items() if k != "num_experts_per_tok"})
+
+
+def test_requantizing_what_is_stored_quantized_warns_once(tmp_path, caplog, monkeypatch):
+    import logging
+    monkeypatch.setattr(ktcy.log, "_warned", set())
+    make_checkpoint(tmp_path, fp8="channel", H=256, I=192)
+    with caplog.at_level(logging.INFO, logger="ktcy"):
+        ktcy.load_experts(tmp_path, 2)                    # as stored: nothing to say
+        ktcy.load_experts(tmp_path, 2, method="BF16")     # exact: nothing to say
+        assert not [r for r in caplog.records if "quantizes it again" in r.getMessage()]
+        for layer in (1, 2):                              # FP8 = 128x128 blocks: re-quantized
+            assert ktcy.load_experts(tmp_path, layer, method="FP8").format == "FP8_BLOCK"
+    said = [r for r in caplog.records if "quantizes it again" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
+    assert "stores FP8_PERCHANNEL" in said[0].getMessage() and "as FP8_BLOCK" in said[0].getMessage()

@@ -228,7 +228,7 @@ def test_bad_construction():
 def test_amx_backend_falls_back_with_one_warning(caplog, monkeypatch):
     rng = np.random.default_rng(12)
     gate, up, down = expert_weights(rng, 4, 64, 48)
-    monkeypatch.setattr(ktcy.moe, "_warned", set())
+    monkeypatch.setattr(ktcy.log, "_warned", set())
     with caplog.at_level(logging.INFO, logger="ktcy"):
         layers = [ktcy.MoE.from_weights(ktcy.MoeConfig(4, 2, 64, 48, backend="AMXINT8"), gate, up, down)
                   for _ in range(3)]
