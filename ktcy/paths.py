@@ -1,12 +1,11 @@
 """Untrusted paths and small files: `~` expansion, Hugging Face hub ids resolved in the local
 cache (never downloaded), shard names confined to their checkpoint folder, and JSON read only
 from regular files of bounded size (a FIFO or /dev/zero named config.json must fail at once)."""
-import json
 import os
 import re
 import stat
 
-from ktcy.safetensors_io import CheckpointError, open_regular_file
+from ktcy.safetensors_io import CheckpointError, open_regular_file, strict_json
 
 # config.json of real models is a few kB; the largest known indexes (~100k tensors) are ~10 MB.
 MAX_CONFIG_BYTES = 4 * 2**20
@@ -134,34 +133,11 @@ def read_small_text(path, max_bytes, what=None):
         raise CheckpointError(f"{what}: not UTF-8 text ({e})") from None
 
 
-def _no_duplicate_keys(what):
-    def hook(pairs):
-        seen = {}
-        for key, value in pairs:
-            if key in seen:
-                raise CheckpointError(f"{what}: key {key!r} appears twice")
-            seen[key] = value
-        return seen
-    return hook
-
-
-def _not_json(what):
-    def refuse(name):
-        raise CheckpointError(f"{what}: {name} is not a JSON number")
-    return refuse
-
-
 def read_json(path, max_bytes, what=None):
     """A JSON document from a regular file of at most max_bytes; duplicate keys are refused
     (which one a reader keeps is undefined, so the file is ambiguous)."""
     what = what or path
-    text = read_small_text(path, max_bytes, what)
-    try:
-        return json.loads(text, object_pairs_hook=_no_duplicate_keys(what), parse_constant=_not_json(what))
-    except (ValueError, RecursionError) as e:  # ValueError: JSONDecodeError, or an int past Python's digit limit
-        if isinstance(e, CheckpointError):
-            raise
-        raise CheckpointError(f"{what}: not valid JSON ({e})") from None
+    return strict_json(read_small_text(path, max_bytes, what), what, "the file")
 
 
 def require_folder(path, what="checkpoint"):

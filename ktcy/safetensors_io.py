@@ -51,21 +51,27 @@ def open_regular_file(path, what=None):
     return fd
 
 
-def _unique_keys(path):
-    def hook(pairs):
+def strict_json(text, what, kind="JSON"):
+    """json.loads that refuses what readers disagree on (CheckpointError naming `what`): a key
+    given twice (which one wins is undefined), NaN/Infinity (not JSON), and malformed or absurdly
+    nested text."""
+    def unique(pairs):
         out = {}
         for key, value in pairs:
             if key in out:
-                raise CheckpointError(f"{path}: header lists {key!r} twice")
+                raise CheckpointError(f"{what}: {kind} lists {key!r} twice")
             out[key] = value
         return out
-    return hook
 
-
-def _refuse_constant(path):
     def refuse(name):
-        raise CheckpointError(f"{path}: header holds {name}, which is not JSON")
-    return refuse
+        raise CheckpointError(f"{what}: {kind} holds {name}, which is not JSON")
+
+    try:
+        return json.loads(text, object_pairs_hook=unique, parse_constant=refuse)
+    except CheckpointError:
+        raise
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, or an int past Python's digit limit
+        raise CheckpointError(f"{what}: {kind} is not valid JSON ({e})") from None
 
 
 def _is_int(v):
@@ -79,12 +85,7 @@ def parse_header(path, raw, data_len):
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise CheckpointError(f"{path}: header is not UTF-8 ({e})") from None
-    try:
-        header = json.loads(text, object_pairs_hook=_unique_keys(path), parse_constant=_refuse_constant(path))
-    except CheckpointError:
-        raise
-    except (ValueError, RecursionError) as e:
-        raise CheckpointError(f"{path}: header is not valid JSON ({e})") from None
+    header = strict_json(text, path, "header")
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: header is not a JSON object")
     metadata = header.pop("__metadata__", None)

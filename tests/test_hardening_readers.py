@@ -395,9 +395,9 @@ def test_checkpoint_path_errors(tmp_path):
 
 @pytest.mark.parametrize("content,match", [
     (b"\xff\xfe{}", r"config.json: not UTF-8"), (b"[1, 2]", r"config.json: expected a JSON object"),
-    (b'{"hidden_size": 128, "hidden_size": 64}', r"config.json: key 'hidden_size' appears twice"),
-    (b'{"hidden_size": Infinity}', r"config.json: Infinity is not a JSON number"),
-    (b"{" * 100000, r"config.json: not valid JSON"),
+    (b'{"hidden_size": 128, "hidden_size": 64}', r"config.json: the file lists 'hidden_size' twice"),
+    (b'{"hidden_size": Infinity}', r"config.json: the file holds Infinity, which is not JSON"),
+    (b"{" * 100000, r"config.json: the file is not valid JSON"),
 ])
 def test_bad_config_bytes(tmp_path, content, match):
     make_checkpoint(tmp_path)
