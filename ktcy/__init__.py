@@ -6,7 +6,7 @@ KTCY_ISA=amx|amx_emu|avx512|avx2|ref forces one ISA.
 """
 try:
     from ktcy import _native  # noqa: F401  (the compiled extension everything below needs)
-except ImportError as _error:
+except ImportError:
     import os as _os
     _root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
     if _os.path.isfile(_os.path.join(_root, "setup.py")) and _os.path.isfile(_os.path.join(_root, "ktcy", "_native.pyx")):

@@ -2,7 +2,6 @@
 set against the measured roofline (read bandwidth, per-ISA multiply-add peak)."""
 import dataclasses
 import hashlib
-import os
 import time
 
 import numpy as np

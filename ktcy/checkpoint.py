@@ -235,6 +235,18 @@ class Checkpoint:
             raise CheckpointError(f"{f.path}: tensor {tensor} is listed in the index but not in the file")
         return f.get(tensor)
 
+    def float_tensor(self, name, shape):
+        """Tensor `name` as float32 of exactly `shape`, stored as a float type and finite
+        (biases, router weights), else CheckpointError naming it."""
+        t = self.get(name)
+        if t.dtype.name not in ("bfloat16", "float16", "float32") or tuple(t.shape) != tuple(shape):
+            raise CheckpointError(f"{self.path}: {name} is {t.dtype} {tuple(t.shape)}; expected a float tensor of "
+                                  f"shape {tuple(shape)}")
+        a = np.ascontiguousarray(t, np.float32)
+        if not np.isfinite(a).all():
+            raise CheckpointError(f"{self.path}: {name} holds NaN or infinity")
+        return a
+
     def tensor_names(self):
         return self._where.keys()
 
@@ -452,14 +464,7 @@ class LayerExperts:
         E, H, I = self.num_experts, self.hidden, self.inter
         out = {}
         for stack, shape in (("gate_up_proj", (E, 2 * I)), ("down_proj", (E, H))):
-            name = f"{self.block_name}.{stack}_bias"
-            t = self.ckpt.get(name)
-            if t.dtype.name not in ("bfloat16", "float16", "float32") or tuple(t.shape) != shape:
-                raise CheckpointError(f"{self.ckpt.path}: {name} is {t.dtype} {tuple(t.shape)}; expected a float "
-                                      f"tensor of shape {shape}")
-            b = np.asarray(t, np.float32)
-            if not np.isfinite(b).all():
-                raise CheckpointError(f"{self.ckpt.path}: {name} holds NaN or infinity")
+            b = self.ckpt.float_tensor(f"{self.block_name}.{stack}_bias", shape)
             if stack == "down_proj":
                 out["down"] = b
             else:

@@ -8,7 +8,6 @@ import platform
 import re
 import shutil
 import subprocess
-import sys
 import sysconfig
 
 import numpy as np

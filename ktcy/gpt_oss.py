@@ -6,7 +6,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from ktcy.routing import top_k_desc
-from ktcy.safetensors_io import CheckpointError
 
 
 @dataclass
@@ -26,15 +25,6 @@ class GptOssRouter:
 
 def read_router(ckpt, mlp_prefix, num_experts, hidden, top_k):
     """The router of a GPT-OSS block ({mlp_prefix}.router.weight [E, H], .bias [E]), checked."""
-    arrays = {}
-    for part, shape in (("weight", (num_experts, hidden)), ("bias", (num_experts,))):
-        name = f"{mlp_prefix}.router.{part}"
-        t = ckpt.get(name)
-        if t.dtype.name not in ("bfloat16", "float16", "float32") or tuple(t.shape) != shape:
-            raise CheckpointError(f"{ckpt.path}: {name} is {t.dtype} {tuple(t.shape)}; expected a float tensor of "
-                                  f"shape {shape}")
-        a = np.ascontiguousarray(t, np.float32)
-        if not np.isfinite(a).all():
-            raise CheckpointError(f"{ckpt.path}: {name} holds NaN or infinity")
-        arrays[part] = a
-    return GptOssRouter(arrays["weight"], arrays["bias"], top_k)
+    weight = ckpt.float_tensor(f"{mlp_prefix}.router.weight", (num_experts, hidden))
+    bias = ckpt.float_tensor(f"{mlp_prefix}.router.bias", (num_experts,))
+    return GptOssRouter(weight, bias, top_k)

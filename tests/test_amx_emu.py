@@ -1,6 +1,5 @@
 """The plain-C model of the AMX tile unit, instruction by instruction (Intel SDM semantics), and
 the proof that the real and emulated AMX kernels are one source."""
-import re
 from pathlib import Path
 
 import ml_dtypes

@@ -1,7 +1,6 @@
 """Untrusted packed files and hand-made weights never reach a kernel unchecked; layers keep to
 their own thread count, group size and routing width; memory of one huge batch is given back."""
 import json
-import os
 import struct
 import subprocess
 import sys
