@@ -91,7 +91,7 @@ class MoE:
                                          [w.native() for w in self.down], big, small, AMX_MIN_ROWS, self.bias,
                                          config.activation, config.swiglu_alpha, config.swiglu_limit)
         self._lock = threading.Lock()
-        log.info("ktcy: MoE %d experts H=%d I=%d top-%d runs %s", E, H, I, config.top_k, self.kernel)
+        log.info("MoE %d experts H=%d I=%d top-%d runs %s", E, H, I, config.top_k, self.kernel)
 
     @classmethod
     def from_weights(cls, config: MoeConfig, gate: np.ndarray, up: np.ndarray, down: np.ndarray,
