@@ -296,7 +296,7 @@ class MoEModel:
             if pattern.match(name):
                 self.blocks[name] = self._build(block.layer, backend)
                 changed.append(name)
-        log.info("ktcy: %s -> %s for %d blocks", layer_regex, backend, len(changed))
+        log.info("%s -> %s for %d blocks", layer_regex, backend, len(changed))
         return changed
 
     def describe(self):
