@@ -1,5 +1,8 @@
 """Shared helpers: which kernels run here, and float64 / exact numpy references built
 independently of the C code."""
+import signal
+from contextlib import contextmanager
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -55,3 +58,37 @@ def _outside_the_source_tree(tmp_path, monkeypatch):
     """Run every test from its own temporary folder: `python -m ktcy ...` subprocesses must
     import the installed package, never the uncompiled ./ktcy of a source checkout."""
     monkeypatch.chdir(tmp_path)
+
+
+@contextmanager
+def time_limit(seconds):
+    """Fails the test instead of hanging it (a FIFO opened blocking, an endless loop)."""
+    def expire(*_):
+        raise TimeoutError(f"took more than {seconds} s")
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def int4_exact_reference(x, packed):
+    """INT4 / INT4_ZP by the documented epilogue, from integers: per group the int32 sum of
+    q_x * (code - zero point), acc = acc + float(sum) * scale (float32, groups in order), then
+    times the row scale."""
+    n, k = packed.shape
+    g, k_pad = packed.group_size, packed.k_pad
+    q_x, s_x = quantize_rows_int8(x)
+    qx = np.zeros((x.shape[0], k_pad), np.int64)
+    qx[:, :k] = q_x
+    qw = np.zeros((n, k_pad), np.int64)
+    qw[:, :k] = packed.codes().astype(np.int64)
+    if packed.zero is not None:  # INT4's codes() are already code - 8
+        qw[:, :k] -= np.repeat(packed.zero[:, :n].T.astype(np.int64), g, axis=1)[:, :k]
+    acc = np.zeros((x.shape[0], n), np.float32)
+    for j in range(k_pad // g):
+        part = qx[:, j * g:(j + 1) * g] @ qw[:, j * g:(j + 1) * g].T
+        acc = (acc + part.astype(np.float32) * packed.scale[j, :n][None, :]).astype(np.float32)
+    return (acc * s_x[:, None]).astype(np.float32)

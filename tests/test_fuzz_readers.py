@@ -13,12 +13,10 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import struct
 import subprocess
 import sys
 import tempfile
-from contextlib import contextmanager
 
 import ml_dtypes
 import numpy as np
@@ -27,6 +25,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from checkpoints import make_checkpoint
+from conftest import time_limit
 from ktcy.checkpoint import Checkpoint
 from ktcy.safetensors_io import DTYPES, CheckpointError, SafetensorsFile, write
 
@@ -42,19 +41,6 @@ def long_run(request):
     expr = request.config.getoption("markexpr") or ""
     if "fuzz" not in expr or "not fuzz" in expr:
         pytest.skip("long fuzz run: select it with -m fuzz")
-
-
-@contextmanager
-def time_limit(seconds=EXAMPLE_SECONDS):
-    def expire(*_):
-        raise TimeoutError(f"a reader ran longer than {seconds} s")
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 # --- strategies -------------------------------------------------------------------------------
@@ -186,7 +172,7 @@ def check_safetensors_edit(base_file, edits, raw_edits, padding):
         with open(path, "wb") as out:
             out.write(edited)
         try:
-            with time_limit():
+            with time_limit(EXAMPLE_SECONDS):
                 f = SafetensorsFile(path)
                 got = contents(f)
         except CheckpointError as e:
@@ -260,7 +246,7 @@ def test_fuzz_no_op_edits_give_the_untampered_result(base_file, order, meta_firs
     head = ("{" + ("," + whitespace).join(json.dumps(k) + ":" + whitespace + json.dumps(v) for k, v in items) + "}").encode()
     head += b" " * padding
     edited = struct.pack("<Q", len(head)) + head + split(blob)[1]
-    with time_limit():
+    with time_limit(EXAMPLE_SECONDS):
         assert contents(read_blob(edited)) == contents(read_blob(blob))
 
 
@@ -337,7 +323,7 @@ def check_checkpoint_edit(base_checkpoint, files):
             with open(os.path.join(path, name), "wb") as f:
                 f.write(data)
         try:
-            with time_limit():
+            with time_limit(EXAMPLE_SECONDS):
                 ckpt = Checkpoint(path)
                 got = {L: [expert_bytes(ckpt.layer(L).expert(e)) for e in range(ckpt.arch.num_experts)]
                        for L in ckpt.arch.moe_layers}

@@ -2,36 +2,21 @@
 hub ids, repr, docstrings).  Every file is written by the test; each case is one regression."""
 import json
 import os
-import signal
 import struct
 import time
-from contextlib import contextmanager
 
 import ml_dtypes
 import numpy as np
 import pytest
 
 import ktcy
+from conftest import time_limit
 from checkpoints import make_checkpoint
 from ktcy import convert as convert_mod
 from ktcy.checkpoint import Checkpoint, MoEArchitecture
 from ktcy.safetensors_io import CheckpointError, SafetensorsFile, write
 
 QUIET = convert_mod.Progress(open(os.devnull, "w"))
-
-
-@contextmanager
-def time_limit(seconds):
-    """Fails the test instead of hanging it (a FIFO opened blocking, an endless loop)."""
-    def expire(*_):
-        raise TimeoutError(f"took more than {seconds} s")
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def inputs(H=128, T=5, E=4, k=2, seed=1):

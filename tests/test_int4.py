@@ -2,26 +2,8 @@
 import numpy as np
 import pytest
 
-from conftest import quantize_rows_int8, runnable_variants
+from conftest import int4_exact_reference, runnable_variants
 from ktcy import kernels
-
-
-def int4_exact_reference(x, packed):
-    """Per group: int32 sum, then acc = acc + float(sum) * scale (float32, groups in order), then
-    times the row scale -- the documented INT4 epilogue."""
-    n, k = packed.shape
-    g = packed.group_size
-    q_x, s_x = quantize_rows_int8(x)
-    k_pad = packed.k_pad
-    qx = np.zeros((x.shape[0], k_pad), np.int64)
-    qx[:, :k] = q_x
-    qw = np.zeros((n, k_pad), np.int64)
-    qw[:, :k] = packed.codes()
-    acc = np.zeros((x.shape[0], n), np.float32)
-    for j in range(k_pad // g):
-        part = qx[:, j * g:(j + 1) * g] @ qw[:, j * g:(j + 1) * g].T
-        acc = (acc + part.astype(np.float32) * packed.scale[j, :n][None, :]).astype(np.float32)
-    return (acc * s_x[:, None]).astype(np.float32)
 
 
 @pytest.mark.parametrize("group", [32, 64, 128])

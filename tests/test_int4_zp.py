@@ -5,28 +5,9 @@ import numpy as np
 import pytest
 
 import ktcy
-from conftest import quantize_rows_int8, runnable_variants
+from conftest import int4_exact_reference, runnable_variants
 from ktcy import kernels
 from ktcy.packed_io import load_layer, pack_layer, write_layer
-
-
-def zp_exact_reference(x, packed):
-    """Per group: int32 sum of q_x * (q - z), then acc = acc + float(sum) * scale (float32, groups
-    in order), then times the row scale."""
-    n, k = packed.shape
-    g, k_pad = packed.group_size, packed.k_pad
-    q_x, s_x = quantize_rows_int8(x)
-    qx = np.zeros((x.shape[0], k_pad), np.int64)
-    qx[:, :k] = q_x
-    qw = np.zeros((n, k_pad), np.int64)
-    qw[:, :k] = packed.codes().astype(np.int64)
-    qw -= np.repeat(packed.zero[:, :n].T.astype(np.int64), g, axis=1)
-    qw[:, k:] = 0  # padding codes are zero weights
-    acc = np.zeros((x.shape[0], n), np.float32)
-    for j in range(k_pad // g):
-        part = qx[:, j * g:(j + 1) * g] @ qw[:, j * g:(j + 1) * g].T
-        acc = (acc + part.astype(np.float32) * packed.scale[j, :n][None, :]).astype(np.float32)
-    return (acc * s_x[:, None]).astype(np.float32)
 
 
 @pytest.mark.parametrize("group", [32, 64, 128])
@@ -50,7 +31,7 @@ def test_gemm_bit_identical_on_every_isa(group, m, n, k):
     W = (rng.standard_normal((n, k)) * 0.02 + 0.01).astype(np.float32)
     X = rng.standard_normal((m, k)).astype(np.float32)
     p = kernels.pack(W, "INT4_ZP", group_size=group)
-    ref = zp_exact_reference(X, p)
+    ref = int4_exact_reference(X, p)
     variants = runnable_variants("INT4_ZP")
     assert {"int4_ref", "amx_emu_int4"} <= set(variants)
     for v in variants:
