@@ -8,7 +8,8 @@
  *   KT_WKIND, KT_PREDECODE, KT_REG_DECODE, KT_(has_groups), KT_(group_at)(w, kb, r, nkb) for any row r,
  *   KT_(half)(blk, r, h) -> kt_w256    half h of row r of a packed block (.i: int8 lanes; .e/.o:
  *                                      the even/odd K element of 8 channels as floats)
- *   KT_(decode_panels)(src, dst, blocks)                     KT_PREDECODE only
+ *   KT_(decode_panels)(src, dst, blocks)                     KT_PREDECODE only: 1024-byte blocks,
+ *                                                            bf16 pairs or (integer formats) 8-bit codes
  *   KT_(group_epilogue)(acc[4][2], facc[4][2], MB, a, w, m0, p, g)
  *   KT_(final)(acc, facc, a, w, m, n0)                       8 outputs of one row
  * and may set KT_WIDE_TILE 1: prefill tiles (more than 4 rows) of 3 rows x 2 panels, 12 integer
@@ -54,9 +55,11 @@ KT_AI KT_(avec) KT_(load_a)(const uint8_t *ak, int r) {
     return av;
 }
 
-/* Half h of block row r from a predecoded bf16 block. */
-KT_AI kt_w256 KT_(bf16_half)(const uint8_t *blk, int r, int h) {
-    return kt_bf16_split(_mm256_loadu_si256((const __m256i *)(blk + r * 64 + h * 32)));
+/* Half h of block row r from a predecoded 1024-byte block: bf16 pairs, or for integer
+ * activations the 8-bit codes in the INT8 block order. */
+KT_AI kt_w256 KT_(pre_half)(const uint8_t *blk, int r, int h) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + r * 64 + h * 32));
+    return KT_INT_ACT ? kt_int_half(v) : kt_bf16_split(v);
 }
 
 KT_AI __m256i KT_(dp)(__m256i acc, KT_(avec) a, kt_w256 w) {
@@ -106,8 +109,8 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
             for (int q = 0; q < NP; ++q) {
                 const uint8_t *blk = panel[q] + kb * block_bytes;
                 if (PRE || KT_ALWAYS_PRE) {
-                    wv[q][0] = KT_(bf16_half)(blk, r, 0);
-                    wv[q][1] = KT_(bf16_half)(blk, r, 1);
+                    wv[q][0] = KT_(pre_half)(blk, r, 0);
+                    wv[q][1] = KT_(pre_half)(blk, r, 1);
                 }
 #if !KT_ALWAYS_PRE
                 else {
@@ -124,7 +127,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
                     _Pragma("GCC unroll 2")
                     for (int h = 0; h < 2; ++h) {
                         acc[q][m][h] = KT_(dp)(acc[q][m][h], av, wv[q][h]);
-                        if (KT_INT_ACT && NP == 2) KT_KEEP(acc[q][m][h]);
+                        if (KT_INT_ACT) KT_KEEP(acc[q][m][h]);
                     }
             }
             if (groups) {
