@@ -58,6 +58,12 @@ KT_AI void KT_(decode_panels)(const uint8_t *src, uint8_t *dst, int64_t blocks) 
 KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int MB, const ktcy_act *a,
                                const ktcy_weight *w, int64_t m0, int64_t p, int64_t g) {
     __m256i zero[2];
+    /* the group scales of a panel sit one n_pad-float row apart, a stride the hardware
+     * prefetcher does not follow: ask for the scales (and zero points) 8 groups ahead */
+    if (MB <= 2 && g + 8 < w->k_pad / w->group) {
+        _mm_prefetch((const char *)(w->scale + (g + 8) * w->n_pad + p * 16), _MM_HINT_T0);
+        if (w->zero) _mm_prefetch((const char *)(w->zero + (g + 8) * w->n_pad + p * 16), _MM_HINT_T0);
+    }
     _Pragma("GCC unroll 2")
     for (int h = 0; h < 2; ++h)
         zero[h] = w->zero ? _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w->zero + g * w->n_pad + p * 16 + h * 8)))

@@ -32,6 +32,8 @@
  * vpaddd chains of a wide tile into trees and spill them to the stack. */
 #define KT_KEEP(v) __asm__("" : "+x"(v))
 
+#define KT_AHEAD 8 /* blocks of software prefetch ahead of the decode stream */
+
 static const int KT_(formats) = KT_FORMATS; /* the descriptor rows this variant serves, for registry.h */
 
 /* Formats whose panels are always decoded to bf16 scratch first (no in-register decode). */
@@ -104,6 +106,12 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
         for (int m = 0; m < MB; ++m) ak[m] = arow[m] + kb * KT_BK * KT_ASIZE;
         _Pragma("GCC unroll 16")
         for (int r = 0; r < 16; ++r) {
+            /* a few rows stream the weights at memory speed: fetch KT_AHEAD blocks ahead, a
+             * 16th of a block per row, so the loads find the bytes in cache */
+            if (!PRE && MB <= 2)
+                _Pragma("GCC unroll 2")
+                for (int q = 0; q < NP; ++q)
+                    _mm_prefetch((const char *)panel[q] + (kb + KT_AHEAD) * block_bytes + r * (KT_BB / 16), _MM_HINT_T0);
             kt_w256 wv[2][2];
             _Pragma("GCC unroll 2")
             for (int q = 0; q < NP; ++q) {
@@ -206,4 +214,5 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_ALWAYS_PRE
 #undef KT_WIDE_TILE
 #undef KT_KEEP
+#undef KT_AHEAD
 #include "traits_end.h"
