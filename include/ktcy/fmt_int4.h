@@ -104,6 +104,12 @@ KT_AI void KT_(rows)(const KT_(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2
 KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const int MB, const int NP,
                                const ktcy_act *a, const ktcy_weight *w, int64_t m0, int64_t p0, int64_t g) {
     __m512i zero[4];
+    if (MB <= 2 && g + 8 < w->k_pad / w->group) /* strided scale rows: see the AVX2 epilogue */
+        _Pragma("GCC unroll 8")
+        for (int p = 0; p < NP; ++p) {
+            _mm_prefetch((const char *)(w->scale + (g + 8) * w->n_pad + (p0 + p) * 16), _MM_HINT_T0);
+            if (w->zero) _mm_prefetch((const char *)(w->zero + (g + 8) * w->n_pad + (p0 + p) * 16), _MM_HINT_T0);
+        }
     _Pragma("GCC unroll 8")
     for (int p = 0; p < NP; ++p)
         zero[p] = w->zero ? _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w->zero + g * w->n_pad + (p0 + p) * 16)))

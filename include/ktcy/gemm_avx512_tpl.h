@@ -106,6 +106,11 @@ KT_AI void KT_(merge_split)(KT_(acc_t) acc[6][4], const int NP) {
     for (int p = 0; p < NP; ++p) { acc[0][p] = KT_ACC_ADD(acc[0][p], acc[1][p]); acc[1][p] = KT_ACC_ZERO; }
 }
 
+#define KT_AHEAD 8 /* blocks of software prefetch ahead of the decode stream */
+#ifndef KT_PLAIN_ROWS
+#define KT_PLAIN_ROWS 0
+#endif
+
 /* MB rows from m0, NP panels from p0.  PRE: the panels were decoded to bf16 blocks beforehand,
  * starting at `decoded` (block j of panel p at decoded + (p * nkb + j) * 1024). */
 KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const KT_(ctx) *c, const ktcy_act *a,
@@ -136,6 +141,12 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const KT_(ctx) 
         for (int m = 0; m < MB; ++m) ak[m] = arow[m] + kb * KT_BK * KT_ASIZE;
         _Pragma("GCC unroll 8")
         for (int r2 = 0; r2 < 16; r2 += 2) {
+            /* a few rows stream the weights at memory speed: fetch KT_AHEAD blocks ahead, an
+             * eighth of a block per row pair, so the loads find the bytes in cache */
+            if (!PRE && MB <= 2 && !KT_PLAIN_ROWS) /* plain rows: the hardware prefetcher keeps up */
+                _Pragma("GCC unroll 8")
+                for (int p = 0; p < NP; ++p)
+                    _mm_prefetch((const char *)blk[p] + KT_AHEAD * block_bytes + r2 * (KT_BB / 16), _MM_HINT_T0);
             kt_vec2 wv2[4][2];
             _Pragma("GCC unroll 8")
             for (int p = 0; p < NP; ++p) {
@@ -245,4 +256,5 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_ACC_ZERO
 #undef KT_ACC_ADD
 #undef KT_ALWAYS_PRE
+#undef KT_AHEAD
 #include "traits_end.h"

@@ -10,6 +10,7 @@
 #undef KT_WKIND
 #undef KT_PREDECODE
 #undef KT_REG_DECODE
+#undef KT_PLAIN_ROWS
 #undef KT_SKEL
 #undef KT_AI
 #undef KT_

@@ -1,6 +1,7 @@
 /* Weight rows of a format whose packed block is already what the dot product takes (INT8, BF16):
  * plain loads, no decode state.  Included by such a traits header for the vector skeletons; no
  * include guard. */
+#define KT_PLAIN_ROWS 1
 #if KT_SKEL == KT_SKEL_AVX2
 KT_AI kt_w256 KT_(half)(const uint8_t *blk, int r, int h) {
     const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + r * 64 + h * 32));
