@@ -193,7 +193,7 @@ def small_layer():
     (dict(x=np.ones(64, np.float32)), ValueError, r"\[T, 64\]"),
     (dict(x=np.ones((2, 64), np.int32)), TypeError, "float32"),
     (dict(ids=np.array([[0, 4], [1, 2]])), ValueError, "expert id 4"),
-    (dict(ids=np.array([[0, -1], [1, 2]])), ValueError, "expert id -1"),
+    (dict(ids=np.array([[0, -2], [1, 2]])), ValueError, "expert id -2"),
     (dict(ids=np.array([[0.0, 1.0], [1.0, 2.0]])), TypeError, "integers"),
     (dict(ids=np.array([[0, 1]])), ValueError, "T=2"),
     (dict(w=np.ones((2, 3), np.float32)), ValueError, "shape of topk_ids"),
