@@ -194,8 +194,9 @@ class MoEModel:
             are mapped from its layer files (routers and shared experts still come from `path`).
             It must hold every layer built (a missing one is refused with the list; pass layers=
             to build fewer) and fit the checkpoint (see ktcy.converted).  A block whose backend
-            is None or the file's format uses the file; another format is packed from `path`,
-            the source of truth (one log line), never from the already-quantized file.
+            is None or the file's format uses the file (INT4 with the group size it was
+            converted with); another format is packed from `path`, the source of truth (one
+            log line), never from the already-quantized file.
 
         Returns a MoEModel whose .blocks maps block names to MoEBlock.
 

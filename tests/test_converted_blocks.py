@@ -188,6 +188,12 @@ def test_gpt_oss_converted_keeps_biases_and_activation(tmp_path):
     model = ktcy.MoEModel.from_pretrained(tmp_path / "ckpt", experts_path=tmp_path / "conv")
     assert all(b.experts.format == "MXFP4" and b.experts_from.endswith(".safetensors") for b in model.blocks.values())
     assert_same_blocks(model, ktcy.MoEModel.from_pretrained(tmp_path / "ckpt"))
+    # a copy of the checkpoint (new fingerprint): MXFP4 codes and biases are compared instead
+    shutil.copytree(tmp_path / "ckpt", tmp_path / "copy", copy_function=shutil.copyfile)
+    assert len(ktcy.MoEModel.from_pretrained(tmp_path / "copy", experts_path=tmp_path / "conv").blocks) == 2
+    make_gpt_oss_checkpoint(tmp_path / "other", seed=3)
+    with pytest.raises(CheckpointError, match="converted from other weights"):
+        ktcy.MoEModel.from_pretrained(tmp_path / "other", experts_path=tmp_path / "conv")
     # the same weights with another swiglu_limit in config.json: the file's activation no longer fits
     make_gpt_oss_checkpoint(tmp_path / "limit", swiglu_limit=5.0)
     with pytest.raises(CheckpointError, match=r"conv: layer 0 .*swiglu_limit 7\.0 in the file, 5\.0"):
@@ -230,14 +236,15 @@ def test_same_shapes_other_weights_are_refused(checkpoints, tmp_path):
         ktcy.MoEModel.from_pretrained(path, experts_path=tmp_path / "twin-conv")
 
 
-def test_a_copied_checkpoint_with_the_same_weights_is_accepted(checkpoints, folders, tmp_path, caplog):
+@pytest.mark.parametrize("family,method", [("deepseek_fp8", "FP8"), ("qwen2", "INT4"), ("mixtral", "BF16")])
+def test_a_copied_checkpoint_with_the_same_weights_is_accepted(checkpoints, folders, tmp_path, caplog, family, method):
     """A copy has new file times, so a new fingerprint; the weights decide."""
-    path, _ = checkpoints["deepseek_fp8"]
+    path, layers = checkpoints[family]
     shutil.copytree(path, tmp_path / "copy", copy_function=shutil.copyfile)
     with caplog.at_level(logging.INFO, logger="ktcy"):
-        model = ktcy.MoEModel.from_pretrained(tmp_path / "copy", experts_path=folders["deepseek_fp8", "FP8"])
-    assert sum("records another source fingerprint" in r.getMessage() for r in caplog.records) == 3
-    assert_same_blocks(model, ktcy.MoEModel.from_pretrained(path, backend="FP8"))
+        model = ktcy.MoEModel.from_pretrained(tmp_path / "copy", experts_path=folders[family, method])
+    assert sum("records another source fingerprint" in r.getMessage() for r in caplog.records) == len(layers)
+    assert_same_blocks(model, ktcy.MoEModel.from_pretrained(path, backend=method))
 
 
 def test_missing_layers_are_listed_unless_left_out(checkpoints, tmp_path):
