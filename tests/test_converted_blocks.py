@@ -359,3 +359,32 @@ def test_run_block_experts_errors_are_one_line(checkpoints, folders, tmp_path, c
     assert r.returncode == 1
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("ktcy: error: ") and words in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and not os.path.exists(tmp_path / "y.npy")
+
+
+def test_a_layer_file_replaced_after_the_check_is_refused(checkpoints, folders, tmp_path):
+    """A file swapped between the metadata check and the mapping (another conversion finishing)."""
+    from ktcy.checkpoint import Checkpoint
+    from ktcy.converted import ConvertedFolder
+    path, _ = checkpoints["qwen3"]
+    shutil.copytree(folders["qwen3", "INT8"], tmp_path / "conv")
+    folder = ConvertedFolder(tmp_path / "conv", Checkpoint(path))
+    folder.require([1, 2, 3])
+    shutil.copyfile(folders["qwen3", "BF16"] / layer_file_name(2), tmp_path / "conv" / layer_file_name(2))
+    with pytest.raises(CheckpointError, match=r"ktcy_layer_0002.safetensors: changed while loading \(INT8 before, BF16 now"):
+        folder.load(2)
+    assert folder.load(1).format == "INT8"
+
+
+@pytest.mark.parametrize("text,words", [
+    ("[1, 2]", "not a ktcy packed-model manifest"),
+    ('{"format": "ktcy.packed_model", "num_experts": 16, "top_k": 2, "hidden_size": 128, "intermediate_size": 64}',
+     "converted from another model (num_experts 16 there, 8 in"),
+    ("{not json", "ktcy_model.json"),
+])
+def test_a_damaged_manifest_is_named(checkpoints, folders, tmp_path, text, words):
+    path, _ = checkpoints["qwen3"]
+    shutil.copytree(folders["qwen3", "INT8"], tmp_path / "conv")
+    (tmp_path / "conv" / "ktcy_model.json").write_text(text)
+    with pytest.raises(CheckpointError) as err:
+        ktcy.MoEModel.from_pretrained(path, experts_path=tmp_path / "conv")
+    assert words in str(err.value)
