@@ -59,7 +59,8 @@ class ConvertedFolder:
         if missing:
             held = sorted(int(n[11:-12]) for n in os.listdir(self.path)
                           if n.startswith("ktcy_layer_") and n.endswith(".safetensors") and n[11:-12].isdigit())
-            raise CheckpointError(f"{self.path}: layers {_listed(missing)} were not converted (the folder holds "
+            which = f"layer {missing[0]} was" if len(missing) == 1 else f"layers {_listed(missing)} were"
+            raise CheckpointError(f"{self.path}: {which} not converted (the folder holds "
                                   f"layers {_listed(held) or 'none'}); convert them, or pass layers= / --layer to "
                                   "build only converted layers")
         for L in layers:

@@ -250,12 +250,15 @@ def test_a_copied_checkpoint_with_the_same_weights_is_accepted(checkpoints, fold
 def test_missing_layers_are_listed_unless_left_out(checkpoints, tmp_path):
     path, _ = checkpoints["qwen3"]
     quiet_convert(path, tmp_path / "part", "INT8", layers="1,3")
-    with pytest.raises(CheckpointError, match=r"part: layers 2 were not converted \(the folder holds layers 1, 3\); "
+    with pytest.raises(CheckpointError, match=r"part: layer 2 was not converted \(the folder holds layers 1, 3\); "
                                               r"convert them, or pass layers="):
         ktcy.MoEModel.from_pretrained(path, experts_path=tmp_path / "part")
     model = ktcy.MoEModel.from_pretrained(path, experts_path=tmp_path / "part", layers=[3, 1])
     assert sorted(b.layer for b in model.blocks.values()) == [1, 3]
     assert_same_blocks(model, ktcy.MoEModel.from_pretrained(path, backend="INT8", layers=[3, 1]))
+    quiet_convert(path, tmp_path / "one", "INT8", layers="1")
+    with pytest.raises(CheckpointError, match=r"one: layers 2, 3 were not converted \(the folder holds layers 1\)"):
+        ktcy.MoEModel.from_pretrained(path, experts_path=tmp_path / "one")
 
 
 def test_truncated_layer_file_is_named(checkpoints, tmp_path):
@@ -347,7 +350,7 @@ def test_run_block_with_converted_experts(checkpoints, folders, tmp_path):
 @pytest.mark.parametrize("case,words", [
     ("absent", "nothing exists there"),
     ("other", "converted from another model"),
-    ("missing", "layers 3 were not converted"),
+    ("missing", "layer 3 was not converted"),
 ])
 def test_run_block_experts_errors_are_one_line(checkpoints, folders, tmp_path, case, words):
     path, _ = checkpoints["qwen3"]
