@@ -200,9 +200,10 @@ class MoEModel:
 
         Returns a MoEModel whose .blocks maps block names to MoEBlock.
 
-        Raises CheckpointError for a missing/malformed checkpoint or a layer that is not an MoE
-        layer, or a converted folder that lacks a layer or does not fit the checkpoint; RuleError for unusable rules; ValueError for an unknown backend; TypeError for a
-        path or layers of the wrong type."""
+        Raises CheckpointError for a missing/malformed checkpoint, a layer that is not an MoE
+        layer, or a converted folder that lacks a layer or does not fit the checkpoint (naming
+        the folder, the layer and what differs); RuleError for unusable rules; ValueError for an
+        unknown backend; TypeError for a path or layers of the wrong type."""
         path = resolve_model_path(path)
         if is_converted(path):
             raise CheckpointError(f"{path}: a converted folder holds experts only; MoEModel needs the original "
