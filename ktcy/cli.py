@@ -186,7 +186,8 @@ def cmd_run_block(args):
     _check_output_path(args.output, "--output")
     if not os.path.isfile(args.input):
         raise ValueError(f"--input {args.input!r} is not a file")
-    model = MoEModel.from_pretrained(args.path, rules=args.rules, backend=args.backend, layers=[args.layer])
+    model = MoEModel.from_pretrained(args.path, rules=args.rules, backend=args.backend, layers=[args.layer],
+                                     experts_path=args.experts)
     if not model.blocks:
         raise ValueError(f"layer {args.layer} of {args.path!r} has no MoE block")
     block = next(iter(model.blocks.values()))
@@ -195,7 +196,8 @@ def cmd_run_block(args):
     tmp = args.output + ".partial.npy"
     np.save(tmp, y)
     os.replace(tmp, args.output)
-    print(f"{block.name}: {block.experts.kernel}; {h.shape[0]} tokens -> {args.output}")
+    origin = f"; experts from {block.experts_from}" if args.experts else ""
+    print(f"{block.name}: {block.experts.kernel}{origin}; {h.shape[0]} tokens -> {args.output}")
     return 0
 
 
@@ -248,13 +250,18 @@ def build_parser():
     b.set_defaults(func=cmd_bench)
     r = command("run-block", "one MoE block of a checkpoint on hidden states from an .npy file",
                 "Load one decoder layer's MoE block (router, experts, shared experts) from a Hugging Face "
-                "checkpoint and run it on hidden states [T, H] read from an .npy file.")
+                "checkpoint (its routed experts optionally from a converted folder, --experts) and run it on hidden "
+                "states [T, H] read from an .npy file.")
     r.add_argument("path", help="Hugging Face checkpoint folder")
     r.add_argument("--layer", type=int, required=True, help="decoder layer of the MoE block")
     r.add_argument("--input", required=True, help=".npy of hidden states [T, H] (float32 or bfloat16)")
     r.add_argument("--output", required=True, help=".npy to write the block output [T, H] float32 to")
     r.add_argument("--backend", default=None, help="AMXINT8, AMXBF16, AMXINT4, INT8, INT4, BF16, FP8, ...")
     r.add_argument("--rules", default=None, help="optimize-rule YAML (KTransformers schema)")
+    r.add_argument("--experts", metavar="FOLDER", default=None,
+                   help="routed experts from this folder written by `ktcy convert` from the checkpoint (router and "
+                   "shared experts still from the checkpoint); a --backend in another format packs from the "
+                   "checkpoint instead")
     r.add_argument("--threads", type=thread_count, default=None, help="OpenMP threads (default: all usable CPUs)")
     r.set_defaults(func=cmd_run_block)
     c = sub.add_parser("convert", help="Hugging Face MoE checkpoint -> packed ktcy layers (ktcy convert --help)",

@@ -13,6 +13,7 @@ import numpy as np
 
 from ktcy.checkpoint import Checkpoint, config_int, layer_number
 from ktcy.config import MoeConfig, QuantConfig
+from ktcy.converted import ConvertedFolder
 from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format, fp8_scale_kind
 from ktcy.gpt_oss import read_router
 from ktcy.kernels import as_float32_matrix
@@ -117,9 +118,10 @@ class SharedExpert:
 class MoEBlock:
     """One MoE block: router -> routed experts (+ shared experts)."""
 
-    def __init__(self, name, layer, router, experts, shared, rule, backend):
+    def __init__(self, name, layer, router, experts, shared, rule, backend, experts_from=None):
         self.name, self.layer, self.router, self.experts, self.shared = name, layer, router, experts, shared
-        self.rule, self.backend = rule, backend
+        #: where the routed experts were read: the checkpoint folder, or a converted layer file
+        self.rule, self.backend, self.experts_from = rule, backend, experts_from
 
     def route(self, h):
         """(topk_ids [T, k] int64, topk_weights [T, k] float32) from the router, in float32."""
@@ -142,7 +144,7 @@ class MoEBlock:
         return (f"MoEBlock({self.name!r}, layer={self.layer}, experts={cfg.num_experts}, top_k={cfg.top_k}, "
                 f"hidden_size={cfg.hidden_size}, intermediate_size={cfg.intermediate_size}, "
                 f"format={self.experts.format}, isa={self.experts.isa}, router={self.router.kind}, "
-                f"shared_experts={self.shared is not None})")
+                f"shared_experts={self.shared is not None}, experts_from={self.experts_from!r})")
 
     def _hidden(self, h):
         h = as_float32_matrix(h, "hidden states")
@@ -155,7 +157,7 @@ class MoEBlock:
         row = {"name": self.name, "layer": self.layer, "format": self.experts.format, "isa": self.experts.isa,
                "kernel": self.experts.kernel, "bytes": self.experts.nbytes, "router": self.router.kind,
                "shared_experts": self.shared is not None, "backend": self.backend,
-               "rule": None if self.rule is None else self.rule.index}
+               "rule": None if self.rule is None else self.rule.index, "experts_from": self.experts_from}
         if self.shared is not None:
             row["bytes"] += self.shared.moe.nbytes
         if self.rule is not None:
@@ -167,13 +169,16 @@ class MoEModel:
     """Every MoE block of a Hugging Face checkpoint folder, by the names the checkpoint uses
     (model.layers.3.mlp.experts, Mixtral's model.layers.3.block_sparse_moe.experts, ...)."""
 
-    def __init__(self, ckpt, blocks, rules, default_backend, isa):
+    def __init__(self, ckpt, blocks, rules, default_backend, isa, converted=None):
         self.checkpoint, self.blocks, self.rules = ckpt, blocks, rules
         self.default_backend, self.isa = default_backend, isa
+        #: the ConvertedFolder routed experts come from (None: everything from the checkpoint)
+        self.converted = converted
 
     @classmethod
     def from_pretrained(cls, path: PathLike, rules=None, backend: Optional[str] = None,
-                        layers: Optional[Iterable[int]] = None, isa: Optional[str] = None) -> "MoEModel":
+                        layers: Optional[Iterable[int]] = None, isa: Optional[str] = None,
+                        experts_path: Optional[PathLike] = None) -> "MoEModel":
         """Every MoE block of a Hugging Face checkpoint.
 
         Parameters
@@ -185,12 +190,20 @@ class MoEModel:
           backend: format/backend for blocks no rule names (None keeps the stored precision).
           layers: which MoE layers to build (default: all of them).
           isa: force one instruction set for every block (None: the best this CPU runs).
+          experts_path: a folder written by `ktcy convert` from this checkpoint: routed experts
+            are mapped from its layer files (routers and shared experts still come from `path`).
+            It must hold every layer built (a missing one is refused with the list; pass layers=
+            to build fewer) and fit the checkpoint (see ktcy.converted).  A block whose backend
+            is None or the file's format uses the file (INT4 with the group size it was
+            converted with); another format is packed from `path`, the source of truth (one
+            log line), never from the already-quantized file.
 
         Returns a MoEModel whose .blocks maps block names to MoEBlock.
 
-        Raises CheckpointError for a missing/malformed checkpoint or a layer that is not an MoE
-        layer; RuleError for unusable rules; ValueError for an unknown backend; TypeError for a
-        path or layers of the wrong type."""
+        Raises CheckpointError for a missing/malformed checkpoint, a layer that is not an MoE
+        layer, or a converted folder that lacks a layer or does not fit the checkpoint (naming
+        the folder, the layer and what differs); RuleError for unusable rules; ValueError for an
+        unknown backend; TypeError for a path or layers of the wrong type."""
         path = resolve_model_path(path)
         if is_converted(path):
             raise CheckpointError(f"{path}: a converted folder holds experts only; MoEModel needs the original "
@@ -202,10 +215,16 @@ class MoEModel:
         ckpt.arch.activation_settings()
         parsed = load_rules(rules)
         chosen = list(ckpt.arch.moe_layers) if layers is None else _layer_list(layers)
-        model = cls(ckpt, {}, parsed, backend, isa)
+        converted = None
+        if experts_path is not None:
+            converted = ConvertedFolder(experts_path, ckpt)
+            converted.require([L for L in chosen if L in ckpt.arch.moe_layers])  # others fail in _build, as without it
+        model = cls(ckpt, {}, parsed, backend, isa, converted)
+        repacked = []
         for L in chosen:
-            block = model._build(L, None)
+            block = model._build(L, None, repacked)
             model.blocks[block.name] = block
+        model._say_repacked(repacked, "the rules / backend ask")
         return model
 
     def __repr__(self):
@@ -218,21 +237,41 @@ class MoEModel:
         return (f"MoEModel(architecture={kind}, path={self.checkpoint.path!r}, blocks={len(layers)}, "
                 f"layers={_ranges(layers)}, experts={arch.num_experts}, top_k={arch.top_k}, "
                 f"hidden_size={arch.hidden_size}, intermediate_size={arch.intermediate_size}, "
-                f"formats={'/'.join(formats) or '-'}, isa={'/'.join(isas) or '-'})")
+                f"formats={'/'.join(formats) or '-'}, isa={'/'.join(isas) or '-'}"
+                + (f", experts_path={self.converted.path!r})" if self.converted is not None else ")"))
 
     def _rule_for(self, name):
         return next((r for r in self.rules if r.matches(name)), None)
 
-    def _build(self, L, forced_backend):
+    def _experts(self, L, backend, repacked):
+        """(routed experts of layer L in `backend`, where they came from).  With a converted
+        folder: its file when the backend keeps its format, else packed from the checkpoint
+        (noted in `repacked`) - converted weights are already quantized, and quantizing them
+        again would lose accuracy the checkpoint still has."""
+        if self.converted is not None:
+            held = self.converted.format(L)
+            if backend is None or canonical_format(backend) == held:
+                return self.converted.load(L, self.isa), self.converted.file(L)
+            repacked.append((L, held, canonical_format(backend)))
+        return experts_from_checkpoint(self.checkpoint, L, backend, self.isa), self.checkpoint.path
+
+    def _say_repacked(self, repacked, why):
+        if repacked:
+            pairs = sorted({(held, fmt) for _, held, fmt in repacked})
+            log.warning("layers %s: %s %s, but %s holds %s; packed from the checkpoint %s instead",
+                        _ranges(L for L, _, _ in repacked), why, "/".join(fmt for _, fmt in pairs),
+                        self.converted.path, "/".join(held for held, _ in pairs), self.checkpoint.path)
+
+    def _build(self, L, forced_backend, repacked):
         ckpt, arch = self.checkpoint, self.checkpoint.arch
         layer = ckpt.layer(L)
         name = layer.block_name
         rule = self._rule_for(name)
         backend = forced_backend or (rule.backend if rule is not None and rule.backend else None) or self.default_backend
-        experts = experts_from_checkpoint(ckpt, L, backend, self.isa)
+        experts, origin = self._experts(L, backend, repacked)
         if arch.gpt_oss:
             router = read_router(ckpt, layer.mlp_prefix, arch.num_experts, arch.hidden_size, arch.top_k)
-            return MoEBlock(name, L, router, experts, None, rule, backend)
+            return MoEBlock(name, L, router, experts, None, rule, backend, origin)
         bias_name = f"{layer.mlp_prefix}.gate.e_score_correction_bias"
         router = Router(
             kind=router_kind(arch.raw, layer.mlp_prefix), weight=np.asarray(ckpt.get(f"{layer.mlp_prefix}.gate.weight"), np.float32),
@@ -246,7 +285,7 @@ class MoEModel:
         if router.kind == "deepseek_v3" and arch.num_experts % router.n_group:
             raise CheckpointError(f"{arch.source}: n_group {router.n_group} does not divide {arch.num_experts} experts")
         shared = self._shared(layer, experts.format, backend)
-        return MoEBlock(name, L, router, experts, shared, rule, backend)
+        return MoEBlock(name, L, router, experts, shared, rule, backend, origin)
 
     def _shared(self, layer, fmt, backend):
         ckpt, cfg, H = self.checkpoint, self.checkpoint.arch.raw, self.checkpoint.arch.hidden_size
@@ -281,6 +320,8 @@ class MoEModel:
         """Re-packs the routed experts of every block whose name matches layer_regex (re.match,
         from the start of the name, e.g. r"model\\.layers\\.[0-9]\\.") in `backend` (a format or
         KTransformers backend name such as "AMXINT8"); routers and shared experts stay as they are.
+        With experts_path, a backend in a converted file's format maps that file again; any other
+        format is packed from the checkpoint (one log line), as in from_pretrained.
 
         Returns the names of the blocks changed (empty when none matched).
 
@@ -291,11 +332,12 @@ class MoEModel:
         except re.error as e:
             raise RuleError(f"layer_regex {layer_regex!r} is not a valid regex ({e})") from None
         canonical_format(backend)
-        changed = []
+        changed, repacked = [], []
         for name, block in list(self.blocks.items()):
             if pattern.match(name):
-                self.blocks[name] = self._build(block.layer, backend)
+                self.blocks[name] = self._build(block.layer, backend, repacked)
                 changed.append(name)
+        self._say_repacked(repacked, "inject_expert_backend asks")
         log.info("%s -> %s for %d blocks", layer_regex, backend, len(changed))
         return changed
 
