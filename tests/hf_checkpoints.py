@@ -40,6 +40,13 @@ def _configs():
 
 ARCHITECTURES = ("qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3", "olmoe")
 
+# Seeds whose model keeps stock transformers' greedy choice clear of ktcy's BF16 rounding: over the
+# 24 generated steps of the tests' prompt, stock's smallest top-2 logit gap is at least 4.4x the
+# largest logit difference between ktcy (BF16 experts) and stock (measured on avx512; the test
+# asserts 3x on the machine it runs on).  Most seeds do not qualify: a random 64-wide model has
+# many near-ties, in its logits and in its routers.
+GREEDY_SEEDS = {"qwen3_moe": 0, "qwen2_moe": 28, "mixtral": 20, "deepseek_v3": 2, "olmoe": 0}
+
 
 def build(arch, folder, seed=0, **overrides):
     """A random tiny `arch` model saved (BF16) into folder; returns the folder."""

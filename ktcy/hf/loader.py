@@ -23,7 +23,7 @@ from ktcy.hf.architectures import ROUTED_EXPERT_TENSOR, architecture, layer_of
 from ktcy.hf.experts_module import KtcyExperts
 from ktcy.loading import experts_from_checkpoint, is_converted, load_experts
 from ktcy.model import RuleError, load_rules
-from ktcy.paths import resolve_model_path
+from ktcy.paths import MAX_CONFIG_BYTES, read_json, require_folder, resolve_model_path
 from ktcy.safetensors_io import CheckpointError
 
 log = logging.getLogger("ktcy")
@@ -68,8 +68,12 @@ def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwar
     if backend is not None:
         canonical_format(backend)
     parsed = load_rules(rules)
+    require_folder(path)
+    config_file = os.path.join(path, "config.json")
+    if not os.path.lexists(config_file):
+        raise CheckpointError(f"{path}: no config.json")
+    arch = architecture(read_json(config_file, MAX_CONFIG_BYTES), config_file)  # before any MoE-specific check
     ckpt = Checkpoint(path)
-    arch = architecture(ckpt.config, os.path.join(path, "config.json"))
     isa = hf_kwargs.pop("isa", None)
     dtype = _dtype(hf_kwargs)
     attn = hf_kwargs.pop("attn_implementation", None)
