@@ -39,11 +39,21 @@ KT_AI int64_t KT_(group_at)(const ktcy_weight *w, int64_t kb, int r, int64_t nkb
 
 #if KT_SKEL == KT_SKEL_AVX2
 #define KT_WKIND KT_W_U8
-#define KT_PREDECODE 0
-#define KT_REG_DECODE 0
-KT_AI kt_w256 KT_(half)(const uint8_t *blk, int r, int h) {
+/* Many rows: each panel's nibbles are unpacked once to bytes (the INT8 block order), so the row
+ * tiles only load; a few rows unpack each weight row in registers as it streams by. */
+#define KT_PREDECODE 1
+#define KT_REG_DECODE 1
+KT_AI __m256i KT_(nibbles)(const uint8_t *blk, int r, int h) {
     __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + (r & 7) * 64 + h * 32));
-    return kt_int_half(_mm256_and_si256(r < 8 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F)));
+    return _mm256_and_si256(r < 8 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
+}
+KT_AI kt_w256 KT_(half)(const uint8_t *blk, int r, int h) { return kt_int_half(KT_(nibbles)(blk, r, h)); }
+KT_AI void KT_(decode_panels)(const uint8_t *src, uint8_t *dst, int64_t blocks) {
+    for (int64_t b = 0; b < blocks; ++b, src += KT_BB, dst += 1024)
+        _Pragma("GCC unroll 16")
+        for (int r = 0; r < 16; ++r)
+            _Pragma("GCC unroll 2")
+            for (int h = 0; h < 2; ++h) _mm256_storeu_si256((__m256i *)(dst + r * 64 + h * 32), KT_(nibbles)(src, r, h));
 }
 KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int MB, const ktcy_act *a,
                                const ktcy_weight *w, int64_t m0, int64_t p, int64_t g) {

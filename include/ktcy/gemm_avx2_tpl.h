@@ -8,9 +8,12 @@
  *   KT_WKIND, KT_PREDECODE, KT_REG_DECODE, KT_(has_groups), KT_(group_at)(w, kb, r, nkb) for any row r,
  *   KT_(half)(blk, r, h) -> kt_w256    half h of row r of a packed block (.i: int8 lanes; .e/.o:
  *                                      the even/odd K element of 8 channels as floats)
- *   KT_(decode_panels)(src, dst, blocks)                     KT_PREDECODE only
+ *   KT_(decode_panels)(src, dst, blocks)                     KT_PREDECODE only: 1024-byte blocks,
+ *                                                            bf16 pairs or (integer formats) 8-bit codes
  *   KT_(group_epilogue)(acc[4][2], facc[4][2], MB, a, w, m0, p, g)
  *   KT_(final)(acc, facc, a, w, m, n0)                       8 outputs of one row
+ * and may set KT_WIDE_TILE 1: prefill tiles (more than 4 rows) of 3 rows x 2 panels, 12 integer
+ * accumulators sharing each activation broadcast (formats without groups only).
  */
 
 #define KT_CAT_(a, b) a##_##b
@@ -20,6 +23,14 @@
 #define KT_SKEL KT_SKEL_AVX2
 
 #include KT_TRAITS
+
+#ifndef KT_WIDE_TILE
+#define KT_WIDE_TILE 0
+#endif
+
+/* An empty asm on an integer accumulator: GCC would otherwise re-associate the unrolled
+ * vpaddd chains of a wide tile into trees and spill them to the stack. */
+#define KT_KEEP(v) __asm__("" : "+x"(v))
 
 static const int KT_(formats) = KT_FORMATS; /* the descriptor rows this variant serves, for registry.h */
 
@@ -44,9 +55,11 @@ KT_AI KT_(avec) KT_(load_a)(const uint8_t *ak, int r) {
     return av;
 }
 
-/* Half h of block row r from a predecoded bf16 block. */
-KT_AI kt_w256 KT_(bf16_half)(const uint8_t *blk, int r, int h) {
-    return kt_bf16_split(_mm256_loadu_si256((const __m256i *)(blk + r * 64 + h * 32)));
+/* Half h of block row r from a predecoded 1024-byte block: bf16 pairs, or for integer
+ * activations the 8-bit codes in the INT8 block order. */
+KT_AI kt_w256 KT_(pre_half)(const uint8_t *blk, int r, int h) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + r * 64 + h * 32));
+    return KT_INT_ACT ? kt_int_half(v) : kt_bf16_split(v);
 }
 
 KT_AI __m256i KT_(dp)(__m256i acc, KT_(avec) a, kt_w256 w) {
@@ -63,72 +76,87 @@ KT_AI __m256i KT_(dp)(__m256i acc, KT_(avec) a, kt_w256 w) {
 #endif
 }
 
-/* PRE: panel p was decoded to 1024-byte bf16 blocks at `decoded`; else the packed panel is read
- * and each row decoded in registers. */
-KT_AI void KT_(micro)(const int MB, const int PRE, const ktcy_act *a, const ktcy_weight *w, int64_t m0, int64_t p,
-                      float *y, int64_t ldy, const uint8_t *decoded) {
+/* MB rows x NP adjacent panels (p, p + 1).  PRE: panel p was decoded to 1024-byte bf16 blocks
+ * at `decoded` (NP == 1); else the packed panels are read and each row decoded in registers. */
+KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act *a, const ktcy_weight *w, int64_t m0,
+                      int64_t p, float *y, int64_t ldy, const uint8_t *decoded) {
     const int64_t nkb = w->k_pad / KT_BK;
     const int64_t block_bytes = PRE ? 1024 : KT_BB;
-    const uint8_t *panel = PRE ? decoded : w->data + p * nkb * KT_BB;
+    const uint8_t *panel[2];
+    panel[0] = PRE ? decoded : w->data + p * nkb * KT_BB;
+    panel[1] = panel[0] + nkb * KT_BB; /* used only when NP == 2 (never PRE) */
     const int groups = KT_(has_groups)(w);
     const uint8_t *arow[4];
-    __m256i acc[4][2];
-    __m256 facc[4][2];
+    __m256i acc[2][4][2];
+    __m256 facc[2][4][2];
     (void)decoded;
     _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m) {
         arow[m] = (KT_INT_ACT ? (const uint8_t *)a->q : (const uint8_t *)a->bf16) + (m0 + m) * a->k_pad * KT_ASIZE;
         _Pragma("GCC unroll 8")
-        for (int h = 0; h < 2; ++h) { acc[m][h] = _mm256_setzero_si256(); facc[m][h] = _mm256_setzero_ps(); }
+        for (int q = 0; q < NP; ++q)
+            _Pragma("GCC unroll 8")
+            for (int h = 0; h < 2; ++h) { acc[q][m][h] = _mm256_setzero_si256(); facc[q][m][h] = _mm256_setzero_ps(); }
     }
     for (int64_t kb = 0; kb < nkb; ++kb) {
-        const uint8_t *blk = panel + kb * block_bytes;
         const uint8_t *ak[4]; /* this block's activations of each row: row offsets below are immediates */
         _Pragma("GCC unroll 8")
         for (int m = 0; m < MB; ++m) ak[m] = arow[m] + kb * KT_BK * KT_ASIZE;
         _Pragma("GCC unroll 16")
         for (int r = 0; r < 16; ++r) {
-            kt_w256 w0, w1;
-            if (PRE || KT_ALWAYS_PRE) {
-                w0 = KT_(bf16_half)(blk, r, 0);
-                w1 = KT_(bf16_half)(blk, r, 1);
-            }
+            kt_w256 wv[2][2];
+            _Pragma("GCC unroll 2")
+            for (int q = 0; q < NP; ++q) {
+                const uint8_t *blk = panel[q] + kb * block_bytes;
+                if (PRE || KT_ALWAYS_PRE) {
+                    wv[q][0] = KT_(pre_half)(blk, r, 0);
+                    wv[q][1] = KT_(pre_half)(blk, r, 1);
+                }
 #if !KT_ALWAYS_PRE
-            else {
-                w0 = KT_(half)(blk, r, 0);
-                w1 = KT_(half)(blk, r, 1);
-            }
+                else {
+                    wv[q][0] = KT_(half)(blk, r, 0);
+                    wv[q][1] = KT_(half)(blk, r, 1);
+                }
 #endif
+            }
             _Pragma("GCC unroll 8")
             for (int m = 0; m < MB; ++m) {
                 const KT_(avec) av = KT_(load_a)(ak[m], r);
-                acc[m][0] = KT_(dp)(acc[m][0], av, w0);
-                acc[m][1] = KT_(dp)(acc[m][1], av, w1);
+                _Pragma("GCC unroll 2")
+                for (int q = 0; q < NP; ++q)
+                    _Pragma("GCC unroll 2")
+                    for (int h = 0; h < 2; ++h) {
+                        acc[q][m][h] = KT_(dp)(acc[q][m][h], av, wv[q][h]);
+                        if (KT_INT_ACT) KT_KEEP(acc[q][m][h]);
+                    }
             }
             if (groups) {
                 const int64_t g = KT_(group_at)(w, kb, r, nkb);
-                if (g >= 0) KT_(group_epilogue)(acc, facc, MB, a, w, m0, p, g);
+                if (g >= 0) KT_(group_epilogue)(acc[0], facc[0], MB, a, w, m0, p, g);
             }
         }
     }
     _Pragma("GCC unroll 8")
     for (int m = 0; m < MB && m0 + m < a->m; ++m) {
-        _Pragma("GCC unroll 8")
-        for (int h = 0; h < 2; ++h) {
-            const int64_t n0 = p * 16 + h * 8, valid = w->n - n0;
-            if (valid <= 0) break;
-            const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-            const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(valid < 8 ? valid : 8)), lanes);
-            _mm256_maskstore_ps(y + (m0 + m) * ldy + n0, mask, KT_(final)(acc[m][h], facc[m][h], a, w, m0 + m, n0));
-        }
+        _Pragma("GCC unroll 2")
+        for (int q = 0; q < NP; ++q)
+            _Pragma("GCC unroll 8")
+            for (int h = 0; h < 2; ++h) {
+                const int64_t n0 = (p + q) * 16 + h * 8, valid = w->n - n0;
+                if (valid <= 0) break;
+                const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(valid < 8 ? valid : 8)), lanes);
+                _mm256_maskstore_ps(y + (m0 + m) * ldy + n0, mask,
+                                    KT_(final)(acc[q][m][h], facc[q][m][h], a, w, m0 + m, n0));
+            }
     }
 }
 
 #define KT_TILE(pre)                                                                    \
     do {                                                                                \
-        if (mb == 1) KT_(micro)(1, pre, a, w, m0, p, y, ldy, decoded);                  \
-        else if (mb == 2) KT_(micro)(2, pre, a, w, m0, p, y, ldy, decoded);             \
-        else KT_(micro)(4, pre, a, w, m0, p, y, ldy, decoded);                          \
+        if (mb == 1) KT_(micro)(1, 1, pre, a, w, m0, p, y, ldy, decoded);               \
+        else if (mb == 2) KT_(micro)(2, 1, pre, a, w, m0, p, y, ldy, decoded);          \
+        else KT_(micro)(4, 1, pre, a, w, m0, p, y, ldy, decoded);                       \
     } while (0)
 
 KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb,
@@ -138,10 +166,24 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
     /* decode a panel once into scratch when several row tiles share it (or the format has no
      * in-register decode); a few rows decode each weight row in registers as they stream by */
     const int pre = KT_PREDECODE && (a->m > 4 || !KT_REG_DECODE);
+    const int wide = KT_WIDE_TILE && a->m > 4 && !KT_(has_groups)(w);
     const int64_t nkb = w->k_pad / KT_BK;
     uint8_t *decoded = ktcy_align64(scratch);
     (void)nkb;
-    for (int64_t p = pb; p < pe; ++p) {
+    for (int64_t p = pb; p < pe;) {
+#if KT_WIDE_TILE
+        if (wide && pe - p >= 2) {
+            for (int64_t m0 = 0; m0 < a->m; m0 += 3) {
+                const int64_t left = a->m - m0;
+                if (left >= 3) KT_(micro)(3, 2, 0, a, w, m0, p, y, ldy, decoded);
+                else if (left == 2) KT_(micro)(2, 2, 0, a, w, m0, p, y, ldy, decoded);
+                else KT_(micro)(1, 2, 0, a, w, m0, p, y, ldy, decoded);
+            }
+            p += 2;
+            continue;
+        }
+#endif
+        (void)wide;
 #if KT_PREDECODE
         if (pre) KT_(decode_panels)(w->data + p * nkb * KT_BB, decoded, nkb);
 #endif
@@ -155,10 +197,13 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #endif
             m0 += mb;
         }
+        ++p;
     }
     return KTCY_OK;
 }
 
 #undef KT_TILE
 #undef KT_ALWAYS_PRE
+#undef KT_WIDE_TILE
+#undef KT_KEEP
 #include "traits_end.h"
