@@ -129,3 +129,14 @@ def build_deepseek_fp8(folder_fp8, folder_ref, seed=0):
     with open(os.path.join(folder_fp8, "config.json"), "w") as f:
         json.dump(cfg, f)
     return str(folder_fp8), str(folder_ref)
+
+
+def add_word_tokenizer(folder):
+    """A whitespace word-level tokenizer over the words w0 .. w{VOCAB-1} (w0 doubles as unknown)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0").save_pretrained(folder)
+    return str(folder)

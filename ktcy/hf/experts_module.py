@@ -4,7 +4,6 @@ import time
 
 import torch
 
-from ktcy.hf.torch_interop import moe_forward
 
 
 class KtcyExperts(torch.nn.Module):
@@ -34,16 +33,11 @@ class KtcyExperts(torch.nn.Module):
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
         start = time.perf_counter()
-        device = hidden_states.device
-        on_host = device.type == "cpu"
-        # hidden states on an accelerator: run on host memory, hand the result back where it came from
-        x = hidden_states if on_host else hidden_states.to("cpu")
-        ids = top_k_index if on_host else top_k_index.to("cpu")
-        w = top_k_weights if on_host else top_k_weights.to("cpu")
-        y = moe_forward(self.moe, x.reshape(-1, x.shape[-1]), ids.reshape(x.numel() // x.shape[-1], -1),
-                        w.reshape(x.numel() // x.shape[-1], -1)).reshape(x.shape)
-        if not on_host:
-            y = y.to(device)
+        H = hidden_states.shape[-1]
+        T = hidden_states.numel() // H
+        # MoE.forward takes the tensors as they are: CPU ones as zero-copy views (bf16 included),
+        # those on another device copied to host memory and the result copied back there
+        y = self.moe.forward(hidden_states.reshape(T, H), top_k_index.reshape(T, -1), top_k_weights.reshape(T, -1))
         self.seconds += time.perf_counter() - start
         self.calls += 1
-        return y
+        return y.reshape(hidden_states.shape)
