@@ -195,3 +195,21 @@ def test_missing_torch_is_an_import_error_naming_the_extra():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "IMPORT-ERROR:" in r.stdout and "pip install ktcy[hf]" in r.stdout
+
+
+def test_rules_also_match_the_checkpoints_block_names(folders):
+    # Mixtral's checkpoint calls the block block_sparse_moe, transformers' module mlp
+    rules = [{"match": {"name": r"model\.layers\.1\.block_sparse_moe\.experts"},
+              "replace": {"kwargs": {"backend": "INT8"}}}]
+    model = ktcy.hf.from_pretrained(folders["mixtral"], rules=rules, dtype=torch.float32)
+    kernels = {n: m.kernel.split(" ")[0] for n, m in model.ktcy_experts().items()}
+    assert kernels == {"model.layers.0.mlp.experts": "BF16", "model.layers.1.mlp.experts": "INT8"}
+
+
+def test_arguments_that_do_not_apply_are_refused(folders):
+    with pytest.raises(ValueError, match="device_map"):
+        ktcy.hf.from_pretrained(folders["olmoe"], device_map="auto")
+    with pytest.raises(ValueError, match="dtype"):
+        ktcy.hf.from_pretrained(folders["olmoe"], dtype="int8")
+    with pytest.raises(ktcy.RuleError):
+        ktcy.hf.from_pretrained(folders["olmoe"], rules="- match: {name: '('}\n")

@@ -21,6 +21,7 @@ from ktcy.checkpoint import Checkpoint, dequantize
 from ktcy.formats import canonical_format
 from ktcy.hf.architectures import ROUTED_EXPERT_TENSOR, architecture, layer_of
 from ktcy.hf.experts_module import KtcyExperts
+from ktcy.log import warn_once
 from ktcy.loading import experts_from_checkpoint, is_converted, load_experts
 from ktcy.model import RuleError, load_rules
 from ktcy.paths import MAX_CONFIG_BYTES, read_json, require_folder, resolve_model_path
@@ -30,6 +31,7 @@ log = logging.getLogger("ktcy")
 
 _PATCH_LOCK = threading.Lock()
 _SCALE_SUFFIXES = ("_scale_inv", "_scale")
+_NOT_APPLICABLE = ("device_map", "quantization_config", "load_in_8bit", "load_in_4bit", "state_dict")
 
 
 def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwargs):
@@ -41,7 +43,9 @@ def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwar
         `ktcy convert` holds experts only and is refused here: pass it as experts_path.
       rules: optimize rules (YAML file, YAML text or list of dicts; ktcy.model.load_rules); the
         first rule whose match.name regex matches an experts module name (as in
-        model.named_modules(), e.g. "model.layers.3.mlp.experts") gives its backend.
+        model.named_modules(), e.g. "model.layers.3.mlp.experts") or the checkpoint's name for
+        the block (as MoEModel uses them: Mixtral's "model.layers.3.block_sparse_moe.experts")
+        gives its backend.
       backend: format / KTransformers backend for modules no rule names (None keeps the
         checkpoint's precision: BF16 stays BF16, FP8 block checkpoints stay FP8).
       experts_path: a folder written by `ktcy convert` for this checkpoint: routed experts are
@@ -67,6 +71,10 @@ def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwar
                                   "(no ktcy_model.json)")
     if backend is not None:
         canonical_format(backend)
+    for key in _NOT_APPLICABLE:
+        if key in hf_kwargs:
+            raise ValueError(f"from_pretrained: {key}= does not apply to ktcy.hf (the model runs on the CPU, its "
+                             "experts quantized by ktcy: use backend= or rules=)")
     parsed = load_rules(rules)
     require_folder(path)
     config_file = os.path.join(path, "config.json")
@@ -97,6 +105,7 @@ def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwar
     _load_dense_weights(model, ckpt, arch, config)
     _attach_generation_config(model, path)
     model._ktcy = state
+    _warn_if_threads_spin()
     model.inject_expert_backend = types.MethodType(inject_expert_backend, model)
     model.ktcy_experts = types.MethodType(ktcy_experts, model)
     return model
@@ -147,7 +156,8 @@ class _KtcyState:
 
     def build(self, name, forced_backend=None):
         L = layer_of(name)
-        rule = next((r for r in self.rules if r.matches(name)), None)
+        stored_name = self.checkpoint.layer(L).block_name  # Mixtral's checkpoint says block_sparse_moe
+        rule = next((r for r in self.rules if r.matches(name) or r.matches(stored_name)), None)
         backend = forced_backend or (rule.backend if rule is not None else None) or self.default_backend
         if self.experts_path is not None and forced_backend is None:
             moe = load_experts(self.experts_path, L, method=backend, isa=self.isa)
@@ -252,6 +262,13 @@ def _load_dense_weights(model, ckpt, arch, config):
     if unexpected:
         log.warning("%s: %d checkpoint tensors are not used by the model (first: %s)", ckpt.path, len(unexpected),
                     unexpected[0])
+
+
+def _warn_if_threads_spin():
+    if os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":
+        warn_once("torch and ktcy each keep an OpenMP thread team, and with the default wait policy the idle team "
+                  "spins on the cores the other one needs; set OMP_WAIT_POLICY=PASSIVE in the environment before "
+                  "Python starts (decode ran about 2x faster so on 2 cores, bench/bench_hf.py)")
 
 
 def _attach_generation_config(model, path):
