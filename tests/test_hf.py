@@ -209,6 +209,8 @@ def test_rules_also_match_the_checkpoints_block_names(folders):
 def test_arguments_that_do_not_apply_are_refused(folders):
     with pytest.raises(ValueError, match="device_map"):
         ktcy.hf.from_pretrained(folders["olmoe"], device_map="auto")
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        ktcy.hf.from_pretrained(folders["olmoe"], trust_remote_code=True)
     with pytest.raises(ValueError, match="dtype"):
         ktcy.hf.from_pretrained(folders["olmoe"], dtype="int8")
     with pytest.raises(ktcy.RuleError):

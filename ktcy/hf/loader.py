@@ -31,7 +31,10 @@ log = logging.getLogger("ktcy")
 
 _PATCH_LOCK = threading.Lock()
 _SCALE_SUFFIXES = ("_scale_inv", "_scale")
-_NOT_APPLICABLE = ("device_map", "quantization_config", "load_in_8bit", "load_in_4bit", "state_dict")
+# keywords of transformers' from_pretrained that cannot hold here: the model runs on the CPU, with
+# transformers' own implementation of the architecture (whose experts module ktcy replaces)
+_NOT_APPLICABLE = ("device_map", "quantization_config", "load_in_8bit", "load_in_4bit", "state_dict",
+                   "trust_remote_code")
 
 
 def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwargs):
@@ -73,8 +76,8 @@ def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwar
         canonical_format(backend)
     for key in _NOT_APPLICABLE:
         if key in hf_kwargs:
-            raise ValueError(f"from_pretrained: {key}= does not apply to ktcy.hf (the model runs on the CPU, its "
-                             "experts quantized by ktcy: use backend= or rules=)")
+            raise ValueError(f"from_pretrained: {key}= does not apply to ktcy.hf (the model runs on the CPU with "
+                             "transformers' own implementation, its experts quantized by ktcy: use backend= or rules=)")
     parsed = load_rules(rules)
     require_folder(path)
     config_file = os.path.join(path, "config.json")
@@ -99,9 +102,12 @@ def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwar
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, **extra)
     model.eval()
     state = _KtcyState(ckpt, arch, parsed, backend, experts_path, isa)
-    for name, module in list(model.named_modules()):
-        if isinstance(module, experts_type):
-            _replace(model, name, state.build(name))
+    replaced = [name for name, module in list(model.named_modules()) if isinstance(module, experts_type)]
+    if len(replaced) != len(ckpt.arch.moe_layers):
+        raise CheckpointError(f"{path}: the model has {len(replaced)} {arch.experts_class} modules, config.json "
+                              f"describes {len(ckpt.arch.moe_layers)} MoE layers")
+    for name in replaced:
+        _replace(model, name, state.build(name))
     _load_dense_weights(model, ckpt, arch, config)
     _attach_generation_config(model, path)
     model._ktcy = state
