@@ -274,7 +274,7 @@ def _warn_if_threads_spin():
     if os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":
         warn_once("torch and ktcy each keep an OpenMP thread team, and with the default wait policy the idle team "
                   "spins on the cores the other one needs; set OMP_WAIT_POLICY=PASSIVE in the environment before "
-                  "Python starts (decode ran about 2x faster so on 2 cores, bench/bench_hf.py)")
+                  "Python starts (decode ran 4x faster so on 2 shared cores, bench/bench_hf.py)")
 
 
 def _attach_generation_config(model, path):
