@@ -215,3 +215,10 @@ def test_arguments_that_do_not_apply_are_refused(folders):
         ktcy.hf.from_pretrained(folders["olmoe"], dtype="int8")
     with pytest.raises(ktcy.RuleError):
         ktcy.hf.from_pretrained(folders["olmoe"], rules="- match: {name: '('}\n")
+
+
+def test_dense_layers_between_moe_layers_stay_torch(tmp_path):
+    folder = ckpts.build("qwen2_moe", tmp_path / "m", seed=ckpts.GREEDY_SEEDS["qwen2_moe"], mlp_only_layers=[0])
+    model = ktcy.hf.from_pretrained(folder, dtype=torch.float32)
+    assert list(model.ktcy_experts()) == ["model.layers.1.mlp.experts"]
+    assert rel_l2(logits(model, PROMPT), logits(stock(folder), PROMPT)) < 0.01

@@ -77,3 +77,19 @@ def test_generate_without_torch_is_one_line():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1
     assert len(r.stderr.strip().splitlines()) == 1 and "pip install ktcy[hf]" in r.stderr
+
+
+def test_generate_with_converted_experts_and_rules(folder, tmp_path):
+    from ktcy.convert import convert
+    packed = tmp_path / "packed"
+    convert(folder, str(packed), method="INT8")
+    out = io.StringIO()
+    assert generate_cli.run(parse(["--model", folder, "--experts", str(packed), "--input-ids", "3,4",
+                                   "--max-new-tokens", "3"]), out) == 0
+    assert "INT8 on " in out.getvalue()
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("- match: {name: 'model\\.layers\\.1\\.'}\n  replace: {kwargs: {backend: INT4}}\n")
+    out = io.StringIO()
+    assert generate_cli.run(parse(["--model", folder, "--rules", str(rules), "--input-ids", "3,4",
+                                   "--max-new-tokens", "3"]), out) == 0
+    assert "BF16 on " in out.getvalue() and "INT4 on " in out.getvalue()
