@@ -222,3 +222,16 @@ def test_dense_layers_between_moe_layers_stay_torch(tmp_path):
     model = ktcy.hf.from_pretrained(folder, dtype=torch.float32)
     assert list(model.ktcy_experts()) == ["model.layers.1.mlp.experts"]
     assert rel_l2(logits(model, PROMPT), logits(stock(folder), PROMPT)) < 0.01
+
+
+def test_hub_id_is_found_in_the_local_cache(folders, tmp_path, monkeypatch):
+    import shutil
+    snapshot = tmp_path / "hub" / "models--tiny--olmoe" / "snapshots" / "rev1"
+    shutil.copytree(folders["olmoe"], snapshot)
+    (tmp_path / "hub" / "models--tiny--olmoe" / "refs").mkdir()
+    (tmp_path / "hub" / "models--tiny--olmoe" / "refs" / "main").write_text("rev1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    model = ktcy.hf.from_pretrained("tiny/olmoe", dtype=torch.float32)
+    assert rel_l2(logits(model, PROMPT), logits(stock(folders["olmoe"]), PROMPT)) < 0.01
+    with pytest.raises(ktcy.CheckpointError, match="huggingface-cli download"):
+        ktcy.hf.from_pretrained("tiny/absent")
