@@ -1,0 +1,66 @@
+"""The transformers MoE architectures ktcy.hf serves: which module holds each block's routed
+experts, and how checkpoint tensor names map to the model's parameter names."""
+import importlib
+import re
+from dataclasses import dataclass
+
+from ktcy.safetensors_io import CheckpointError
+
+# A routed expert's tensors in a checkpoint: per-expert (experts.3.gate_proj.weight, Mixtral's
+# experts.3.w1.weight, their FP8 scales) or fused stacks (experts.gate_up_proj).  ktcy reads
+# these itself; the torch model never holds them.
+ROUTED_EXPERT_TENSOR = re.compile(r"\.experts\.(\d+\.|gate_up_proj|down_proj)")
+
+
+class UnsupportedArchitectureError(ValueError):
+    """A checkpoint whose model_type ktcy.hf cannot run."""
+
+
+@dataclass(frozen=True)
+class Architecture:
+    model_type: str
+    module: str                 # transformers.models.<...>
+    experts_class: str          # the @use_experts_implementation class whose forward ktcy replaces
+    renames: tuple = ()         # (checkpoint substring, model substring)
+
+    def experts_type(self):
+        return getattr(importlib.import_module(self.module), self.experts_class)
+
+    def model_name(self, checkpoint_name):
+        for old, new in self.renames:
+            checkpoint_name = checkpoint_name.replace(old, new)
+        return checkpoint_name
+
+
+_TABLE = {a.model_type: a for a in (
+    Architecture("qwen3_moe", "transformers.models.qwen3_moe.modeling_qwen3_moe", "Qwen3MoeExperts"),
+    # shared expert and its sigmoid gate stay torch modules of the block
+    Architecture("qwen2_moe", "transformers.models.qwen2_moe.modeling_qwen2_moe", "Qwen2MoeExperts"),
+    Architecture("mixtral", "transformers.models.mixtral.modeling_mixtral", "MixtralExperts",
+                 renames=((".block_sparse_moe.", ".mlp."),)),
+    # grouped sigmoid router, shared experts and the dense first layers stay in torch
+    Architecture("deepseek_v3", "transformers.models.deepseek_v3.modeling_deepseek_v3", "DeepseekV3Experts"),
+    Architecture("olmoe", "transformers.models.olmoe.modeling_olmoe", "OlmoeExperts"),
+)}
+
+SUPPORTED = tuple(sorted(_TABLE))
+
+
+def architecture(config_dict, where):
+    """The Architecture of a parsed config.json, else UnsupportedArchitectureError listing the
+    supported ones."""
+    model_type = config_dict.get("model_type") if isinstance(config_dict, dict) else None
+    if model_type not in _TABLE:
+        names = config_dict.get("architectures") if isinstance(config_dict, dict) else None
+        shown = f"{model_type!r:.60}" + (f" ({names[0]!r:.60})" if isinstance(names, list) and names else "")
+        raise UnsupportedArchitectureError(f"{where}: model_type {shown} is not supported by ktcy.hf; supported: "
+                                           f"{', '.join(SUPPORTED)}")
+    return _TABLE[model_type]
+
+
+def layer_of(module_name):
+    """Decoder layer number in a module name such as model.layers.3.mlp.experts."""
+    m = re.search(r"(?:^|\.)layers\.(\d+)\.", module_name)
+    if m is None:
+        raise CheckpointError(f"{module_name}: no decoder layer number in the module name")
+    return int(m.group(1))

@@ -1,0 +1,285 @@
+"""ktcy.hf.from_pretrained: a transformers causal LM built on CPU with its routed experts on ktcy.
+
+How the experts stay out of torch: the model is built from its config with the experts modules'
+parameters on the meta device (no memory), each experts module is then replaced by a KtcyExperts
+whose ktcy.MoE reads the checkpoint through ktcy's memory-mapped reader (or a converted folder),
+and every other tensor is copied from the checkpoint into the model one at a time.  Peak memory
+is the non-expert weights plus the packed experts."""
+import contextlib
+import logging
+import os
+import re
+import threading
+import types
+import warnings
+
+import numpy as np
+import torch
+import transformers
+
+from ktcy.checkpoint import Checkpoint, dequantize
+from ktcy.formats import canonical_format
+from ktcy.hf.architectures import ROUTED_EXPERT_TENSOR, architecture, layer_of
+from ktcy.hf.experts_module import KtcyExperts
+from ktcy.log import warn_once
+from ktcy.loading import experts_from_checkpoint, is_converted, load_experts
+from ktcy.model import RuleError, load_rules
+from ktcy.paths import MAX_CONFIG_BYTES, read_json, require_folder, resolve_model_path
+from ktcy.safetensors_io import CheckpointError
+
+log = logging.getLogger("ktcy")
+
+_PATCH_LOCK = threading.Lock()
+_SCALE_SUFFIXES = ("_scale_inv", "_scale")
+# keywords of transformers' from_pretrained that cannot hold here: the model runs on the CPU, with
+# transformers' own implementation of the architecture (whose experts module ktcy replaces)
+_NOT_APPLICABLE = ("device_map", "quantization_config", "load_in_8bit", "load_in_4bit", "state_dict",
+                   "trust_remote_code")
+
+
+def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwargs):
+    """A transformers causal LM (eval mode, CPU) whose MoE experts modules run on ktcy.
+
+    Parameters
+      path: the original Hugging Face checkpoint folder (config.json + safetensors), `~/...`, or a
+        hub id already in the local cache (nothing is downloaded).  A folder written by
+        `ktcy convert` holds experts only and is refused here: pass it as experts_path.
+      rules: optimize rules (YAML file, YAML text or list of dicts; ktcy.model.load_rules); the
+        first rule whose match.name regex matches an experts module name (as in
+        model.named_modules(), e.g. "model.layers.3.mlp.experts") or the checkpoint's name for
+        the block (as MoEModel uses them: Mixtral's "model.layers.3.block_sparse_moe.experts")
+        gives its backend.
+      backend: format / KTransformers backend for modules no rule names (None keeps the
+        checkpoint's precision: BF16 stays BF16, FP8 block checkpoints stay FP8).
+      experts_path: a folder written by `ktcy convert` for this checkpoint: routed experts are
+        mapped from it (its format; a rule or backend asking for another one is refused).
+      hf_kwargs: `dtype` (or `torch_dtype`; default the config's dtype, else float32) for the
+        torch part of the model, `attn_implementation`, `isa` (force ktcy's instruction set);
+        anything else overrides config attributes as in transformers' from_pretrained.
+
+    Returns the model, with `inject_expert_backend(layer_regex, backend)` and
+    `ktcy_experts()` (name -> KtcyExperts).
+
+    Raises UnsupportedArchitectureError (a ValueError) for a model_type ktcy.hf does not serve;
+    CheckpointError for a missing, malformed or converted checkpoint; RuleError / ValueError for
+    unusable rules or backends."""
+    path = resolve_model_path(path)
+    if is_converted(path):
+        raise CheckpointError(f"{path}: a converted folder holds experts only; from_pretrained needs the original "
+                              "checkpoint (attention, embeddings, routers) - pass the converted folder as experts_path")
+    if experts_path is not None:
+        experts_path = resolve_model_path(experts_path, "experts_path")
+        if not is_converted(experts_path):
+            raise CheckpointError(f"experts_path {experts_path}: not a folder written by `ktcy convert` "
+                                  "(no ktcy_model.json)")
+    if backend is not None:
+        canonical_format(backend)
+    for key in _NOT_APPLICABLE:
+        if key in hf_kwargs:
+            raise ValueError(f"from_pretrained: {key}= does not apply to ktcy.hf (the model runs on the CPU with "
+                             "transformers' own implementation, its experts quantized by ktcy: use backend= or rules=)")
+    parsed = load_rules(rules)
+    require_folder(path)
+    config_file = os.path.join(path, "config.json")
+    if not os.path.lexists(config_file):
+        raise CheckpointError(f"{path}: no config.json")
+    arch = architecture(read_json(config_file, MAX_CONFIG_BYTES), config_file)  # before any MoE-specific check
+    ckpt = Checkpoint(path)
+    isa = hf_kwargs.pop("isa", None)
+    dtype = _dtype(hf_kwargs)
+    attn = hf_kwargs.pop("attn_implementation", None)
+    hf_kwargs.setdefault("local_files_only", True)
+    config = transformers.AutoConfig.from_pretrained(path, **hf_kwargs)
+    if dtype is None:
+        dtype = config.dtype if isinstance(config.dtype, torch.dtype) and config.dtype.is_floating_point \
+            else torch.float32
+    # the torch part holds dequantized weights; transformers must not try to quantize it again
+    if getattr(config, "quantization_config", None) is not None:
+        del config.quantization_config
+    experts_type = arch.experts_type()
+    with _experts_on_meta(experts_type):
+        extra = {"attn_implementation": attn} if attn is not None else {}
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, **extra)
+    model.eval()
+    state = _KtcyState(ckpt, arch, parsed, backend, experts_path, isa)
+    replaced = [name for name, module in list(model.named_modules()) if isinstance(module, experts_type)]
+    if len(replaced) != len(ckpt.arch.moe_layers):
+        raise CheckpointError(f"{path}: the model has {len(replaced)} {arch.experts_class} modules, config.json "
+                              f"describes {len(ckpt.arch.moe_layers)} MoE layers")
+    for name in replaced:
+        _replace(model, name, state.build(name))
+    _load_dense_weights(model, ckpt, arch, config)
+    _attach_generation_config(model, path)
+    model._ktcy = state
+    _warn_if_threads_spin()
+    model.inject_expert_backend = types.MethodType(inject_expert_backend, model)
+    model.ktcy_experts = types.MethodType(ktcy_experts, model)
+    return model
+
+
+def _dtype(kwargs):
+    dtype = kwargs.pop("dtype", None)
+    legacy = kwargs.pop("torch_dtype", None)
+    dtype = dtype if dtype is not None else legacy
+    if dtype is None or dtype == "auto":
+        return None
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a torch floating dtype (torch.float32, torch.bfloat16, ...), got {dtype!r}")
+    return dtype
+
+
+@contextlib.contextmanager
+def _experts_on_meta(experts_type):
+    """Builds experts modules with their parameters on the meta device: their weights come from
+    ktcy, so torch never allocates them."""
+    original = experts_type.__init__
+
+    def init(self, *args, **kwargs):
+        with torch.device("meta"):
+            original(self, *args, **kwargs)
+
+    with _PATCH_LOCK:
+        experts_type.__init__ = init
+        try:
+            yield
+        finally:
+            experts_type.__init__ = original
+
+
+def _replace(model, name, module):
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
+
+
+class _KtcyState:
+    """What a model needs to build and rebuild its experts modules."""
+
+    def __init__(self, ckpt, arch, rules, backend, experts_path, isa):
+        self.checkpoint, self.arch, self.rules = ckpt, arch, rules
+        self.default_backend, self.experts_path, self.isa = backend, experts_path, isa
+
+    def build(self, name, forced_backend=None):
+        L = layer_of(name)
+        stored_name = self.checkpoint.layer(L).block_name  # Mixtral's checkpoint says block_sparse_moe
+        rule = next((r for r in self.rules if r.matches(name) or r.matches(stored_name)), None)
+        backend = forced_backend or (rule.backend if rule is not None else None) or self.default_backend
+        if self.experts_path is not None and forced_backend is None:
+            moe = load_experts(self.experts_path, L, method=backend, isa=self.isa)
+            self._check_converted(moe, L)
+        else:
+            moe = experts_from_checkpoint(self.checkpoint, L, backend, self.isa)
+        return KtcyExperts(name, L, moe, backend, rule)
+
+    def _check_converted(self, moe, L):
+        a, c = self.checkpoint.arch, moe.config
+        want = (a.num_experts, a.top_k, a.hidden_size, a.intermediate_size)
+        got = (c.num_experts, c.top_k, c.hidden_size, c.intermediate_size)
+        if got != want:
+            raise CheckpointError(f"experts_path {self.experts_path}: layer {L} holds experts, top_k, hidden, "
+                                  f"intermediate = {got}; the checkpoint {self.checkpoint.path} has {want} "
+                                  "(converted from another model?)")
+
+
+def inject_expert_backend(model, layer_regex, backend):
+    """Re-packs the experts of every ktcy experts module whose name matches layer_regex (re.match,
+    from the start, e.g. r"model\\.layers\\.[0-9]\\.") in `backend`, from the original checkpoint.
+    Returns the names of the modules changed (empty when none matched)."""
+    try:
+        pattern = re.compile(layer_regex)
+    except (re.error, TypeError) as e:
+        raise RuleError(f"layer_regex {layer_regex!r} is not a valid regex ({e})") from None
+    canonical_format(backend)
+    changed = []
+    for name, module in list(ktcy_experts(model).items()):
+        if pattern.match(name):
+            _replace(model, name, model._ktcy.build(name, backend))
+            changed.append(name)
+    log.info("%s -> %s for %d experts modules", layer_regex, backend, len(changed))
+    return changed
+
+
+def ktcy_experts(model):
+    """{module name: KtcyExperts} of the model, in layer order."""
+    return {n: m for n, m in model.named_modules() if isinstance(m, KtcyExperts)}
+
+
+def _to_torch(a):
+    a = np.asarray(a)
+    if a.dtype.name == "bfloat16":
+        a = a.view(np.int16)
+        with warnings.catch_warnings():  # read-only mapped file: copy_ below only reads it
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(a).view(torch.bfloat16)
+    if a.dtype not in (np.float16, np.float32, np.float64):
+        a = a.astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(a)
+
+
+def _stored_weight(ckpt, name):
+    """Tensor `name` as stored, FP8 codes multiplied by their scales (torch runs them as floats)."""
+    t = ckpt.get(name)
+    if t.dtype.name != "float8_e4m3fn":
+        return t
+    for suffix in _SCALE_SUFFIXES:
+        if name + suffix in ckpt:
+            return dequantize(t, ckpt.get(name + suffix))
+    raise CheckpointError(f"{ckpt.path}: {name} is FP8 without {name}_scale_inv or {name}_scale")
+
+
+def _is_scale_of_stored_weight(ckpt, name):
+    return any(name.endswith(s) and name[: -len(s)] in ckpt for s in _SCALE_SUFFIXES)
+
+
+def _beyond_layers(name, num_layers):
+    """DeepSeek-V3's multi-token-prediction layers are stored after the decoder layers; the causal
+    LM does not use them."""
+    m = re.match(r"model\.layers\.(\d+)\.", name)
+    return m is not None and int(m.group(1)) >= num_layers
+
+
+def _load_dense_weights(model, ckpt, arch, config):
+    """Copies every non-expert tensor of the checkpoint into the model, one tensor at a time."""
+    targets = model.state_dict()
+    loaded, unexpected = set(), []
+    for name in ckpt.tensor_names():
+        if ROUTED_EXPERT_TENSOR.search(name) or _is_scale_of_stored_weight(ckpt, name) \
+                or _beyond_layers(name, config.num_hidden_layers) or name.endswith("rotary_emb.inv_freq"):
+            continue
+        target = arch.model_name(name)
+        if target not in targets:
+            unexpected.append(name)
+            continue
+        dest = targets[target]
+        value = _stored_weight(ckpt, name)
+        if tuple(value.shape) != tuple(dest.shape):
+            raise CheckpointError(f"{ckpt.path}: {name} has shape {tuple(value.shape)}, the model expects "
+                                  f"{tuple(dest.shape)}")
+        with torch.no_grad():
+            dest.copy_(_to_torch(value))
+        loaded.add(dest.data_ptr())
+    missing = [n for n, t in targets.items() if t.data_ptr() not in loaded]
+    if missing:
+        raise CheckpointError(f"{ckpt.path}: {len(missing)} tensors the model needs are missing from the checkpoint "
+                              f"(first: {', '.join(missing[:3])})")
+    if unexpected:
+        log.warning("%s: %d checkpoint tensors are not used by the model (first: %s)", ckpt.path, len(unexpected),
+                    unexpected[0])
+
+
+def _warn_if_threads_spin():
+    if os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":
+        warn_once("torch and ktcy each keep an OpenMP thread team, and with the default wait policy the idle team "
+                  "spins on the cores the other one needs; set OMP_WAIT_POLICY=PASSIVE in the environment before "
+                  "Python starts (decode ran 4x faster so on 2 shared cores, bench/bench_hf.py)")
+
+
+def _attach_generation_config(model, path):
+    if os.path.isfile(os.path.join(path, "generation_config.json")):
+        try:
+            model.generation_config = transformers.GenerationConfig.from_pretrained(path, local_files_only=True)
+        except (OSError, ValueError) as e:
+            log.warning("%s: generation_config.json not used (%s)", path, e)

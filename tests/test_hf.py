@@ -1,0 +1,237 @@
+"""ktcy.hf against stock transformers on tiny random checkpoints (tests/hf_checkpoints.py)."""
+import functools
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import hf_checkpoints as ckpts
+
+torch = pytest.importorskip("torch")  # CI installs the hf extra: this never skips there
+transformers = pytest.importorskip("transformers")
+import ktcy  # noqa: E402
+import ktcy.hf  # noqa: E402
+from ktcy.convert import convert  # noqa: E402
+
+PROMPT = torch.randint(3, ckpts.VOCAB, (1, 16), generator=torch.Generator().manual_seed(0))
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """{arch: checkpoint folder}, built once per module with the arch's greedy seed."""
+    root = tmp_path_factory.mktemp("hf")
+    return {a: ckpts.build(a, root / a, seed=ckpts.GREEDY_SEEDS[a]) for a in ckpts.ARCHITECTURES}
+
+
+@functools.lru_cache(maxsize=None)
+def stock(folder):
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def logits(model, ids):
+    with torch.no_grad():
+        return model(ids).logits[0].float()
+
+
+def rel_l2(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("arch", ckpts.ARCHITECTURES)
+def test_bf16_experts_logits_match_stock(folders, arch):
+    model = ktcy.hf.from_pretrained(folders[arch], dtype=torch.float32)
+    experts = model.ktcy_experts()
+    assert experts and all(m.kernel.startswith("BF16 on ") for m in experts.values())
+    # the experts hold no torch weights: every parameter left is a non-expert one
+    assert not any(".experts." in n for n, _ in model.named_parameters())
+    assert rel_l2(logits(model, PROMPT), logits(stock(folders[arch]), PROMPT)) < 0.01
+
+
+@pytest.mark.parametrize("arch", ckpts.ARCHITECTURES)
+def test_int8_experts_logits_within_5_percent(folders, arch):
+    model = ktcy.hf.from_pretrained(folders[arch], dtype=torch.float32, backend="AMXINT8")
+    assert all(m.kernel.startswith("INT8 on ") for m in model.ktcy_experts().values())
+    err = rel_l2(logits(model, PROMPT), logits(stock(folders[arch]), PROMPT))
+    assert 1e-4 < err < 0.05  # INT8 does change the numbers, within 5%
+
+
+@pytest.mark.parametrize("arch", ckpts.ARCHITECTURES)
+def test_greedy_generation_equals_stock(folders, arch):
+    """Why this is deterministic: both models are evaluated teacher-forced on stock's greedy
+    sequence first; at every generated position ktcy's logits differ from stock's by less than a
+    third of stock's top-2 gap (the seeds in hf_checkpoints.GREEDY_SEEDS were chosen for that),
+    so ktcy's argmax is stock's at every step and the two greedy runs cannot part."""
+    ref, model = stock(folders[arch]), ktcy.hf.from_pretrained(folders[arch], dtype=torch.float32)
+    with torch.no_grad():
+        seq = ref.generate(PROMPT, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+    steps = slice(PROMPT.shape[1] - 1, -1)
+    l_ref, l_ktcy = logits(ref, seq)[steps], logits(model, seq)[steps]
+    top2 = l_ref.topk(2, dim=-1).values
+    margin = float((top2[:, 0] - top2[:, 1]).min())
+    deviation = float((l_ktcy - l_ref).abs().max())
+    assert margin > 3 * deviation, f"greedy margin {margin:.4f} too close to the BF16 deviation {deviation:.4f}"
+    with torch.no_grad():
+        out = model.generate(PROMPT, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+    assert out.shape[1] == PROMPT.shape[1] + NEW_TOKENS
+    assert torch.equal(out, seq)
+
+
+def test_deepseek_v3_fp8_as_stored(tmp_path):
+    fp8, ref = ckpts.build_deepseek_fp8(str(tmp_path / "fp8"), str(tmp_path / "ref"))
+    model = ktcy.hf.from_pretrained(fp8, dtype=torch.float32)
+    assert [m.kernel.split(" ")[0] for m in model.ktcy_experts().values()] == ["FP8_BLOCK", "FP8_BLOCK"]
+    # the non-expert FP8 weights were dequantized for torch
+    q_a = model.model.layers[1].self_attn.q_a_proj.weight
+    assert q_a.dtype == torch.float32 and q_a.abs().max() > 0
+    # dense first layer stays a torch MLP
+    assert not model.ktcy_experts().keys() & {"model.layers.0.mlp.experts"}
+    assert rel_l2(logits(model, PROMPT), logits(stock(ref), PROMPT)) < 0.01
+
+
+def test_bf16_model_takes_bf16_directly(folders):
+    model = ktcy.hf.from_pretrained(folders["qwen3_moe"], dtype=torch.bfloat16)
+    out = logits(model, PROMPT)
+    assert model.dtype == torch.bfloat16
+    assert rel_l2(out, logits(stock(folders["qwen3_moe"]), PROMPT)) < 0.05
+    block = model.ktcy_experts()["model.layers.0.mlp.experts"]
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    y = block(x, torch.tensor([[0, 1]] * 3), torch.full((3, 2), 0.5, dtype=torch.bfloat16))
+    assert y.dtype == torch.bfloat16 and y.shape == (3, 64) and y.abs().sum() > 0
+
+
+def test_inject_expert_backend_switches_format_and_generates(folders):
+    model = ktcy.hf.from_pretrained(folders["mixtral"], dtype=torch.float32)
+    changed = model.inject_expert_backend(r"model\.layers\.1\.", "AMXINT8")
+    assert changed == ["model.layers.1.mlp.experts"]
+    kernels = {n: m.kernel for n, m in model.ktcy_experts().items()}
+    assert kernels["model.layers.0.mlp.experts"].startswith("BF16 on ")
+    assert kernels["model.layers.1.mlp.experts"].startswith("INT8 on ")
+    assert model.inject_expert_backend(r"nothing\.", "INT4") == []
+    with torch.no_grad():
+        out = model.generate(PROMPT, max_new_tokens=5, min_new_tokens=5, do_sample=False)
+    assert out.shape == (1, PROMPT.shape[1] + 5)
+    with pytest.raises(ktcy.RuleError):
+        model.inject_expert_backend("(", "INT8")
+    with pytest.raises(ValueError):
+        model.inject_expert_backend(".*", "NOT_A_FORMAT")
+
+
+def test_rules_select_backend_per_block(folders):
+    rules = textwrap.dedent("""\
+        - match: {name: "^model\\\\.layers\\\\.0\\\\.mlp\\\\.experts$"}
+          replace: {class: operators.experts.KTransformersExperts, kwargs: {backend: AMXINT4}}
+        """)
+    model = ktcy.hf.from_pretrained(folders["olmoe"], rules=rules, backend="INT8", dtype=torch.float32)
+    kernels = {n: m.kernel.split(" ")[0] for n, m in model.ktcy_experts().items()}
+    assert kernels == {"model.layers.0.mlp.experts": "INT4", "model.layers.1.mlp.experts": "INT8"}
+
+
+def _block_outputs(model, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, m in model.ktcy_experts().items():
+        x = torch.randn(5, 64, generator=g)
+        ids = torch.randint(0, m.moe.config.num_experts, (5, m.moe.config.top_k), generator=g)
+        out[name] = m(x, ids, torch.rand(5, m.moe.config.top_k, generator=g)).numpy()
+    return out
+
+
+def test_experts_path_gives_the_same_blocks_as_the_checkpoint(folders, tmp_path):
+    src = folders["qwen2_moe"]
+    packed = tmp_path / "packed"
+    convert(src, str(packed), method="INT8")
+    from_folder = ktcy.hf.from_pretrained(src, experts_path=packed, dtype=torch.float32)
+    from_ckpt = ktcy.hf.from_pretrained(src, backend="INT8", dtype=torch.float32)
+    a, b = _block_outputs(from_folder), _block_outputs(from_ckpt)
+    assert a.keys() == b.keys() and len(a) == 2
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
+    assert rel_l2(logits(from_folder, PROMPT), logits(from_ckpt, PROMPT)) == 0
+    # a converted folder holds one format
+    with pytest.raises(ktcy.CheckpointError, match="packed as INT8"):
+        ktcy.hf.from_pretrained(src, experts_path=packed, backend="BF16")
+    with pytest.raises(ktcy.CheckpointError, match="experts_path"):
+        ktcy.hf.from_pretrained(src, experts_path=src)
+    with pytest.raises(ktcy.CheckpointError, match="converted folder"):
+        ktcy.hf.from_pretrained(packed)
+
+
+def test_experts_path_from_another_model_is_refused(folders, tmp_path):
+    packed = tmp_path / "packed"
+    convert(folders["olmoe"], str(packed), method="INT8")  # 8 experts; Mixtral's layers have 4
+    with pytest.raises(ktcy.CheckpointError):
+        ktcy.hf.from_pretrained(folders["mixtral"], experts_path=packed)
+
+
+def test_unknown_architecture_lists_supported(tmp_path):
+    cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=2)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    with pytest.raises(ktcy.hf.UnsupportedArchitectureError) as e:
+        ktcy.hf.from_pretrained(tmp_path)
+    msg = str(e.value)
+    assert "'llama'" in msg and all(a in msg for a in ckpts.ARCHITECTURES)
+
+
+def test_missing_checkpoint_is_a_checkpoint_error(tmp_path):
+    with pytest.raises(ktcy.CheckpointError):
+        ktcy.hf.from_pretrained(tmp_path / "nowhere")
+
+
+def test_missing_torch_is_an_import_error_naming_the_extra():
+    code = textwrap.dedent("""\
+        import sys
+        sys.modules["torch"] = None
+        import ktcy  # the numpy core does not need torch
+        import ktcy.hf  # importable (the CLI lists `generate`); its names need the extra
+        try:
+            from ktcy.hf import from_pretrained
+        except ImportError as e:
+            print("IMPORT-ERROR:", e)
+        """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "IMPORT-ERROR:" in r.stdout and "pip install ktcy[hf]" in r.stdout
+
+
+def test_rules_also_match_the_checkpoints_block_names(folders):
+    # Mixtral's checkpoint calls the block block_sparse_moe, transformers' module mlp
+    rules = [{"match": {"name": r"model\.layers\.1\.block_sparse_moe\.experts"},
+              "replace": {"kwargs": {"backend": "INT8"}}}]
+    model = ktcy.hf.from_pretrained(folders["mixtral"], rules=rules, dtype=torch.float32)
+    kernels = {n: m.kernel.split(" ")[0] for n, m in model.ktcy_experts().items()}
+    assert kernels == {"model.layers.0.mlp.experts": "BF16", "model.layers.1.mlp.experts": "INT8"}
+
+
+def test_arguments_that_do_not_apply_are_refused(folders):
+    with pytest.raises(ValueError, match="device_map"):
+        ktcy.hf.from_pretrained(folders["olmoe"], device_map="auto")
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        ktcy.hf.from_pretrained(folders["olmoe"], trust_remote_code=True)
+    with pytest.raises(ValueError, match="dtype"):
+        ktcy.hf.from_pretrained(folders["olmoe"], dtype="int8")
+    with pytest.raises(ktcy.RuleError):
+        ktcy.hf.from_pretrained(folders["olmoe"], rules="- match: {name: '('}\n")
+
+
+def test_dense_layers_between_moe_layers_stay_torch(tmp_path):
+    folder = ckpts.build("qwen2_moe", tmp_path / "m", seed=ckpts.GREEDY_SEEDS["qwen2_moe"], mlp_only_layers=[0])
+    model = ktcy.hf.from_pretrained(folder, dtype=torch.float32)
+    assert list(model.ktcy_experts()) == ["model.layers.1.mlp.experts"]
+    assert rel_l2(logits(model, PROMPT), logits(stock(folder), PROMPT)) < 0.01
+
+
+def test_hub_id_is_found_in_the_local_cache(folders, tmp_path, monkeypatch):
+    import shutil
+    snapshot = tmp_path / "hub" / "models--tiny--olmoe" / "snapshots" / "rev1"
+    shutil.copytree(folders["olmoe"], snapshot)
+    (tmp_path / "hub" / "models--tiny--olmoe" / "refs").mkdir()
+    (tmp_path / "hub" / "models--tiny--olmoe" / "refs" / "main").write_text("rev1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    model = ktcy.hf.from_pretrained("tiny/olmoe", dtype=torch.float32)
+    assert rel_l2(logits(model, PROMPT), logits(stock(folders["olmoe"]), PROMPT)) < 0.01
+    with pytest.raises(ktcy.CheckpointError, match="huggingface-cli download"):
+        ktcy.hf.from_pretrained("tiny/absent")
