@@ -10,6 +10,7 @@ import sys
 
 from ktcy import log, report
 from ktcy.formats import FORMATS
+from ktcy.hf import generate_cli
 from ktcy.version import __version__
 
 EXIT_ERROR, EXIT_USAGE = 1, 2
@@ -264,6 +265,12 @@ def build_parser():
                    "checkpoint instead")
     r.add_argument("--threads", type=thread_count, default=None, help="OpenMP threads (default: all usable CPUs)")
     r.set_defaults(func=cmd_run_block)
+    g = command("generate", "text from a whole MoE model with ktcy's experts (needs the hf extra)",
+                "Load a Hugging Face causal LM with transformers (CPU), its MoE experts replaced by ktcy's kernels, "
+                "and generate: prints the text as it comes, then prefill and decode tokens/s and the share of time "
+                "in ktcy's experts. Needs `pip install ktcy[hf]`.")
+    generate_cli.add_arguments(g)
+    g.set_defaults(func=generate_cli.run)
     c = sub.add_parser("convert", help="Hugging Face MoE checkpoint -> packed ktcy layers (ktcy convert --help)",
                        add_help=False)
     c.set_defaults(func=None)
@@ -321,6 +328,7 @@ def _guarded(fn, debug):
 
 
 def main(argv=None):
+    from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     first = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
     if first is not None and argv[first] == "convert":
@@ -329,6 +337,13 @@ def main(argv=None):
         flags, _ = _split_global_flags(rest)
         from ktcy.convert import main as convert_main
         return _guarded(lambda: convert_main(rest, prog="ktcy convert"), flags["debug"])
+    if from_command_line and first is not None and argv[first] == "generate" \
+            and os.environ.get("OMP_WAIT_POLICY") is None:
+        # torch and ktcy each keep an OpenMP team; with the default policy the idle one spins on the
+        # cores the other needs (decode measured 4x slower).  libgomp reads the policy when it loads,
+        # which happened on `import ktcy`: start again with it set (an explicit setting is kept).
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        os.execv(sys.executable, [sys.executable, "-m", "ktcy"] + argv)
     args = build_parser().parse_args(argv)
     flags = _flags(args)
     _set_verbosity(**flags)

@@ -93,3 +93,25 @@ def test_generate_with_converted_experts_and_rules(folder, tmp_path):
     assert generate_cli.run(parse(["--model", folder, "--rules", str(rules), "--input-ids", "3,4",
                                    "--max-new-tokens", "3"]), out) == 0
     assert "BF16 on " in out.getvalue() and "INT4 on " in out.getvalue()
+
+
+def test_the_ktcy_command_runs_generate_with_a_passive_openmp_policy(folder, tmp_path):
+    """`ktcy generate` from the command line: the subcommand is wired, and without an explicit
+    OMP_WAIT_POLICY it starts itself again with PASSIVE (torch's and ktcy's OpenMP teams would
+    otherwise spin against each other); a user error is one line."""
+    import os
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    probe = tmp_path / "sitecustomize.py"   # reports the policy the final process saw
+    probe.write_text("import os, sys\nsys.stderr.write('policy=%s\\n' % os.environ.get('OMP_WAIT_POLICY'))\n")
+    env["PYTHONPATH"] = str(tmp_path) + os.pathsep + env.get("PYTHONPATH", "")
+    run = subprocess.run([sys.executable, "-c", "import sys; from ktcy.cli import main; sys.argv[0] = 'ktcy'; "
+                          "sys.exit(main())", "generate", "--model", folder, "--input-ids", "3,4,5",
+                          "--max-new-tokens", "3", "--backend", "INT8", "--threads", "1"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.splitlines()[:2] == ["policy=None", "policy=PASSIVE"], run.stderr
+    assert len(run.stdout.splitlines()[0].split()) == 3 and "decode:" in run.stdout
+    bad = subprocess.run([sys.executable, "-m", "ktcy", "generate", "--model", str(tmp_path / "missing"),
+                          "--input-ids", "1"], capture_output=True, text=True, env=env, timeout=300)
+    errors = [line for line in bad.stderr.splitlines() if not line.startswith("policy=")]
+    assert bad.returncode == 1 and len(errors) == 1 and errors[0].startswith("ktcy: error:"), bad.stderr
