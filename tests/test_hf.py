@@ -150,9 +150,11 @@ def test_experts_path_gives_the_same_blocks_as_the_checkpoint(folders, tmp_path)
     for name in a:
         np.testing.assert_array_equal(a[name], b[name])
     assert rel_l2(logits(from_folder, PROMPT), logits(from_ckpt, PROMPT)) == 0
-    # a converted folder holds one format
-    with pytest.raises(ktcy.CheckpointError, match="packed as INT8"):
-        ktcy.hf.from_pretrained(src, experts_path=packed, backend="BF16")
+    # another format than the folder's is packed from the checkpoint, as MoEModel does
+    other = ktcy.hf.from_pretrained(src, experts_path=packed, backend="BF16", dtype=torch.float32)
+    assert all(m.format == "BF16" for m in other.ktcy_experts().values())
+    assert rel_l2(logits(other, PROMPT), logits(ktcy.hf.from_pretrained(src, backend="BF16", dtype=torch.float32),
+                                                PROMPT)) == 0
     with pytest.raises(ktcy.CheckpointError, match="experts_path"):
         ktcy.hf.from_pretrained(src, experts_path=src)
     with pytest.raises(ktcy.CheckpointError, match="converted folder"):

@@ -22,7 +22,8 @@ from ktcy.formats import canonical_format
 from ktcy.hf.architectures import ROUTED_EXPERT_TENSOR, architecture, layer_of
 from ktcy.hf.experts_module import KtcyExperts
 from ktcy.log import warn_once
-from ktcy.loading import experts_from_checkpoint, is_converted, load_experts
+from ktcy.converted import ConvertedFolder
+from ktcy.loading import experts_from_checkpoint, is_converted
 from ktcy.model import RuleError, load_rules
 from ktcy.paths import MAX_CONFIG_BYTES, read_json, require_folder, resolve_model_path
 from ktcy.safetensors_io import CheckpointError
@@ -67,11 +68,6 @@ def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwar
     if is_converted(path):
         raise CheckpointError(f"{path}: a converted folder holds experts only; from_pretrained needs the original "
                               "checkpoint (attention, embeddings, routers) - pass the converted folder as experts_path")
-    if experts_path is not None:
-        experts_path = resolve_model_path(experts_path, "experts_path")
-        if not is_converted(experts_path):
-            raise CheckpointError(f"experts_path {experts_path}: not a folder written by `ktcy convert` "
-                                  "(no ktcy_model.json)")
     if backend is not None:
         canonical_format(backend)
     for key in _NOT_APPLICABLE:
@@ -85,6 +81,10 @@ def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwar
         raise CheckpointError(f"{path}: no config.json")
     arch = architecture(read_json(config_file, MAX_CONFIG_BYTES), config_file)  # before any MoE-specific check
     ckpt = Checkpoint(path)
+    # the same checks and format rule as MoEModel: the folder must come from this checkpoint
+    converted = ConvertedFolder(experts_path, ckpt) if experts_path is not None else None
+    if converted is not None:
+        converted.require(ckpt.arch.moe_layers)
     isa = hf_kwargs.pop("isa", None)
     dtype = _dtype(hf_kwargs)
     attn = hf_kwargs.pop("attn_implementation", None)
@@ -101,7 +101,7 @@ def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwar
         extra = {"attn_implementation": attn} if attn is not None else {}
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, **extra)
     model.eval()
-    state = _KtcyState(ckpt, arch, parsed, backend, experts_path, isa)
+    state = _KtcyState(ckpt, arch, parsed, backend, converted, isa)
     replaced = [name for name, module in list(model.named_modules()) if isinstance(module, experts_type)]
     if len(replaced) != len(ckpt.arch.moe_layers):
         raise CheckpointError(f"{path}: the model has {len(replaced)} {arch.experts_class} modules, config.json "
@@ -156,30 +156,28 @@ def _replace(model, name, module):
 class _KtcyState:
     """What a model needs to build and rebuild its experts modules."""
 
-    def __init__(self, ckpt, arch, rules, backend, experts_path, isa):
+    def __init__(self, ckpt, arch, rules, backend, converted, isa):
         self.checkpoint, self.arch, self.rules = ckpt, arch, rules
-        self.default_backend, self.experts_path, self.isa = backend, experts_path, isa
+        self.default_backend, self.converted, self.isa = backend, converted, isa
 
     def build(self, name, forced_backend=None):
         L = layer_of(name)
         stored_name = self.checkpoint.layer(L).block_name  # Mixtral's checkpoint says block_sparse_moe
         rule = next((r for r in self.rules if r.matches(name) or r.matches(stored_name)), None)
         backend = forced_backend or (rule.backend if rule is not None else None) or self.default_backend
-        if self.experts_path is not None and forced_backend is None:
-            moe = load_experts(self.experts_path, L, method=backend, isa=self.isa)
-            self._check_converted(moe, L)
-        else:
-            moe = experts_from_checkpoint(self.checkpoint, L, backend, self.isa)
-        return KtcyExperts(name, L, moe, backend, rule)
+        return KtcyExperts(name, L, self._experts(L, backend), backend, rule)
 
-    def _check_converted(self, moe, L):
-        a, c = self.checkpoint.arch, moe.config
-        want = (a.num_experts, a.top_k, a.hidden_size, a.intermediate_size)
-        got = (c.num_experts, c.top_k, c.hidden_size, c.intermediate_size)
-        if got != want:
-            raise CheckpointError(f"experts_path {self.experts_path}: layer {L} holds experts, top_k, hidden, "
-                                  f"intermediate = {got}; the checkpoint {self.checkpoint.path} has {want} "
-                                  "(converted from another model?)")
+    def _experts(self, L, backend):
+        """From the converted folder when it holds the format asked for; else packed from the
+        checkpoint (converted weights are quantized already: packing them again would lose what
+        the checkpoint still has)."""
+        if self.converted is not None:
+            held = self.converted.format(L)
+            if backend is None or canonical_format(backend) == held:
+                return self.converted.load(L, self.isa)
+            log.warning("layer %d: %s asked for, %s holds %s; packed from the checkpoint %s instead", L,
+                        canonical_format(backend), self.converted.path, held, self.checkpoint.path)
+        return experts_from_checkpoint(self.checkpoint, L, backend, self.isa)
 
 
 def inject_expert_backend(model, layer_regex, backend):
