@@ -321,7 +321,7 @@ EDGE_N = (16, 17, 33, 48, 80, 96)              # 1, 2, 3, 3, 5, 6 panels: odd co
 EDGE_K = (1, 63, 65, 200, 4000)                # not multiples of 64 / 128
 # every M once, N and K rotating, plus the decode rows (1, 2: the prefetching path) over the long K
 EDGE_SHAPES = [(m, EDGE_N[i % len(EDGE_N)], EDGE_K[i % (len(EDGE_K) - 1)]) for i, m in enumerate(EDGE_M)] + \
-              [(1, 96, 4000), (2, 80, 4000), (2, 17, 65), (97, 33, 200), (7, 96, 4000)]
+              [(1, 96, 4000), (2, 80, 4000), (2, 17, 65), (97, 33, 200)]
 FORMAT_CASES = [(f, g) for f in FORMATS for g in ((32, 64, 128) if f in GROUPED else (None,))]
 
 
@@ -370,7 +370,7 @@ def gemm_property(data):
     check_every_variant(X, packed_weight(rng, fmt, group, n, k), (fmt, group, m, n, k))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(st.data())
 def test_every_variant_matches_the_reference_on_random_shapes(data):
     gemm_property(data)
@@ -444,9 +444,30 @@ GUARDED_GEMMS = GUARD_HELPER + textwrap.dedent("""
                      if getattr(p, f) is not None}
             g = dataclasses.replace(p, _view=None, **moved)
             for v in runnable_variants(fmt):
-                assert np.array_equal(kernels.linear_variant(X, g, v), kernels.linear_variant(X, p, v)), (fmt, v)
+                out = at_page_end(np.zeros((m, n), np.float32))   # partial last panel: masked stores
+                kernels.linear_variant(at_page_end(X), g, v, out=out)
+                assert np.array_equal(out, kernels.linear_variant(X, p, v)), (fmt, v)
                 done += 1
-    print("gemms", done)
+    import ktcy
+    E, K_TOP, H, I = 3, 2, 144, 80
+    rng = np.random.default_rng(0)
+    weights = [rng.standard_normal(s).astype(np.float32) * 0.1 for s in ((E, I, H), (E, I, H), (E, H, I))]
+    for fmt in ("INT8", "INT4", "MXFP4"):
+        for isa in [i for i in ktcy.available_isas() if i in ("avx2", "avx512")] + ["amx_emu"]:
+            layer = ktcy.MoE.from_weights(ktcy.MoeConfig(E, K_TOP, H, I, ktcy.QuantConfig(fmt), isa=isa), *weights)
+            for T in (1, 40):
+                x = rng.standard_normal((T, H)).astype(np.float32)
+                ids = np.stack([rng.permutation(E)[:K_TOP] for _ in range(T)])
+                ids[::2, 1] = -1
+                w = rng.random((T, K_TOP)).astype(np.float32)
+                out = at_page_end(np.zeros((T, H), np.float32))
+                layer.forward(at_page_end(x), at_page_end(ids), at_page_end(w), out=out)
+                assert np.array_equal(out, layer.forward(x, ids, w)), (fmt, isa, T)
+                slots = at_page_end(np.zeros((T, K_TOP, H), np.float32))
+                layer.forward_slots(at_page_end(x), at_page_end(ids), at_page_end(w), out=slots)
+                assert np.array_equal(slots, layer.forward_slots(x, ids, w)), (fmt, isa, T)
+                done += 1
+    print("runs", done)
 """)
 
 
@@ -456,12 +477,33 @@ def run_guarded(code, *args):
 
 
 def test_packed_arrays_ending_at_a_guard_page_are_never_read_past():
-    """Weights, scales, column sums and zero points end exactly where a PROT_NONE page begins:
-    a real load past the end (not a prefetch, which never faults) kills the child with SIGSEGV."""
+    """Weights, scales, column sums, zero points, activations and outputs (of kernels.linear_variant
+    and of MoE.forward / forward_slots) end exactly where a PROT_NONE page begins: a real load or
+    store past the end (not a prefetch, which never faults) kills the child with SIGSEGV."""
     control = run_guarded(GUARD_HELPER + "a = at_page_end(np.arange(10, dtype=np.uint8))\n"
                           "print(ctypes.string_at(a.ctypes.data + a.nbytes, 1))\n")
     assert control.returncode == -11, "the guard page does not fault: the test below would prove nothing"
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     r = run_guarded(GUARDED_GEMMS, tests_dir)
     assert r.returncode == 0, f"rc {r.returncode}: {r.stderr[-2000:]}"
-    assert int(r.stdout.split()[-1]) >= 6 * len(FORMATS)
+    assert int(r.stdout.split()[-1]) >= 6 * len(FORMATS) + 6
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: kernels.pack_quantized accepts INT8 code -128 (and a packed file may "
+                   "hold it); int8_avx2 and int8_avx512bw multiply by sign(a) * w with a byte sign flip, and "
+                   "-(-128) wraps to -128, so a negative activation times -128 comes out with the wrong sign on "
+                   "those ISAs while ref / VNNI / AMX are right: refuse -128 at pack time or handle it")
+@pytest.mark.parametrize("m", [1, 5])
+def test_int8_code_minus_128_is_refused_or_exact_on_every_variant(m):
+    rng = np.random.default_rng(m)
+    codes = rng.integers(-128, 128, (33, 200)).astype(np.int8)
+    codes[:, :8] = -128
+    scale = (rng.random(33) * 0.01 + 0.001).astype(np.float32)
+    X = rng.standard_normal((m, 200)).astype(np.float32)
+    X[:, :8] = -np.abs(X[:, :8])
+    try:
+        packed = kernels.pack_quantized(codes, scale, "INT8")
+    except ValueError as e:
+        assert "-128" in str(e)
+        return
+    check_every_variant(X, packed, ("INT8 codes with -128", m))
