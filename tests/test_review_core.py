@@ -137,6 +137,27 @@ def test_out_aliasing_x_or_overlapping_it_gives_the_separate_result():
     assert same_bits(shifted[1:], ref)
 
 
+def test_concurrent_calls_on_one_layer_give_the_serial_results():
+    """forward and forward_slots from several Python threads at once (the layer's lock serialises
+    them over the shared arena): each call gets exactly what it gets alone."""
+    from concurrent.futures import ThreadPoolExecutor
+    layer = make_layer("INT4", "amx_emu")
+    cases = []
+    for T in (1, 3, 40, 2, 70, 5):
+        x, ids, w = routing(T, seed=T)
+        ids[::3, 0] = -1
+        cases.append((x, ids, w))
+    serial = [(layer.forward(*c), layer.forward_slots(*c)) for c in cases]
+
+    def run(i):
+        c = cases[i % len(cases)]
+        return i % len(cases), layer.forward(*c), layer.forward_slots(*c)
+
+    with ThreadPoolExecutor(4) as pool:
+        for i, y, s in pool.map(run, range(24)):
+            assert same_bits(y, serial[i][0]) and same_bits(s, serial[i][1])
+
+
 @pytest.mark.parametrize("T", [0, 1, 5])
 def test_bad_ids_weights_and_out_are_one_clear_error(T):
     layer = make_layer("BF16")
@@ -281,6 +302,9 @@ def test_out_tensors_of_every_kind(int8_layer):
     # out aliasing x (a float32 tensor written in place)
     xa = xt.clone()
     assert int8_layer.forward(xa, ids, w, out=xa) is xa and same_bits(xa.numpy(), ref)
+    xb = xt.to(torch.bfloat16)
+    expected = int8_layer.forward(xb, ids, w)
+    assert int8_layer.forward(xb, ids, w, out=xb) is xb and torch.equal(xb, expected)
     # forward_slots into a tensor
     slots = torch.empty((6, K_TOP, H))
     assert int8_layer.forward_slots(xt, ids, w, out=slots) is slots
