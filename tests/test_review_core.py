@@ -345,7 +345,7 @@ EDGE_N = (16, 17, 33, 48, 80, 96)              # 1, 2, 3, 3, 5, 6 panels: odd co
 EDGE_K = (1, 63, 65, 200, 4000)                # not multiples of 64 / 128
 # every M once, N and K rotating, plus the decode rows (1, 2: the prefetching path) over the long K
 EDGE_SHAPES = [(m, EDGE_N[i % len(EDGE_N)], EDGE_K[i % (len(EDGE_K) - 1)]) for i, m in enumerate(EDGE_M)] + \
-              [(1, 96, 4000), (2, 80, 4000), (2, 17, 65), (97, 33, 200)]
+              [(1, 96, 4000), (2, 80, 4000), (9, 48, 4000), (2, 17, 65), (97, 33, 200)]
 FORMAT_CASES = [(f, g) for f in FORMATS for g in ((32, 64, 128) if f in GROUPED else (None,))]
 
 
