@@ -347,6 +347,27 @@ def packed_shapes(int fmt, int64_t n, int64_t k, int group=0):
     return {"data": (ktcy_data_bytes(fmt, n, k, group),), "scale": (shape[0], shape[1]) if shape[0] else None,
             "colsum": (cs,) if cs else None, "zero": (zshape[0], zshape[1]) if zshape[0] else None}
 
+def int8_column_sums(const int8_t[::1] data, int64_t n_pad, int64_t k_pad):
+    """Sum over K of each channel's codes, read from INT8 blocks (16 rows x 16 channels x 4)."""
+    if n_pad % 16 or k_pad % 64 or data.shape[0] != n_pad * k_pad:
+        raise ValueError("INT8 blocks do not fit the padded shape")
+    sums = np.zeros(n_pad, np.int32)
+    cdef int32_t[::1] out = sums
+    cdef int64_t p, b, r, c, base
+    cdef int32_t acc
+    with nogil:
+        for p in range(n_pad // 16):
+            for c in range(16):
+                acc = 0
+                for b in range(k_pad // 64):
+                    base = (p * (k_pad // 64) + b) * 1024 + c * 4
+                    for r in range(16):
+                        acc = acc + data[base + r * 64] + data[base + r * 64 + 1] + data[base + r * 64 + 2] \
+                            + data[base + r * 64 + 3]
+                out[p * 16 + c] = acc
+    return sums
+
+
 def layout(int fmt, codes, int64_t n, int64_t k, int group=0, block_scales=None):
     """Packs an [n][>=k] code matrix (int8, uint8 or uint16 bits) into the format's blocks;
     block_scales: the [n][k_pad/block_k] uint8 exponents of formats that keep them in the block."""

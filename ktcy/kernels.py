@@ -40,6 +40,19 @@ def as_float32_matrix(a, what):
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
+def _check_colsum(p):
+    """The column sums the VNNI kernels subtract (they add 128 to the activations) must be the
+    codes' own: a damaged or foreign file would otherwise give wrong numbers on those kernels
+    only.  One pass over the codes, once per weight."""
+    n_pad, k_pad, _ = _padded(p.format, int(p.shape[0]), int(p.shape[1]), p.group_size)
+    sums = _native.int8_column_sums(np.asarray(p.data).reshape(-1).view(np.int8), n_pad, k_pad)
+    stored = np.asarray(p.colsum).reshape(-1)[:n_pad]
+    if not np.array_equal(sums, stored):
+        bad = int(np.flatnonzero(sums != stored)[0])
+        raise ValueError(f"{p.format} weight {tuple(p.shape)}: stored column sum of channel {bad} does not match "
+                         f"its codes (damaged or foreign data)")
+
+
 @dataclass(eq=False)
 class PackedWeight:
     """W[N][K] in a ktcy packed layout (the same bytes on every ISA).  The arrays are checked
@@ -76,8 +89,11 @@ class PackedWeight:
             if self.format not in _CODE:
                 raise ValueError(f"unknown weight format {self.format!r}; known: {', '.join(FORMATS)}")
             n, k = (int(v) for v in self.shape)
-            self._view = _native.Weight(_CODE[self.format], int(self.group_size or 0), n, k, self.data,
-                                        self.scale, self.colsum, self.zero)
+            view = _native.Weight(_CODE[self.format], int(self.group_size or 0), n, k, self.data,
+                                  self.scale, self.colsum, self.zero)
+            if self.colsum is not None:
+                _check_colsum(self)
+            self._view = view
         return self._view
 
     def codes(self):

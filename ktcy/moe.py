@@ -206,11 +206,11 @@ class MoE:
         c = self.config
         like = x if torch_bridge.is_tensor(x) else None
         if like is not None:
-            x = torch_bridge.as_numpy(x)
+            x = torch_bridge.as_numpy(x, "x")
         if torch_bridge.is_tensor(topk_ids):
-            topk_ids = torch_bridge.as_numpy(topk_ids)
+            topk_ids = torch_bridge.as_numpy(topk_ids, "topk_ids")
         if torch_bridge.is_tensor(topk_weights):
-            topk_weights = torch_bridge.as_numpy(topk_weights)
+            topk_weights = torch_bridge.as_numpy(topk_weights, "topk_weights")
         x = _as_rows(x, "x", c.hidden_size)
         T = x.shape[0]
         ids = np.asarray(topk_ids)
@@ -256,7 +256,9 @@ class MoE:
             return out
         if out is not None:
             return out
-        return torch_bridge.result_like(result, like) if like is not None else result
+        if like is None:
+            return result
+        return torch_bridge.result_like(result, like, keep_float32=per_slot)  # slots stay float32: see forward_slots
 
     __call__ = forward
 

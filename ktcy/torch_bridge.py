@@ -13,10 +13,12 @@ def is_tensor(a):
     return any(c.__module__ == "torch" and c.__name__ == "Tensor" for c in type(a).__mro__)
 
 
-def as_numpy(a):
+def as_numpy(a, what):
     """A numpy array over a torch tensor's host memory (a view when it already lives there)."""
     import torch
     t = a.detach()
+    if t.device.type == "meta":
+        raise ValueError(f"{what} is a tensor on the meta device (it holds no data)")
     if t.device.type != "cpu":
         t = t.cpu()
     if t.dtype == torch.bfloat16:
@@ -24,12 +26,13 @@ def as_numpy(a):
     return t.numpy()
 
 
-def result_like(y, like):
-    """The float32 numpy result y as a tensor of like's dtype on like's device."""
+def result_like(y, like, keep_float32=False):
+    """The float32 numpy result y as a tensor on like's device, of like's dtype unless keep_float32."""
     import torch
     t = torch.from_numpy(y)
-    if like.dtype != torch.float32 or like.device.type != "cpu":
-        t = t.to(device=like.device, dtype=like.dtype)
+    dtype = torch.float32 if keep_float32 else like.dtype
+    if dtype != torch.float32 or like.device.type != "cpu":
+        t = t.to(device=like.device, dtype=dtype)
     return t
 
 
@@ -40,6 +43,10 @@ def output_buffer(out, shape):
         raise ValueError(f"out must have shape {tuple(shape)}, got {tuple(out.shape)}")
     if out.requires_grad:
         raise ValueError("out must not require grad: ktcy writes into it")
+    if out.device.type == "meta":
+        raise ValueError("out is a tensor on the meta device (it holds no data)")
+    if out.numel() and any(st == 0 for st, size in zip(out.stride(), out.shape) if size > 1):
+        raise ValueError("out has elements that share memory (an expanded tensor): give a tensor of its own")
     if out.dtype == torch.float32 and out.device.type == "cpu" and out.is_contiguous():
         return out.numpy(), None
     if out.dtype not in (torch.float32, torch.bfloat16, torch.float16):

@@ -1,8 +1,9 @@
 """Adversarial review of the core changes of 2026-11-30: expert id -1, MoE.forward_slots, torch
 tensors in and out of MoE.forward (ktcy/moe.py, ktcy/torch_bridge.py, ktcy/_moe_engine.pxi), and
 the AVX2 / AVX-512 GEMM skeleton changes (3-row x 2-panel INT8 tiles, INT4 panels unpacked once,
-software prefetch).  A test marked xfail(strict=True) with reason "BUG: ..." shows a defect that is
-still open: it fails today and must start passing (then drop the mark) once the code is fixed."""
+software prefetch), and the defects that review found (forward_slots of half-precision tensors,
+out= tensors sharing memory, meta tensors, INT8 code -128 on the sign-flip kernels, INT8 column
+sums that disagree with the codes)."""
 import dataclasses
 import os
 import subprocess
@@ -244,9 +245,6 @@ def test_torch_float32_slots_sum_to_forward(int8_layer):
 
 
 @needs_torch
-@pytest.mark.xfail(strict=True, reason="BUG: MoE._run returns forward_slots as x's dtype "
-                   "(torch_bridge.result_like) for a bfloat16/float16 tensor x; the contract and README say "
-                   "float32 [T, k, H], as the numpy path gives, and bf16-rounded slots no longer sum to forward")
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_forward_slots_of_a_half_precision_tensor_are_float32(int8_layer, dtype):
     tdtype, ndtype = TORCH_DTYPES[dtype]
@@ -317,9 +315,6 @@ def test_out_tensors_of_every_kind(int8_layer):
 
 
 @needs_torch
-@pytest.mark.xfail(strict=True, reason="BUG: torch_bridge.output_buffer accepts an out= tensor whose elements "
-                   "share memory (an expand()ed view); after the whole forward, copy_back's Tensor.copy_ "
-                   "raises torch's RuntimeError instead of one ValueError naming out")
 def test_an_out_tensor_with_overlapping_elements_is_refused_as_a_value_error(int8_layer):
     x, ids, w = routing(4)
     for dtype in (torch.float32, torch.bfloat16):
@@ -328,8 +323,6 @@ def test_an_out_tensor_with_overlapping_elements_is_refused_as_a_value_error(int
 
 
 @needs_torch
-@pytest.mark.xfail(strict=True, reason="BUG: torch_bridge.as_numpy calls .cpu() on a meta tensor (no data) and "
-                   "torch's NotImplementedError escapes; expected one ValueError/TypeError naming x")
 def test_a_tensor_without_data_is_a_clear_error(int8_layer):
     _, ids, w = routing(2)
     with pytest.raises((ValueError, TypeError), match="x"):
@@ -513,13 +506,8 @@ def test_packed_arrays_ending_at_a_guard_page_are_never_read_past():
     assert int(r.stdout.split()[-1]) >= 6 * len(FORMATS) + 6
 
 
-SIGN_FLIP_INT8 = {"int8_avx2", "int8_avx512bw"} & set(runnable_variants("INT8"))
 
 
-@pytest.mark.xfail(bool(SIGN_FLIP_INT8), strict=True, reason="BUG: kernels.pack_quantized accepts INT8 code -128 (and a packed file may "
-                   "hold it); int8_avx2 and int8_avx512bw multiply by sign(a) * w with a byte sign flip, and "
-                   "-(-128) wraps to -128, so a negative activation times -128 comes out with the wrong sign on "
-                   "those ISAs while ref / VNNI / AMX are right: refuse -128 at pack time or handle it")
 @pytest.mark.parametrize("m", [1, 5])
 def test_int8_code_minus_128_is_refused_or_exact_on_every_variant(m):
     rng = np.random.default_rng(m)
@@ -536,11 +524,6 @@ def test_int8_code_minus_128_is_refused_or_exact_on_every_variant(m):
     check_every_variant(X, packed, ("INT8 codes with -128", m))
 
 
-@pytest.mark.xfail("int8_avx512_vnni" in runnable_variants("INT8"), strict=True,
-                   reason="BUG (trust boundary, predates today): INT8 column sums are taken as stored (PackedWeight.native, "
-                   "packed_io.load_layer check shapes only); int8_avx512_vnni's u8 x s8 compensation subtracts "
-                   "128 * colsum, so a file whose colsum disagrees with its codes gives silently wrong numbers on "
-                   "VNNI CPUs only: recompute or verify colsum when a weight is first made native")
 def test_int8_column_sums_that_disagree_with_the_codes_are_refused_or_unused():
     rng = np.random.default_rng(0)
     W, X = (rng.standard_normal((33, 200)) * 0.05).astype(np.float32), rng.standard_normal((5, 200)).astype(np.float32)

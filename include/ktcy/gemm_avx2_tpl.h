@@ -1,7 +1,7 @@
 /* AVX2 + FMA GEMM skeleton, format-agnostic; kernels.h instantiates it once per format with
  * KT_GEMM (entry point name), KT_TRAITS (fmt_*.h, included with KT_SKEL == KT_SKEL_AVX2) and
  * KT_TARGET.  A 64-byte packed row is two 256-bit halves (channels 0-7 and 8-15).  Integer
- * products use the exact |a| * (w * sign a) vpmaddubsw form (or unsigned code x signed
+ * products use the exact |w| * (a * sign w) vpmaddubsw form (or unsigned code x signed
  * activation); bf16 uses even/odd FMAs.  No include guard.
  *
  * The traits header gives (see gemm_avx512_tpl.h for the common ones):
@@ -67,7 +67,8 @@ KT_AI kt_w256 KT_(pre_half)(const uint8_t *blk, int r, int h) {
 KT_AI __m256i KT_(dp)(__m256i acc, KT_(avec) a, kt_w256 w) {
 #if KT_INT_ACT
     if (KT_WKIND == KT_W_S8) {
-        __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(a.i), _mm256_sign_epi8(w.i, a.i));
+        /* |w| * (a * sign w): exact for code -128 too (see gemm_avx512_tpl.h) */
+        __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w.i), _mm256_sign_epi8(a.i, w.i));
         return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
     }
     __m256i pairs = _mm256_maddubs_epi16(w.i, a.i); /* unsigned code x signed activation, no saturation */
