@@ -24,6 +24,16 @@ def is_converted(path):
     return os.path.lexists(os.path.join(path, MODEL_FILE))
 
 
+def original_checkpoint(path, who, needs):
+    """The resolved path of a whole checkpoint, or a CheckpointError when it is a folder
+    written by `ktcy convert` (experts only), which `who` cannot use: it `needs` the rest."""
+    path = resolve_model_path(path)
+    if is_converted(path):
+        raise CheckpointError(f"{path}: a converted folder holds experts only; {who} needs the original "
+                              f"checkpoint ({needs}) - pass the converted folder as experts_path")
+    return path
+
+
 def load_experts(path: PathLike, layer: int, method: Optional[str] = None, isa: Optional[str] = None,
                  group_size: Optional[int] = None,
                  progress: Optional[Callable[[int, int], None]] = None) -> MoE:

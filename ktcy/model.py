@@ -17,9 +17,9 @@ from ktcy.converted import ConvertedFolder
 from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format, fp8_scale_kind
 from ktcy.gpt_oss import read_router
 from ktcy.kernels import as_float32_matrix
-from ktcy.loading import PathLike, experts_from_checkpoint, is_converted, source_for
+from ktcy.loading import PathLike, experts_from_checkpoint, original_checkpoint, source_for
 from ktcy.moe import MoE
-from ktcy.paths import MAX_CONFIG_BYTES, read_small_text, resolve_model_path
+from ktcy.paths import MAX_CONFIG_BYTES, read_small_text
 from ktcy.routing import Router, router_kind
 from ktcy.safetensors_io import CheckpointError
 
@@ -204,10 +204,7 @@ class MoEModel:
         layer, or a converted folder that lacks a layer or does not fit the checkpoint (naming
         the folder, the layer and what differs); RuleError for unusable rules; ValueError for an
         unknown backend; TypeError for a path or layers of the wrong type."""
-        path = resolve_model_path(path)
-        if is_converted(path):
-            raise CheckpointError(f"{path}: a converted folder holds experts only; MoEModel needs the original "
-                                  "checkpoint (routers, shared experts) - use ktcy.load_experts for the experts")
+        path = original_checkpoint(path, "MoEModel", "routers, shared experts")
         if backend is not None:
             canonical_format(backend)
         ckpt = Checkpoint(path)

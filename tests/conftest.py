@@ -92,3 +92,11 @@ def int4_exact_reference(x, packed):
         part = qx[:, j * g:(j + 1) * g] @ qw[:, j * g:(j + 1) * g].T
         acc = (acc + part.astype(np.float32) * packed.scale[j, :n][None, :]).astype(np.float32)
     return (acc * s_x[:, None]).astype(np.float32)
+
+
+def ordered_slot_sum(slots):
+    """MoE.forward's documented reduction of forward_slots: (((0 + s[:, 0]) + s[:, 1]) + ...) in float32."""
+    y = np.zeros((slots.shape[0], slots.shape[2]), np.float32)
+    for j in range(slots.shape[1]):
+        y += slots[:, j]
+    return y

@@ -3,6 +3,7 @@ that expert parallelism sums after its all-reduce: both must reproduce forward's
 import numpy as np
 import pytest
 
+from conftest import ordered_slot_sum
 import ktcy
 from ktcy.formats import FORMATS
 
@@ -31,13 +32,6 @@ def routing(T, seed=5):
     return x, ids, w
 
 
-def ordered_sum(slots):
-    y = np.zeros((slots.shape[0], slots.shape[2]), np.float32)
-    for j in range(slots.shape[1]):
-        y += slots[:, j]
-    return y
-
-
 @pytest.mark.parametrize("isa", isas())
 @pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "FP8_PERCHANNEL"])
 def test_slots_add_up_to_forward_bit_for_bit(fmt, isa):
@@ -49,7 +43,7 @@ def test_slots_add_up_to_forward_bit_for_bit(fmt, isa):
         y = layer.forward(x, ids, w)
         slots = layer.forward_slots(x, ids, w)
         assert slots.shape == (T, K_TOP, H) and slots.dtype == np.float32
-        assert np.array_equal(ordered_sum(slots).view(np.uint32), y.view(np.uint32))
+        assert np.array_equal(ordered_slot_sum(slots).view(np.uint32), y.view(np.uint32))
 
 
 @pytest.mark.parametrize("isa", isas())
@@ -67,7 +61,7 @@ def test_id_minus_one_skips_the_slot(fmt, isa):
     assert not y[3].any()
     slots = layer.forward_slots(x, skipped, w)
     assert not slots[skipped < 0].any()
-    assert np.array_equal(ordered_sum(slots).view(np.uint32), y.view(np.uint32))
+    assert np.array_equal(ordered_slot_sum(slots).view(np.uint32), y.view(np.uint32))
 
 
 def test_every_slot_skipped_gives_zeros_and_other_negative_ids_are_errors():

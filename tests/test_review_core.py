@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conftest import (bf16_round, int4_exact_reference, int8_exact_reference, quantize_rows_int8, rel_err_rows,
-                      runnable_variants)
+from conftest import (bf16_round, int4_exact_reference, int8_exact_reference, ordered_slot_sum, quantize_rows_int8,
+                      rel_err_rows, runnable_variants)
 import ktcy
 from ktcy import _native, kernels
 from ktcy.formats import FORMATS
@@ -45,14 +45,6 @@ def routing(T, seed=2):
     ids = np.stack([rng.permutation(E)[:K_TOP] for _ in range(T)])
     w = rng.random((T, K_TOP)).astype(np.float32)
     return x, ids, w
-
-
-def ordered_sum(slots):
-    """forward's documented reduction: (((0 + s[:, 0]) + s[:, 1]) + ...) in float32."""
-    y = np.zeros((slots.shape[0], slots.shape[2]), np.float32)
-    for j in range(slots.shape[1]):
-        y += slots[:, j]
-    return y
 
 
 def same_bits(a, b):
@@ -93,7 +85,7 @@ def test_600_rows_on_one_expert_with_skipped_slots_on_every_isa(fmt, threads):
         y = layer.forward(x, ids, w)
         slots = layer.forward_slots(x, ids, w)
         assert slots.shape == (T, K_TOP, H) and slots.dtype == np.float32
-        assert same_bits(ordered_sum(slots), y), isa
+        assert same_bits(ordered_slot_sum(slots), y), isa
         assert not slots[ids < 0].any(), isa
         assert not y[5].any(), isa
         assert same_bits(layer.forward(x, zero_ids, zero_w), y), isa
@@ -121,7 +113,7 @@ def test_a_weight_of_nan_on_a_skipped_slot_adds_nothing():
     y = layer.forward(x, ids, w)
     slots = layer.forward_slots(x, ids, w)
     assert np.isfinite(y).all() and np.isfinite(slots).all()
-    assert same_bits(ordered_sum(slots), y)
+    assert same_bits(ordered_slot_sum(slots), y)
     w[:, 1] = 0
     assert same_bits(layer.forward(x, np.where(ids < 0, 0, ids), w), y)
 
@@ -240,7 +232,7 @@ def test_torch_float32_slots_sum_to_forward(int8_layer):
     slots = int8_layer.forward_slots(xt, it, wt)
     y = int8_layer.forward(xt, it, wt)
     assert slots.dtype == torch.float32 and tuple(slots.shape) == (8, K_TOP, H)
-    assert same_bits(ordered_sum(slots.numpy()), y.numpy())
+    assert same_bits(ordered_slot_sum(slots.numpy()), y.numpy())
     assert same_bits(slots.numpy(), int8_layer.forward_slots(x, ids, w))
 
 

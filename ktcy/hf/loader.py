@@ -23,9 +23,9 @@ from ktcy.hf.architectures import ROUTED_EXPERT_TENSOR, architecture, layer_of
 from ktcy.hf.experts_module import KtcyExperts
 from ktcy.log import warn_once
 from ktcy.converted import ConvertedFolder
-from ktcy.loading import experts_from_checkpoint, is_converted
+from ktcy.loading import experts_from_checkpoint, original_checkpoint
 from ktcy.model import RuleError, load_rules
-from ktcy.paths import MAX_CONFIG_BYTES, read_json, require_folder, resolve_model_path
+from ktcy.paths import MAX_CONFIG_BYTES, read_json, require_folder
 from ktcy.safetensors_io import CheckpointError
 
 log = logging.getLogger("ktcy")
@@ -64,10 +64,7 @@ def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwar
     Raises UnsupportedArchitectureError (a ValueError) for a model_type ktcy.hf does not serve;
     CheckpointError for a missing, malformed or converted checkpoint; RuleError / ValueError for
     unusable rules or backends."""
-    path = resolve_model_path(path)
-    if is_converted(path):
-        raise CheckpointError(f"{path}: a converted folder holds experts only; from_pretrained needs the original "
-                              "checkpoint (attention, embeddings, routers) - pass the converted folder as experts_path")
+    path = original_checkpoint(path, "from_pretrained", "attention, embeddings, routers")
     if backend is not None:
         canonical_format(backend)
     for key in _NOT_APPLICABLE:
