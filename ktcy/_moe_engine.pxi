@@ -7,7 +7,10 @@
 #      the same rows (the activations stay in cache), SwiGLU on those columns;
 #   2. per row: quantize / convert the SwiGLU output for the down projection;
 #   3. work items (expert, 8 output panels of H): down GEMM;
-#   4. per token: y = sum_j w[t, j] * down_out[slot(t, j)], j in order (deterministic).
+#   4. per token: y = sum_j w[t, j] * down_out[slot(t, j)], j in order (deterministic); or, when a
+#      slot array is given, each product w[t, j] * down_out[slot(t, j)] on its own (the addends of
+#      that sum: expert parallelism adds them up after an all-reduce, in the same order).
+# Expert id -1 is a slot handled elsewhere (another rank, a GPU): no rows, no contribution.
 # Per expert, rows >= big_min_rows run the prefill kernel (AMX when chosen), fewer rows the decode
 # kernel (the best non-AMX ISA).  Buffers live in an arena sized for the call; one up to
 # ARENA_KEEP_BYTES is kept for the next call (decode reuses it), a larger one (a long prefill)
@@ -178,7 +181,7 @@ cdef class MoEEngine:
             self.arena, self.arena_tokens, self.arena_rows = {}, -1, -1
 
     def forward(self, const float[:, ::1] x, const int64_t[:, ::1] ids, const float[:, ::1] rw, float[:, ::1] out,
-                int nthreads):
+                int nthreads, float[:, :, ::1] slots=None):
         cdef int64_t T = ids.shape[0], k = ids.shape[1], S = T * k
         cdef int E = self.num_experts, e
         cdef int64_t t, j, r, s, i, c, rows = 0, n_items1 = 0, n_items2 = 0
@@ -193,15 +196,19 @@ cdef class MoEEngine:
         cdef int64_t per_h = ktcy_split_panels(panels_h, (panels_h + MOE_ITEM_PANELS - 1) // MOE_ITEM_PANELS)
         if T == 0:
             return
+        cdef int per_slot = slots is not None
         if x.shape[0] != T or x.shape[1] != H or rw.shape[0] != T or rw.shape[1] != k \
                 or out.shape[0] != T or out.shape[1] != H:
             raise ValueError("x, ids, weights and out disagree in shape")
+        if per_slot and (slots.shape[0] != T or slots.shape[1] != k or slots.shape[2] != H):
+            raise ValueError("the slot array must be [T, k, H]")
         if nthreads < 1:
             raise ValueError(f"thread count must be >= 1, got {nthreads}")
         ids_array = np.asarray(ids)
-        if S and (ids_array.min() < 0 or ids_array.max() >= E):
-            raise ValueError(f"expert ids must lie in [0, {E})")
-        counts = np.bincount(ids_array.reshape(-1), minlength=E).astype(np.int64)
+        if S and (ids_array.min() < -1 or ids_array.max() >= E):
+            raise ValueError(f"expert ids must lie in [0, {E}) or be -1 (skip)")
+        routed = ids_array.reshape(-1)
+        counts = np.bincount(routed[routed >= 0], minlength=E).astype(np.int64)
         cdef int64_t[::1] cnt = counts
         seg = np.zeros(E + 1, np.int64)
         cdef int64_t[::1] segv = seg
@@ -211,6 +218,12 @@ cdef class MoEEngine:
                 n_items1 += (panels_i + per_i - 1) // per_i
                 n_items2 += (panels_h + per_h - 1) // per_h
         rows = segv[E]
+        if rows == 0:  # every slot is -1: nothing routed here
+            if per_slot:
+                slots[...] = 0
+            else:
+                out[...] = 0
+            return
         self._ensure_arena(T, rows, nthreads)
         row_token = np.full(rows, -1, np.int64)
         slot = np.empty(S, np.int64)
@@ -219,6 +232,9 @@ cdef class MoEEngine:
         for t in range(T):
             for j in range(k):
                 e = <int>ids[t, j]
+                if e < 0:
+                    slotv[t * k + j] = -1
+                    continue
                 slotv[t * k + j] = fillv[e]
                 rtok[fillv[e]] = t
                 fillv[e] += 1
@@ -353,13 +369,22 @@ cdef class MoEEngine:
                     for r in range(seg0, seg0 + m):
                         for cc in range(p0 * KTCY_PANEL, col_end):
                             hd[r, cc] = hd[r, cc] + bd[e * H + cc]
-            # 4. weighted sum per token, experts in routing order
+            # 4. weighted sum per token, experts in routing order (or the products one by one)
             for t in prange(T, schedule="static"):
+                if per_slot:
+                    for j in range(k):
+                        wgt = rw[t, j]
+                        base = slotv[t * k + j]
+                        for col in range(H):
+                            slots[t, j, col] = wgt * hd[base, col] if base >= 0 else 0.0
+                    continue
                 for col in range(H):
                     out[t, col] = 0.0
                 for j in range(k):
                     wgt = rw[t, j]
                     base = slotv[t * k + j]
+                    if base < 0:
+                        continue
                     for col in range(H):
                         out[t, col] = out[t, col] + wgt * hd[base, col]
         self._release_large_arena()

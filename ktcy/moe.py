@@ -13,7 +13,7 @@ from typing import Callable, Mapping, Optional, Sequence
 import ml_dtypes
 import numpy as np
 
-from ktcy import _native, kernels
+from ktcy import _native, kernels, torch_bridge
 from ktcy import progress as _progress
 from ktcy.log import warn_once
 from ktcy.config import MoeConfig
@@ -180,16 +180,37 @@ class MoE:
                 raise CheckpointError(f"{path} changed size on disk ({size} -> {now} bytes) while mapped; "
                                       f"reload the layer")
 
-    def forward(self, x: np.ndarray, topk_ids: np.ndarray, topk_weights: np.ndarray,
-                out: Optional[np.ndarray] = None) -> np.ndarray:
-        """y [T, H] float32 = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]).
+    def forward(self, x, topk_ids, topk_weights, out=None):
+        """y [T, H] = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]).
 
-        x [T, H] float32/float64/float16/bfloat16; topk_ids [T, top_k] integers in [0, E) (a
-        repeated id counts twice); topk_weights [T, top_k] floats; out, if given, a writable
-        C-contiguous float32 [T, H] array that receives the result.  Raises ValueError/TypeError
-        for shapes, dtypes or ids that do not fit, CheckpointError when a mapped file changed on
-        disk, TileError for an emulated AMX fault.  Threaded; the GIL is released."""
+        x [T, H] float32/float64/float16/bfloat16 (numpy, ml_dtypes) or a torch tensor (float32,
+        bfloat16, float16; any device: CPU tensors are read in place, others copied to the host and
+        back); topk_ids [T, top_k] integers in [0, E), or -1 for a slot handled elsewhere (it adds
+        nothing; a repeated id counts twice); topk_weights [T, top_k] floats.  Returns float32
+        numpy for numpy x, a tensor of x's dtype and device for torch x.  out, if given, receives
+        the result: a writable C-contiguous float32 [T, H] numpy array, or a [T, H] float tensor.
+        Raises ValueError/TypeError for shapes, dtypes or ids that do not fit, CheckpointError when
+        a mapped file changed on disk, TileError for an emulated AMX fault.  Threaded; the GIL is
+        released."""
+        return self._run(x, topk_ids, topk_weights, out, per_slot=False)
+
+    def forward_slots(self, x, topk_ids, topk_weights, out=None):
+        """The addends of forward one by one: s [T, k, H] float32 with s[t, j] =
+        topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]) rounded to float32, zeros where the id
+        is -1.  forward's y[t] is exactly (((0 + s[t, 0]) + s[t, 1]) + ...) in float32, j in
+        order, so partial results computed elsewhere (expert parallelism) can be summed to the
+        same bits.  Inputs and out= as in forward, with out [T, k, H]."""
+        return self._run(x, topk_ids, topk_weights, out, per_slot=True)
+
+    def _run(self, x, topk_ids, topk_weights, out, per_slot):
         c = self.config
+        like = x if torch_bridge.is_tensor(x) else None
+        if like is not None:
+            x = torch_bridge.as_numpy(x)
+        if torch_bridge.is_tensor(topk_ids):
+            topk_ids = torch_bridge.as_numpy(topk_ids)
+        if torch_bridge.is_tensor(topk_weights):
+            topk_weights = torch_bridge.as_numpy(topk_weights)
         x = _as_rows(x, "x", c.hidden_size)
         T = x.shape[0]
         ids = np.asarray(topk_ids)
@@ -197,9 +218,9 @@ class MoE:
             raise ValueError(f"topk_ids must be [T={T}, k], got shape {ids.shape}")
         if not np.issubdtype(ids.dtype, np.integer):
             raise TypeError(f"topk_ids must hold integers, got {ids.dtype}")
-        if ids.size and (ids.min() < 0 or ids.max() >= c.num_experts):
-            bad = ids[(ids < 0) | (ids >= c.num_experts)][0]
-            raise ValueError(f"topk_ids holds expert id {bad}, outside [0, {c.num_experts})")
+        if ids.size and (ids.min() < -1 or ids.max() >= c.num_experts):
+            bad = ids[(ids < -1) | (ids >= c.num_experts)][0]
+            raise ValueError(f"topk_ids holds expert id {bad}, outside [0, {c.num_experts}) (-1 skips a slot)")
         if ids.shape[1] != c.top_k:
             raise ValueError(f"topk_ids has {ids.shape[1]} experts per token; this layer routes top_k = {c.top_k}")
         w = np.asarray(topk_weights)
@@ -207,21 +228,35 @@ class MoE:
             raise ValueError(f"topk_weights must have the shape of topk_ids {ids.shape}, got {w.shape}")
         if not (np.issubdtype(w.dtype, np.floating) or w.dtype == ml_dtypes.bfloat16):
             raise TypeError(f"topk_weights must be floating point, got {w.dtype}")
+        shape = (T, c.top_k, c.hidden_size) if per_slot else (T, c.hidden_size)
+        target = None
         if out is None:
-            out = np.empty((T, c.hidden_size), np.float32)
-        elif not isinstance(out, np.ndarray) or out.shape != (T, c.hidden_size) or out.dtype != np.float32 \
+            result = np.empty(shape, np.float32)
+        elif torch_bridge.is_tensor(out):
+            result, target = torch_bridge.output_buffer(out, shape)
+        elif not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != np.float32 \
                 or not out.flags.c_contiguous or not out.flags.writeable:
-            raise ValueError(f"out must be a writable C-contiguous float32 array of shape {(T, c.hidden_size)}")
-        if T == 0:
+            raise ValueError(f"out must be a writable C-contiguous float32 array of shape {shape} or a float tensor")
+        else:
+            result = out
+        if T:
+            ids = np.ascontiguousarray(ids, np.int64)
+            w = np.ascontiguousarray(w, np.float32)
+            # One forward at a time per layer: the arena is shared, and the OpenMP team already
+            # uses every configured core, so concurrent calls would not run faster.
+            with self._lock:
+                self._check_mapped()
+                if per_slot:
+                    self._engine.forward(x, ids, w, np.empty((T, c.hidden_size), np.float32), self.num_threads,
+                                         result)
+                else:
+                    self._engine.forward(x, ids, w, result, self.num_threads)
+        if target is not None:
+            torch_bridge.copy_back(result, target)
             return out
-        ids = np.ascontiguousarray(ids, np.int64)
-        w = np.ascontiguousarray(w, np.float32)
-        # One forward at a time per layer: the arena is shared, and the OpenMP team already uses
-        # every configured core, so concurrent calls would not run faster.
-        with self._lock:
-            self._check_mapped()
-            self._engine.forward(x, ids, w, out, self.num_threads)
-        return out
+        if out is not None:
+            return out
+        return torch_bridge.result_like(result, like) if like is not None else result
 
     __call__ = forward
 

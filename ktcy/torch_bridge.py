@@ -1,0 +1,52 @@
+"""Torch tensors at the numpy API's edge, without importing torch unless one is handed in.
+
+A CPU tensor becomes a numpy view of its memory (bfloat16 as ml_dtypes.bfloat16 over the same 16-bit
+words); a tensor on another device (cuda, ...) is copied to host memory first and the result copied
+back to that device.  Gradients are not tracked through ktcy: tensors are detached.
+"""
+import ml_dtypes
+import numpy as np
+
+
+def is_tensor(a):
+    """True for a torch.Tensor, decided without importing torch."""
+    return any(c.__module__ == "torch" and c.__name__ == "Tensor" for c in type(a).__mro__)
+
+
+def as_numpy(a):
+    """A numpy array over a torch tensor's host memory (a view when it already lives there)."""
+    import torch
+    t = a.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def result_like(y, like):
+    """The float32 numpy result y as a tensor of like's dtype on like's device."""
+    import torch
+    t = torch.from_numpy(y)
+    if like.dtype != torch.float32 or like.device.type != "cpu":
+        t = t.to(device=like.device, dtype=like.dtype)
+    return t
+
+
+def output_buffer(out, shape):
+    """(float32 numpy array to write into, tensor to copy it to afterwards or None) for a torch out=."""
+    import torch
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"out must have shape {tuple(shape)}, got {tuple(out.shape)}")
+    if out.requires_grad:
+        raise ValueError("out must not require grad: ktcy writes into it")
+    if out.dtype == torch.float32 and out.device.type == "cpu" and out.is_contiguous():
+        return out.numpy(), None
+    if out.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"out must be a float32, bfloat16 or float16 tensor, got {out.dtype}")
+    return np.empty(shape, np.float32), out
+
+
+def copy_back(y, target):
+    import torch
+    target.copy_(torch.from_numpy(y))
