@@ -22,8 +22,8 @@ from typing import Callable, Mapping, Optional
 
 import ml_dtypes
 import numpy as np
-import torch
 
+from ktcy import torch_bridge
 from ktcy.config import MoeConfig
 from ktcy.distributed.comm import DistributedError, Group
 from ktcy.distributed.placement import Placement
@@ -174,7 +174,7 @@ class ExpertParallelMoE:
             self._agree(inputs)
         if problem is not None:
             raise problem
-        xs, ids, w, T = inputs
+        xs, ids, w, T, y, target = inputs
         k, H = self.config.top_k, self.config.hidden_size
         routed = self.placement.route(ids, self.rank)
         # one extra element carries how many ranks failed in their own experts, so a local error
@@ -197,7 +197,6 @@ class ExpertParallelMoE:
         if buffer[-1] != 0:
             raise DistributedError(f"rank {self.rank} of {self.world_size}: {int(buffer[-1])} peer rank(s) failed "
                                    "in their own experts (their error says why)")
-        y = _result_array(out, T, H)
         if self.reduce == "slots":
             slots = buffer[:-1].reshape(T, k, H)
             y.fill(0)  # forward's order: ((0 + s0) + s1) + ... in float32
@@ -205,18 +204,23 @@ class ExpertParallelMoE:
                 np.add(y, slots[:, j], out=y)
         else:
             y[...] = buffer[:-1].reshape(T, H)
-        return _deliver(y, x, out)
+        if target is not None:
+            torch_bridge.copy_back(y, target)
+        if out is not None:
+            return out
+        return torch_bridge.result_like(y, x) if torch_bridge.is_tensor(x) else y
 
     __call__ = forward
 
     def _checked(self, x, topk_ids, topk_weights, out):
-        """(x float32 [T, H], ids int64 [T, k], weights float32 [T, k], T), or ValueError/TypeError."""
+        """(x float32 [T, H], ids int64 [T, k], weights float32 [T, k], T, float32 [T, H] to sum
+        into, torch out= to copy to or None), or ValueError/TypeError."""
         c = self.config
-        xs = as_float32_matrix(_numpy(x, "x"), "x")
+        xs = as_float32_matrix(_numpy(x), "x")
         if xs.shape[1] != c.hidden_size:
             raise ValueError(f"x must be [T, {c.hidden_size}], got shape {xs.shape}")
         T = xs.shape[0]
-        ids = _numpy(topk_ids, "topk_ids")
+        ids = _numpy(topk_ids)
         if ids.ndim != 2 or ids.shape[0] != T:
             raise ValueError(f"topk_ids must be [T={T}, k], got shape {ids.shape}")
         if not np.issubdtype(ids.dtype, np.integer):
@@ -226,14 +230,13 @@ class ExpertParallelMoE:
         if ids.size and (ids.min() < -1 or ids.max() >= c.num_experts):
             bad = ids[(ids < -1) | (ids >= c.num_experts)][0]
             raise ValueError(f"topk_ids holds expert id {bad}, outside [0, {c.num_experts}) (-1 skips a slot)")
-        w = _numpy(topk_weights, "topk_weights")
+        w = _numpy(topk_weights)
         if w.shape != ids.shape:
             raise ValueError(f"topk_weights must have the shape of topk_ids {ids.shape}, got {w.shape}")
         if not (np.issubdtype(w.dtype, np.floating) or w.dtype == ml_dtypes.bfloat16):
             raise TypeError(f"topk_weights must be floating point, got {w.dtype}")
-        if out is not None:
-            _check_out(out, T, c.hidden_size)
-        return xs, np.ascontiguousarray(ids, np.int64), np.ascontiguousarray(w, np.float32), T
+        y, target = _output(out, T, c.hidden_size)
+        return xs, np.ascontiguousarray(ids, np.int64), np.ascontiguousarray(w, np.float32), T, y, target
 
     def _agree(self, inputs):
         """One all_gather of a few integers: shapes, dtype and checksums of every rank's inputs.
@@ -241,7 +244,7 @@ class ExpertParallelMoE:
         if inputs is None:
             mine = [1] + [0] * (len(_HEADER) - 1)
         else:
-            xs, ids, w, T = inputs
+            xs, ids, w, T = inputs[:4]
             mine = [0, T, ids.shape[1], xs.shape[1], zlib.crc32(ids), zlib.crc32(w), zlib.crc32(xs),
                     REDUCE_MODES.index(self.reduce)]
         table = self._group.gather_ints(mine, "comparing the inputs across ranks")
@@ -299,43 +302,17 @@ def _keep_watching(moe, local):
         weakref.finalize(local, os.close, mine)
 
 
-def _numpy(a, what):
-    """A numpy view of a CPU torch tensor (bfloat16 as ml_dtypes.bfloat16), or np.asarray(a)."""
-    if isinstance(a, torch.Tensor):
-        if a.device.type != "cpu":
-            raise ValueError(f"{what} is on {a.device}; ktcy runs on the CPU")
-        a = a.detach().contiguous()
-        if a.dtype == torch.bfloat16:
-            return a.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        return a.numpy()
-    return np.asarray(a)
+def _numpy(a):
+    return torch_bridge.as_numpy(a) if torch_bridge.is_tensor(a) else np.asarray(a)
 
 
-def _check_out(out, T, H):
-    if isinstance(out, torch.Tensor):
-        if out.device.type != "cpu" or tuple(out.shape) != (T, H) or not out.is_floating_point():
-            raise ValueError(f"out must be a CPU floating point tensor of shape {(T, H)}")
-        return
+def _output(out, T, H):
+    """(float32 [T, H] numpy array to sum into, torch tensor to copy it to afterwards or None)."""
+    if out is None:
+        return np.empty((T, H), np.float32), None
+    if torch_bridge.is_tensor(out):
+        return torch_bridge.output_buffer(out, (T, H))
     if not isinstance(out, np.ndarray) or out.shape != (T, H) or out.dtype != np.float32 \
             or not out.flags.c_contiguous or not out.flags.writeable:
-        raise ValueError(f"out must be a writable C-contiguous float32 array of shape {(T, H)}")
-
-
-def _result_array(out, T, H):
-    """Where the float32 sum is built: out itself when it is float32 memory, else a new array."""
-    if isinstance(out, np.ndarray):
-        return out
-    if isinstance(out, torch.Tensor) and out.dtype == torch.float32 and out.is_contiguous():
-        return out.numpy()
-    return np.empty((T, H), np.float32)
-
-
-def _deliver(y, x, out):
-    if out is not None:
-        if isinstance(out, torch.Tensor) and not (out.dtype == torch.float32 and out.is_contiguous()):
-            out.copy_(torch.from_numpy(y))
-        return out
-    if isinstance(x, torch.Tensor):
-        t = torch.from_numpy(y)
-        return t if x.dtype == torch.float32 else t.to(x.dtype)
-    return y
+        raise ValueError(f"out must be a writable C-contiguous float32 array of shape {(T, H)} or a float tensor")
+    return out, None
