@@ -1,7 +1,6 @@
 """Expert parallelism over 2 gloo ranks on 127.0.0.1 (ranks spawned by the test, every run
 bounded in time): outputs against single-process MoE.forward, converted folders and checkpoint
 blocks, inputs that differ across ranks, a rank that dies or stalls."""
-import os
 
 import numpy as np
 import pytest
