@@ -62,11 +62,21 @@ class Group:
 
     def gather_ints(self, values, what) -> np.ndarray:
         """[world_size, len(values)] int64: every rank's values, rank order."""
+        return self.start_gather_ints(values, what)()
+
+    def start_gather_ints(self, values, what):
+        """gather_ints started in the background (gloo's own thread); returns the call that
+        waits for it, so the caller can compute meanwhile."""
         mine = torch.tensor([int(v) for v in values], dtype=torch.int64)
         parts = [torch.empty_like(mine) for _ in range(self.world_size)]
         with self._collective(what):
-            dist.all_gather(parts, mine, group=self.group)
-        return torch.stack(parts).numpy()
+            work = dist.all_gather(parts, mine, group=self.group, async_op=True)
+
+        def wait():
+            with self._collective(what):
+                work.wait()
+            return torch.stack(parts).numpy()
+        return wait
 
     def all_reduce_sum(self, array: np.ndarray, what) -> None:
         """In place, on the float32 numpy array (shared with torch, no copy)."""

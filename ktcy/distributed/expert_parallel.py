@@ -162,7 +162,7 @@ class ExpertParallelMoE:
         Same arguments as MoE.forward (numpy arrays or CPU torch tensors; id -1 skips a slot);
         a torch x gives a torch result of x's dtype.  Every rank of the group must call it with
         the same inputs: with check_inputs (default) the ranks first compare shapes, dtypes and
-        checksums of their inputs (one all_gather of a few integers) and all raise ValueError on
+        checksums of their inputs (an all_gather of a few integers, while computing) and all raise ValueError on
         a difference.  Raises DistributedError when a peer exits or stops answering within the
         process group's timeout, or failed in its own experts."""
         problem, inputs = None, None
@@ -170,27 +170,19 @@ class ExpertParallelMoE:
             inputs = self._checked(x, topk_ids, topk_weights, out)
         except (TypeError, ValueError) as e:
             problem = e
-        if self.check_inputs:
-            self._agree(inputs)
+        # the ranks compare their inputs while each computes its experts (the comparison's
+        # round trip hides behind the compute); nothing is exchanged before they agree
+        agreed = self._group.start_gather_ints(self._header(inputs), "comparing the inputs across ranks") \
+            if self.check_inputs else None
+        buffer, failure = None, None
+        if problem is None:
+            buffer, failure = self._compute(inputs)
+        if agreed is not None:
+            self._agree(agreed(), inputs)
         if problem is not None:
             raise problem
         xs, ids, w, T, y, target = inputs
         k, H = self.config.top_k, self.config.hidden_size
-        routed = self.placement.route(ids, self.rank)
-        # one extra element carries how many ranks failed in their own experts, so a local error
-        # stops every rank at the same all_reduce instead of leaving the others waiting
-        buffer = np.zeros(T * k * H + 1 if self.reduce == "slots" else T * H + 1, np.float32)
-        failure = None
-        if self.local is not None and (routed >= 0).any():
-            try:
-                if self.reduce == "slots":
-                    self.local.forward_slots(xs, routed, w, out=buffer[:-1].reshape(T, k, H))
-                else:
-                    self.local.forward(xs, routed, w, out=buffer[:-1].reshape(T, H))
-            except Exception as e:  # re-raised below, after the peers learn of it
-                failure = e
-                buffer[:] = 0
-                buffer[-1] = 1
         self._group.all_reduce_sum(buffer, f"all_reduce of the expert outputs ({self.reduce})")
         if failure is not None:
             raise failure
@@ -211,6 +203,27 @@ class ExpertParallelMoE:
         return torch_bridge.result_like(y, x) if torch_bridge.is_tensor(x) else y
 
     __call__ = forward
+
+    def _compute(self, inputs):
+        """(buffer, exception or None): this rank's slots (or partial sum) and one more element
+        that counts the ranks that failed in their own experts, so a local error stops every rank
+        at the same all_reduce instead of leaving the others waiting for it."""
+        xs, ids, w, T = inputs[:4]
+        k, H = self.config.top_k, self.config.hidden_size
+        routed = self.placement.route(ids, self.rank)
+        buffer = np.zeros(T * k * H + 1 if self.reduce == "slots" else T * H + 1, np.float32)
+        if self.local is None or not (routed >= 0).any():
+            return buffer, None
+        try:
+            if self.reduce == "slots":
+                self.local.forward_slots(xs, routed, w, out=buffer[:-1].reshape(T, k, H))
+            else:
+                self.local.forward(xs, routed, w, out=buffer[:-1].reshape(T, H))
+        except Exception as e:  # re-raised after the all_reduce, once the peers know
+            buffer[:] = 0
+            buffer[-1] = 1
+            return buffer, e
+        return buffer, None
 
     def _checked(self, x, topk_ids, topk_weights, out):
         """(x float32 [T, H], ids int64 [T, k], weights float32 [T, k], T, float32 [T, H] to sum
@@ -238,16 +251,17 @@ class ExpertParallelMoE:
         y, target = _output(out, T, c.hidden_size)
         return xs, np.ascontiguousarray(ids, np.int64), np.ascontiguousarray(w, np.float32), T, y, target
 
-    def _agree(self, inputs):
-        """One all_gather of a few integers: shapes, dtype and checksums of every rank's inputs.
-        Any difference (or any rank that rejected its inputs) raises on every rank at once."""
+    def _header(self, inputs):
+        """A few integers that differ when two ranks' inputs do: shapes and checksums (or a
+        'rejected' flag when this rank's inputs failed its own checks)."""
         if inputs is None:
-            mine = [1] + [0] * (len(_HEADER) - 1)
-        else:
-            xs, ids, w, T = inputs[:4]
-            mine = [0, T, ids.shape[1], xs.shape[1], zlib.crc32(ids), zlib.crc32(w), zlib.crc32(xs),
-                    REDUCE_MODES.index(self.reduce)]
-        table = self._group.gather_ints(mine, "comparing the inputs across ranks")
+            return [1] + [0] * (len(_HEADER) - 1)
+        xs, ids, w, T = inputs[:4]
+        return [0, T, ids.shape[1], xs.shape[1], zlib.crc32(ids), zlib.crc32(w), zlib.crc32(xs),
+                REDUCE_MODES.index(self.reduce)]
+
+    def _agree(self, table, inputs):
+        """Raises on every rank at once when any rank rejected its inputs or two headers differ."""
         rejected = [r for r in range(self.world_size) if table[r, 0]]
         if rejected:
             if inputs is None:

@@ -1,0 +1,209 @@
+"""Expert parallelism on one machine: 2 ranks x 1 thread (ktcy launch --numa --nproc 2, gloo on
+127.0.0.1) against 1 process x 2 threads, on one Qwen3-30B-A3B-shaped layer (H 2048, I 768,
+128 experts, top 8), T = 1 and 512; and the gloo all_reduce on loopback alone (latency and
+bandwidth per size), the figures docs/scaling.md builds on.
+
+    python bench/bench_distributed.py [--formats INT8,INT4] [--tokens 1,512] [--json out.json]
+
+Here nothing is gained by splitting (both ranks share one memory system) and everything is paid
+(the all_reduce, the input check, waiting for the rank that got more of the token's experts), so
+the ratio is the overhead a real two-socket or two-host run must beat with its extra bandwidth.
+Each call draws a fresh routing, the same on every rank (one seed).  As in `ktcy bench`, 16
+distinct experts are packed and the others are copies in their own memory."""
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+H, I, E, K = 2048, 768, 128, 8
+DISTINCT = 16
+VARIANTS = (("slots", True), ("slots", False), ("sum", True))  # (reduce, check_inputs)
+ALLREDUCE_BYTES = (4 << 10, 64 << 10, 512 << 10, 4 << 20, 32 << 20)
+
+
+def reps_for(T):
+    return 60 if T == 1 else 6
+
+
+def build_layer(fmt, keep=None):
+    """A full MoE object whose experts in `keep` (default all) have their own memory; the others
+    share a distinct expert's bytes (never run: from_moe drops them)."""
+    import ktcy
+    from ktcy import kernels
+    cfg = ktcy.MoeConfig(E, K, H, I, ktcy.QuantConfig(fmt))
+    rng = np.random.default_rng(0)
+    packed = {p: [] for p in ("gate", "up", "down")}
+    for e in range(DISTINCT):
+        for p, shape in (("gate", (I, H)), ("up", (I, H)), ("down", (H, I))):
+            packed[p].append(kernels.pack((rng.standard_normal(shape) * 0.02).astype(np.float32), cfg.weight_format,
+                                          group_size=cfg.quant_config.group_size))
+    for e in range(DISTINCT, E):
+        for ws in packed.values():
+            base = ws[e % DISTINCT]
+            ws.append(_copy(base) if keep is None or e in keep else base)
+    return ktcy.MoE(cfg, packed["gate"], packed["up"], packed["down"])
+
+
+def _copy(w):
+    arrays = {k: getattr(w, k) for k in ("data", "scale", "colsum", "zero")}
+    return dataclasses.replace(w, _view=None, **{k: None if a is None else a.copy() for k, a in arrays.items()})
+
+
+def routing(seed, T):
+    rng = np.random.default_rng(seed)
+    ids = np.argpartition(rng.random((T, E)), K - 1, axis=1)[:, :K].astype(np.int64)
+    w = rng.random((T, K)).astype(np.float32)
+    return rng.standard_normal((T, H)).astype(np.float32), ids, w / w.sum(axis=1, keepdims=True)
+
+
+def expert_bytes(moe):
+    return moe.gate[0].nbytes + moe.up[0].nbytes + moe.down[0].nbytes
+
+
+def single(fmt, tokens):
+    """1 process, the threads KTCY_NUM_THREADS gives (2 here)."""
+    import ktcy
+    moe = build_layer(fmt)
+    rows = []
+    for T in tokens:
+        moe.forward(*routing(10**6, T))
+        times, touched = [], []
+        for rep in range(reps_for(T)):
+            x, ids, w = routing(rep, T)
+            t = time.perf_counter()
+            moe.forward(x, ids, w)
+            times.append(time.perf_counter() - t)
+            touched.append(len(np.unique(ids)) * expert_bytes(moe))
+        rows.append({"format": fmt, "T": T, "threads": ktcy.get_num_threads(), "step_ms": 1e3 * np.median(times),
+                     "weight_gbs": float(np.median(np.array(touched) / np.array(times)) / 1e9)})
+    return rows
+
+
+def rank_main(fmt, tokens):
+    import torch
+    import torch.distributed as dist
+    from ktcy.distributed import ExpertParallelMoE, Placement, init_process_group
+    from ktcy.distributed.comm import Group
+    init_process_group(timeout=120)
+    group = Group()
+    placement = Placement.contiguous(E, group.world_size)
+    full = build_layer(fmt, keep=set(placement.local_experts(group.rank)))
+    rows = []
+    for reduce, check in VARIANTS:
+        ep = ExpertParallelMoE.from_moe(full, group=group, reduce=reduce, check_inputs=check)
+        for T in tokens:
+            ep.forward(*routing(10**6, T))
+            step, local, reduce_t, check_t, computed = [], [], [], [], []
+            size = T * K * H + 1 if reduce == "slots" else T * H + 1
+            buffer = np.zeros(size, np.float32)
+            for rep in range(reps_for(T)):
+                x, ids, w = routing(rep, T)
+                dist.barrier()
+                t = time.perf_counter()
+                ep.forward(x, ids, w)
+                step.append(time.perf_counter() - t)
+                routed = placement.route(ids, group.rank)
+                computed.append(len(np.unique(routed[routed >= 0])))
+                t = time.perf_counter()
+                if reduce == "slots":
+                    ep.local.forward_slots(x, routed, w)
+                else:
+                    ep.local.forward(x, routed, w)
+                local.append(time.perf_counter() - t)
+                dist.barrier()
+                t = time.perf_counter()
+                group.all_reduce_sum(buffer, "bench")
+                reduce_t.append(time.perf_counter() - t)
+                dist.barrier()
+                t = time.perf_counter()
+                group.gather_ints([0] * 8, "bench")
+                check_t.append(time.perf_counter() - t)
+            mine = torch.tensor([np.median(step), np.median(local), np.median(reduce_t), np.median(check_t),
+                                 np.mean(computed)], dtype=torch.float64)
+            every = [torch.zeros_like(mine) for _ in range(group.world_size)]
+            dist.all_gather(every, mine)
+            per_rank = torch.stack(every).numpy()
+            rows.append({"format": fmt, "T": T, "reduce": reduce, "check_inputs": check,
+                         "step_ms": 1e3 * per_rank[:, 0].max(), "local_ms": (1e3 * per_rank[:, 1]).tolist(),
+                         "all_reduce_ms": 1e3 * per_rank[:, 2].max(), "check_ms": 1e3 * per_rank[:, 3].max(),
+                         "experts_per_rank": per_rank[:, 4].tolist(), "all_reduce_bytes": 4 * size})
+    loopback = []
+    for nbytes in ALLREDUCE_BYTES:
+        buffer = np.zeros(nbytes // 4, np.float32)
+        times = []
+        for _ in range(30 if nbytes <= 1 << 20 else 8):
+            dist.barrier()
+            t = time.perf_counter()
+            group.all_reduce_sum(buffer, "bench")
+            times.append(time.perf_counter() - t)
+        loopback.append({"bytes": nbytes, "ms": 1e3 * float(np.median(times))})
+    if group.rank == 0:
+        with open(os.environ["KTCY_BENCH_OUT"], "w") as f:
+            json.dump({"rows": rows, "loopback": loopback}, f)
+    dist.destroy_process_group()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--formats", default="INT8")
+    parser.add_argument("--tokens", default="1,512")
+    parser.add_argument("--json", help="write the figures here too")
+    parser.add_argument("--role", choices=("single", "rank"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    formats, tokens = args.formats.split(","), [int(t) for t in args.tokens.split(",")]
+    if args.role == "single":
+        json.dump([r for fmt in formats for r in single(fmt, tokens)], sys.stdout)
+        return
+    if args.role == "rank":
+        for fmt in formats:
+            os.environ["KTCY_BENCH_OUT"] = os.environ["KTCY_BENCH_DIR"] + f"/{fmt}.json"
+            rank_main(fmt, tokens)
+        return
+    from ktcy.distributed import launch
+    me = [sys.executable, os.path.abspath(__file__), "--formats", args.formats, "--tokens", args.tokens]
+    base = subprocess.run(me + ["--role", "single"], env=dict(os.environ, KTCY_NUM_THREADS="2"), check=True,
+                          stdout=subprocess.PIPE, text=True)
+    single_rows = json.loads(base.stdout)
+    with tempfile.TemporaryDirectory() as folder:
+        os.environ["KTCY_BENCH_DIR"] = folder
+        launch_args = argparse.ArgumentParser()
+        launch.add_arguments(launch_args)
+        code = launch.run(launch_args.parse_args(["--numa", "--nproc", "2", "--"] + me + ["--role", "rank"]))
+        if code:
+            sys.exit(f"the ranks failed (status {code})")
+        ranked = {fmt: json.load(open(os.path.join(folder, f"{fmt}.json"))) for fmt in formats}
+    report = {"single": single_rows, "expert_parallel": {f: r["rows"] for f, r in ranked.items()},
+              "loopback_all_reduce": ranked[formats[0]]["loopback"]}
+    print_report(report)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+def print_report(report):
+    print(f"layer H {H}, I {I}, {E} experts, top {K}; 1 process x 2 threads vs 2 ranks x 1 thread (gloo, loopback)")
+    print(f"{'format':6} {'T':>4} {'1x2 ms':>8} {'reduce':>6} {'check':>5} {'2x1 ms':>8} {'ratio':>6} "
+          f"{'allred ms':>9} {'share':>6} {'check ms':>8} {'local ms (rank 0, 1)':>22} {'experts/rank':>13}")
+    base = {(r["format"], r["T"]): r for r in report["single"]}
+    for fmt, rows in report["expert_parallel"].items():
+        for r in rows:
+            b = base[(fmt, r["T"])]
+            print(f"{fmt:6} {r['T']:>4} {b['step_ms']:>8.3f} {r['reduce']:>6} {str(r['check_inputs']):>5} "
+                  f"{r['step_ms']:>8.3f} {r['step_ms'] / b['step_ms']:>6.2f} {r['all_reduce_ms']:>9.3f} "
+                  f"{r['all_reduce_ms'] / r['step_ms']:>6.1%} {r['check_ms']:>8.3f} "
+                  f"{', '.join(f'{v:.3f}' for v in r['local_ms']):>22} "
+                  f"{', '.join(f'{v:.1f}' for v in r['experts_per_rank']):>13}")
+    print("single process decode (T=1) weight GB/s: " + ", ".join(
+        f"{r['format']} {r['weight_gbs']:.1f}" for r in report["single"] if r["T"] == 1))
+    print("gloo all_reduce on loopback, 2 ranks: " + ", ".join(
+        f"{r['bytes'] // 1024} KiB {r['ms']:.3f} ms" for r in report["loopback_all_reduce"]))
+
+
+if __name__ == "__main__":
+    main()
