@@ -83,6 +83,9 @@ def correctness(rank, folder, ckpt, converted):
     conv = ExpertParallelMoE.from_converted(converted, 1)
     report["converted_local"] = list(conv.local_experts)
     arrays["converted"] = conv.forward(*routing(7, seed=11, **CHECKPOINT))
+    packed_here = ExpertParallelMoE.from_checkpoint(ckpt, 1, method="INT8")
+    arrays["from_checkpoint"] = packed_here.forward(*routing(7, seed=11, **CHECKPOINT))
+    report["from_checkpoint_local"] = list(packed_here.local_experts)
     model = ktcy.MoEModel.from_pretrained(ckpt, backend="INT8", layers=[1])
     block = model.blocks["model.layers.1.mlp.experts"]
     block.experts = ExpertParallelMoE.from_moe(block.experts)  # how MoEModel would use a process group

@@ -83,6 +83,7 @@ def test_each_rank_packs_only_its_experts(correctness):
     assert [rep["INT8/replicated_local"] for rep in reports] == [[0, 1, 2, 4], [0, 1, 3, 5]]
     assert reports[0]["INT8/nbytes"] + reports[1]["INT8/nbytes"] == single("INT8").nbytes
     assert [rep["converted_local"] for rep in reports] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [rep["from_checkpoint_local"] for rep in reports] == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
 def test_torch_tensors_in_and_out(correctness):
@@ -124,6 +125,7 @@ def test_converted_folder_and_checkpoint_block(correctness):
     h = np.random.default_rng(12).standard_normal((9, CHECKPOINT["hidden"])).astype(np.float32)
     for _, _, arrays, _ in ranks:
         assert same_bits(arrays["converted"], want)
+        assert same_bits(arrays["from_checkpoint"], want)  # packed from the checkpoint, local experts only
         assert same_bits(arrays["block"], block.forward(h))
 
 

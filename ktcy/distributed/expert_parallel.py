@@ -10,7 +10,8 @@ rank's partial [T, H] sum instead (k times fewer bytes; rounding then depends on
 
 Contract (used from outside the repo): ``ExpertParallelMoE.from_weights(config, gate, up, down,
 group=None, placement=None)``, ``ExpertParallelMoE.from_converted(path, layer, group=None)``,
-``ExpertParallelMoE.from_moe(moe, group=None, placement=None)``, ``.forward(x, topk_ids,
+``ExpertParallelMoE.from_moe(moe, group=None, placement=None)``,
+``ExpertParallelMoE.from_checkpoint(checkpoint, layer, method=None, group=None, placement=None)``, ``.forward(x, topk_ids,
 topk_weights, out=None)``, ``.rank``, ``.world_size``, ``.local_experts``."""
 from __future__ import annotations
 
@@ -24,11 +25,13 @@ import ml_dtypes
 import numpy as np
 
 from ktcy import torch_bridge
-from ktcy.config import MoeConfig
+from ktcy.checkpoint import Checkpoint, layer_number
+from ktcy.config import MoeConfig, QuantConfig
 from ktcy.distributed.comm import DistributedError, Group
 from ktcy.distributed.placement import Placement
 from ktcy.kernels import as_float32_matrix
-from ktcy.loading import is_converted, load_experts
+from ktcy.formats import canonical_format
+from ktcy.loading import block_settings, is_converted, layer_group_size, load_experts
 from ktcy.moe import MoE, pack_expert_weight
 from ktcy.paths import resolve_model_path
 from ktcy.safetensors_io import CheckpointError
@@ -121,6 +124,23 @@ class ExpertParallelMoE:
         if not is_converted(folder):
             raise CheckpointError(f"{folder}: not a folder written by ktcy convert (no ktcy_model.json)")
         return cls.from_moe(load_experts(folder, layer, isa=isa), group, placement, **options)
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint, layer: int, method: Optional[str] = None, group=None,
+                        placement: Optional[Placement] = None, isa: Optional[str] = None,
+                        **options) -> "ExpertParallelMoE":
+        """Layer `layer` of a Hugging Face checkpoint (a folder, hub id in the local cache, or an
+        open ktcy Checkpoint), each rank reading and packing only its own experts, so no rank
+        ever holds the whole layer.  method as ktcy.load_experts (None keeps the stored precision)."""
+        ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(resolve_model_path(checkpoint))
+        experts = ckpt.layer(layer_number(layer))
+        a = ckpt.arch
+        fmt = canonical_format(method) if method is not None else experts.native_format
+        config = MoeConfig(a.num_experts, a.top_k, a.hidden_size, a.intermediate_size,
+                           QuantConfig(fmt, group_size=layer_group_size(experts, fmt)), backend=method, isa=isa,
+                           **block_settings(a))
+        return cls.from_experts(config, experts.source(fmt, strict=method is None), group, placement,
+                                bias=experts.bias(), **options)
 
     # ---- properties -----------------------------------------------------------------------------
 
