@@ -149,13 +149,78 @@ def rank_main(fmt, tokens):
     dist.destroy_process_group()
 
 
+# ---- the paper model of docs/scaling.md ------------------------------------------------------
+
+# (name, format, INT4 group, MoE layers, routed experts, top-k, hidden, expert intermediate)
+MODELS = (("DeepSeek-V3 FP8", "FP8_BLOCK", 0, 58, 256, 8, 7168, 2048),
+          ("DeepSeek-V3 INT4", "INT4", 64, 58, 256, 8, 7168, 2048),
+          ("Kimi-K2 INT4", "INT4", 32, 60, 384, 8, 7168, 2048))
+NETWORKS = (("25 GbE", 25e9 / 8), ("100 GbE", 100e9 / 8))
+
+
+def packed_expert_bytes(fmt, group, H, I):
+    """Bytes of one packed expert (gate + up + down) in ktcy's layout, from the format table."""
+    from ktcy import _native
+    from ktcy.formats import FORMATS
+    total = 0
+    for N, K in ((I, H), (I, H), (H, I)):
+        shapes = _native.packed_shapes(FORMATS.index(fmt), N, K, group)
+        for part, size in (("data", 1), ("scale", 4), ("colsum", 4), ("zero", 1)):
+            if shapes[part]:
+                total += size * int(np.prod(shapes[part]))
+    return total
+
+
+def busiest_host_experts(E, k, hosts, samples=20000, seed=0):
+    """Expected experts of one token on the busiest host (contiguous placement, uniform routing):
+    the host that waits for nobody sets the layer's time."""
+    rng = np.random.default_rng(seed)
+    ids = np.argpartition(rng.random((samples, E)), k - 1, axis=1)[:, :k]
+    owner = ids * hosts // E
+    return float(np.mean([np.bincount(row, minlength=hosts).max() for row in owner]))
+
+
+def scaling(host_gbs, step_latency_s):
+    """Tables for 1, 2, 4, 8 hosts: expert bytes per host, all_reduce bytes per layer per token,
+    and batch-1 decode tokens/s from host bandwidth and network (experts and all_reduce only)."""
+    print(f"host: {host_gbs:.0f} GB/s of expert reads; all_reduce: 2(N-1) ring steps of {1e6 * step_latency_s:.0f} us "
+          f"+ 2(N-1)/N x bytes / link bandwidth")
+    for name, fmt, group, layers, E, k, H, I in MODELS:
+        eb = packed_expert_bytes(fmt, group, H, I)
+        print(f"\n{name}: {eb / 1e6:.1f} MB per expert, {layers * E * eb / 1e9:.0f} GB of experts; all_reduce per layer per "
+              f"token {k * H * 4 / 1024:.0f} KiB (slots, exact) or {H * 4 / 1024:.0f} KiB (sum)")
+        print(f"{'hosts':>5} {'GB/host':>8} {'busiest':>7} {'expert ms':>9} " + " ".join(
+            f"{net + ' ' + mode:>16}" for net, _ in NETWORKS for mode in ("slots", "sum")) + f" {'100 GbE a2a':>16}")
+        for N in (1, 2, 4, 8):
+            per_host = layers * -(-E // N) * eb
+            busiest = busiest_host_experts(E, k, N) if N > 1 else k
+            expert_s = layers * busiest * eb / (host_gbs * 1e9)
+            cells = []
+            for _, link in NETWORKS:
+                for nbytes in (k * H * 4, H * 4):
+                    net_s = 0 if N == 1 else layers * (2 * (N - 1) * step_latency_s + 2 * (N - 1) / N * nbytes / link)
+                    cells.append(f"{1 / (expert_s + net_s):>10.1f} tok/s")
+            # all-to-all: the token's bf16 row to each host holding its experts and one bf16 partial
+            # sum back from each: two direct exchanges per layer, whatever N
+            remote = N * (1 - (1 - 1 / N) ** k) * (N - 1) / N if N > 1 else 0
+            a2a_s = 0 if N == 1 else layers * (2 * step_latency_s + 2 * remote * H * 2 / NETWORKS[1][1])
+            cells.append(f"{1 / (expert_s + a2a_s):>10.1f} tok/s")
+            print(f"{N:>5} {per_host / 1e9:>8.0f} {busiest:>7.2f} {1e3 * expert_s:>9.1f} " + " ".join(f"{c:>16}" for c in cells))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scaling", action="store_true", help="print the paper model of docs/scaling.md and exit")
+    parser.add_argument("--host-gbs", type=float, default=250.0, help="--scaling: expert-read GB/s per host")
+    parser.add_argument("--step-us", type=float, default=100.0, help="--scaling: latency of one all_reduce ring step")
     parser.add_argument("--formats", default="INT8")
     parser.add_argument("--tokens", default="1,512")
     parser.add_argument("--json", help="write the figures here too")
     parser.add_argument("--role", choices=("single", "rank"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.scaling:
+        scaling(args.host_gbs, args.step_us * 1e-6)
+        return
     formats, tokens = args.formats.split(","), [int(t) for t in args.tokens.split(",")]
     if args.role == "single":
         json.dump([r for fmt in formats for r in single(fmt, tokens)], sys.stdout)
