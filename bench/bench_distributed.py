@@ -23,7 +23,8 @@ import numpy as np
 
 H, I, E, K = 2048, 768, 128, 8
 DISTINCT = 16
-VARIANTS = (("slots", True), ("slots", False), ("sum", True))  # (reduce, check_inputs)
+# (reduce, check_inputs, spin_wait)
+VARIANTS = (("slots", True, True), ("slots", False, True), ("sum", True, True), ("slots", True, False))
 ALLREDUCE_BYTES = (4 << 10, 64 << 10, 512 << 10, 4 << 20, 32 << 20)
 
 
@@ -95,7 +96,8 @@ def rank_main(fmt, tokens):
     placement = Placement.contiguous(E, group.world_size)
     full = build_layer(fmt, keep=set(placement.local_experts(group.rank)))
     rows = []
-    for reduce, check in VARIANTS:
+    for reduce, check, spin in VARIANTS:
+        group = Group(spin_wait=spin)
         ep = ExpertParallelMoE.from_moe(full, group=group, reduce=reduce, check_inputs=check)
         for T in tokens:
             ep.forward(*routing(10**6, T))
@@ -129,7 +131,7 @@ def rank_main(fmt, tokens):
             every = [torch.zeros_like(mine) for _ in range(group.world_size)]
             dist.all_gather(every, mine)
             per_rank = torch.stack(every).numpy()
-            rows.append({"format": fmt, "T": T, "reduce": reduce, "check_inputs": check,
+            rows.append({"format": fmt, "T": T, "reduce": reduce, "check_inputs": check, "spin_wait": spin,
                          "step_ms": 1e3 * per_rank[:, 0].max(), "local_ms": (1e3 * per_rank[:, 1]).tolist(),
                          "all_reduce_ms": 1e3 * per_rank[:, 2].max(), "check_ms": 1e3 * per_rank[:, 3].max(),
                          "experts_per_rank": per_rank[:, 4].tolist(), "all_reduce_bytes": 4 * size})
@@ -253,13 +255,14 @@ def main():
 
 def print_report(report):
     print(f"layer H {H}, I {I}, {E} experts, top {K}; 1 process x 2 threads vs 2 ranks x 1 thread (gloo, loopback)")
-    print(f"{'format':6} {'T':>4} {'1x2 ms':>8} {'reduce':>6} {'check':>5} {'2x1 ms':>8} {'ratio':>6} "
+    print(f"{'format':6} {'T':>4} {'1x2 ms':>8} {'reduce':>6} {'check':>5} {'spin':>5} {'2x1 ms':>8} {'ratio':>6} "
           f"{'allred ms':>9} {'share':>6} {'check ms':>8} {'local ms (rank 0, 1)':>22} {'experts/rank':>13}")
     base = {(r["format"], r["T"]): r for r in report["single"]}
     for fmt, rows in report["expert_parallel"].items():
         for r in rows:
             b = base[(fmt, r["T"])]
             print(f"{fmt:6} {r['T']:>4} {b['step_ms']:>8.3f} {r['reduce']:>6} {str(r['check_inputs']):>5} "
+                  f"{str(r['spin_wait']):>5} "
                   f"{r['step_ms']:>8.3f} {r['step_ms'] / b['step_ms']:>6.2f} {r['all_reduce_ms']:>9.3f} "
                   f"{r['all_reduce_ms'] / r['step_ms']:>6.1%} {r['check_ms']:>8.3f} "
                   f"{', '.join(f'{v:.3f}' for v in r['local_ms']):>22} "

@@ -44,12 +44,14 @@ class ExpertParallelMoE:
     """The routed experts of one MoE layer, each rank holding and running its own share."""
 
     def __init__(self, config: MoeConfig, local: Optional[MoE], placement: Placement, group=None,
-                 reduce: str = "slots", check_inputs: bool = True):
+                 reduce: str = "slots", check_inputs: bool = True, spin_wait: bool = True):
         """Use the from_* constructors.  local: the MoE of this rank's experts in
-        placement.local_experts(rank) order (more entries may follow as padding), None if it holds none."""
+        placement.local_experts(rank) order (more entries may follow as padding), None if it holds none.
+        Options every from_* passes on: reduce "slots" (exact) or "sum"; check_inputs (compare the
+        ranks' inputs on every call); spin_wait (poll collectives instead of sleeping, see Group)."""
         if reduce not in REDUCE_MODES:
             raise ValueError(f"reduce must be one of {REDUCE_MODES}, got {reduce!r}")
-        self._group = group if isinstance(group, Group) else Group(group)
+        self._group = group if isinstance(group, Group) else Group(group, spin_wait)
         _check_placement(placement, config, self._group)
         self.config, self.placement, self.reduce, self.check_inputs = config, placement, reduce, bool(check_inputs)
         self.local = local
@@ -64,7 +66,7 @@ class ExpertParallelMoE:
         """Packs only this rank's experts: expert(e) (global id e) -> {"gate"|"up"|"down": (weight,
         scale)} as MoE.from_experts takes it, called for the local experts only.  bias as
         MoE.from_experts (full [E, ...] arrays; each rank keeps its rows)."""
-        g = group if isinstance(group, Group) else Group(group)
+        g = group if isinstance(group, Group) else Group(group, options.get("spin_wait", True))
         placement = placement or Placement.contiguous(config.num_experts, g.world_size)
         _check_placement(placement, config, g)
         local_ids = placement.local_experts(g.rank)
@@ -103,7 +105,7 @@ class ExpertParallelMoE:
         packed weights (no copy) and drops its references to the rest."""
         if not isinstance(moe, MoE):
             raise TypeError(f"moe must be a ktcy.MoE, got {type(moe).__name__}")
-        g = group if isinstance(group, Group) else Group(group)
+        g = group if isinstance(group, Group) else Group(group, options.get("spin_wait", True))
         config = moe.config
         placement = placement or Placement.contiguous(config.num_experts, g.world_size)
         _check_placement(placement, config, g)
