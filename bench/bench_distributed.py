@@ -136,6 +136,7 @@ def rank_main(fmt, tokens):
                          "all_reduce_ms": 1e3 * per_rank[:, 2].max(), "check_ms": 1e3 * per_rank[:, 3].max(),
                          "experts_per_rank": per_rank[:, 4].tolist(), "all_reduce_bytes": 4 * size})
     loopback = []
+    group = Group()  # polling, as ExpertParallelMoE's default
     for nbytes in ALLREDUCE_BYTES:
         buffer = np.zeros(nbytes // 4, np.float32)
         times = []

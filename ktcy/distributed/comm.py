@@ -67,21 +67,15 @@ class Group:
                                    f"not answer within the process group's timeout ({first})") from e
 
     def gather_ints(self, values, what) -> np.ndarray:
-        """[world_size, len(values)] int64: every rank's values, rank order."""
-        return self.start_gather_ints(values, what)()
-
-    def start_gather_ints(self, values, what):
-        """gather_ints started in the background (gloo's own thread); returns the call that
-        waits for it, so the caller can compute meanwhile."""
-        mine = torch.tensor([int(v) for v in values], dtype=torch.int64)
-        parts = [torch.empty_like(mine) for _ in range(self.world_size)]
+        """[world_size, len(values)] int64: every rank's values, rank order.  An all_reduce(SUM) of
+        a table where each rank fills its own row: gloo's all_gather took 4.1 ms per decode step
+        here against 1.7 ms for this (and the sum of one value and zeros is exact)."""
+        table = torch.zeros((self.world_size, len(values)), dtype=torch.int64)
+        table[self.rank] = torch.tensor([int(v) for v in values], dtype=torch.int64)
         with self._collective(what):
-            work = dist.all_gather(parts, mine, group=self.group, async_op=True)
-
-        def wait():
-            self._wait(work, what)
-            return torch.stack(parts).numpy()
-        return wait
+            work = dist.all_reduce(table, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+        self._wait(work, what)
+        return table.numpy()
 
     def all_reduce_sum(self, array: np.ndarray, what) -> None:
         """In place, on the float32 numpy array (shared with torch, no copy)."""

@@ -48,7 +48,8 @@ class ExpertParallelMoE:
         """Use the from_* constructors.  local: the MoE of this rank's experts in
         placement.local_experts(rank) order (more entries may follow as padding), None if it holds none.
         Options every from_* passes on: reduce "slots" (exact) or "sum"; check_inputs (compare the
-        ranks' inputs on every call); spin_wait (poll collectives instead of sleeping, see Group)."""
+        ranks' inputs on every call; without it ranks that disagree get wrong numbers, and a T that
+        differs aborts the process inside gloo); spin_wait (poll collectives, see Group)."""
         if reduce not in REDUCE_MODES:
             raise ValueError(f"reduce must be one of {REDUCE_MODES}, got {reduce!r}")
         self._group = group if isinstance(group, Group) else Group(group, spin_wait)
@@ -184,7 +185,7 @@ class ExpertParallelMoE:
         Same arguments as MoE.forward (numpy arrays or CPU torch tensors; id -1 skips a slot);
         a torch x gives a torch result of x's dtype.  Every rank of the group must call it with
         the same inputs: with check_inputs (default) the ranks first compare shapes, dtypes and
-        checksums of their inputs (an all_gather of a few integers, while computing) and all raise ValueError on
+        checksums of their inputs (an all_gather of a few integers) and all raise ValueError on
         a difference.  Raises DistributedError when a peer exits or stops answering within the
         process group's timeout, or failed in its own experts."""
         problem, inputs = None, None
@@ -192,15 +193,14 @@ class ExpertParallelMoE:
             inputs = self._checked(x, topk_ids, topk_weights, out)
         except (TypeError, ValueError) as e:
             problem = e
-        # the ranks compare their inputs while each computes its experts (the comparison's
-        # round trip hides behind the compute); nothing is exchanged before they agree
-        agreed = self._group.start_gather_ints(self._header(inputs), "comparing the inputs across ranks") \
-            if self.check_inputs else None
-        buffer, failure = None, None
-        if problem is None:
-            buffer, failure = self._compute(inputs)
-        if agreed is not None:
-            self._agree(agreed(), inputs)
+        # every rank learns whether all inputs agree before any slot is exchanged: an all_reduce
+        # whose sizes differ between ranks aborts the process inside gloo.  (Overlapping this
+        # with the compute was measured slower: gloo's thread then waits for a busy core.)
+        if self.check_inputs:
+            self._agree(self._group.gather_ints(self._header(inputs), "comparing the inputs across ranks"), inputs)
+        if problem is not None:
+            raise problem
+        buffer, failure = self._compute(inputs)
         if problem is not None:
             raise problem
         xs, ids, w, T, y, target = inputs
