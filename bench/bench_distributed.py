@@ -8,7 +8,8 @@ bandwidth per size), the figures docs/scaling.md builds on.
 Here nothing is gained by splitting (both ranks share one memory system) and everything is paid
 (the all_reduce, the input check, waiting for the rank that got more of the token's experts), so
 the ratio is the overhead a real two-socket or two-host run must beat with its extra bandwidth.
-Each call draws a fresh routing, the same on every rank (one seed).  As in `ktcy bench`, 16
+Calls run back to back, as in a decode loop, each with its own routing (the same on every
+rank: one seed); figures are per call, the median of 3 loops.  As in `ktcy bench`, 16
 distinct experts are packed and the others are copies in their own memory."""
 import argparse
 import dataclasses
@@ -67,22 +68,30 @@ def expert_bytes(moe):
     return moe.gate[0].nbytes + moe.up[0].nbytes + moe.down[0].nbytes
 
 
+def loop_seconds(call, args, rounds=3):
+    """Seconds per call of back-to-back calls (as in a decode loop, no barrier between them),
+    the median of `rounds` loops over the routings in args."""
+    per_call = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for a in args:
+            call(*a)
+        per_call.append((time.perf_counter() - t) / len(args))
+    return float(np.median(per_call))
+
+
 def single(fmt, tokens):
     """1 process, the threads KTCY_NUM_THREADS gives (2 here)."""
     import ktcy
     moe = build_layer(fmt)
     rows = []
     for T in tokens:
+        args = [routing(rep, T) for rep in range(reps_for(T))]
         moe.forward(*routing(10**6, T))
-        times, touched = [], []
-        for rep in range(reps_for(T)):
-            x, ids, w = routing(rep, T)
-            t = time.perf_counter()
-            moe.forward(x, ids, w)
-            times.append(time.perf_counter() - t)
-            touched.append(len(np.unique(ids)) * expert_bytes(moe))
-        rows.append({"format": fmt, "T": T, "threads": ktcy.get_num_threads(), "step_ms": 1e3 * np.median(times),
-                     "weight_gbs": float(np.median(np.array(touched) / np.array(times)) / 1e9)})
+        seconds = loop_seconds(moe.forward, args)
+        touched = np.mean([len(np.unique(ids)) for _, ids, _ in args]) * expert_bytes(moe)
+        rows.append({"format": fmt, "T": T, "threads": ktcy.get_num_threads(), "step_ms": 1e3 * seconds,
+                     "weight_gbs": touched / seconds / 1e9})
     return rows
 
 
@@ -100,52 +109,33 @@ def rank_main(fmt, tokens):
         group = Group(spin_wait=spin)
         ep = ExpertParallelMoE.from_moe(full, group=group, reduce=reduce, check_inputs=check)
         for T in tokens:
+            args = [routing(rep, T) for rep in range(reps_for(T))]
             ep.forward(*routing(10**6, T))
-            step, local, reduce_t, check_t, computed = [], [], [], [], []
-            size = T * K * H + 1 if reduce == "slots" else T * H + 1
-            buffer = np.zeros(size, np.float32)
-            for rep in range(reps_for(T)):
-                x, ids, w = routing(rep, T)
-                dist.barrier()
-                t = time.perf_counter()
-                ep.forward(x, ids, w)
-                step.append(time.perf_counter() - t)
-                routed = placement.route(ids, group.rank)
-                computed.append(len(np.unique(routed[routed >= 0])))
-                t = time.perf_counter()
-                if reduce == "slots":
-                    ep.local.forward_slots(x, routed, w)
-                else:
-                    ep.local.forward(x, routed, w)
-                local.append(time.perf_counter() - t)
-                dist.barrier()
-                t = time.perf_counter()
-                group.all_reduce_sum(buffer, "bench")
-                reduce_t.append(time.perf_counter() - t)
-                dist.barrier()
-                t = time.perf_counter()
-                group.gather_ints([0] * 8, "bench")
-                check_t.append(time.perf_counter() - t)
-            mine = torch.tensor([np.median(step), np.median(local), np.median(reduce_t), np.median(check_t),
-                                 np.mean(computed)], dtype=torch.float64)
+            dist.barrier()
+            step = loop_seconds(ep.forward, args)
+            routed = [(x, placement.route(ids, group.rank), w) for x, ids, w in args]
+            local = loop_seconds(ep.local.forward_slots if reduce == "slots" else ep.local.forward, routed)
+            computed = np.mean([len(np.unique(r[r >= 0])) for _, r, _ in routed])
+            buffer = np.zeros(T * K * H + 1 if reduce == "slots" else T * H + 1, np.float32)
+            dist.barrier()
+            reduce_s = loop_seconds(lambda: group.all_reduce_sum(buffer, "bench"), [()] * len(args))
+            dist.barrier()
+            check_s = loop_seconds(lambda: group.gather_ints([0] * 8, "bench"), [()] * len(args))
+            mine = torch.tensor([step, local, reduce_s, check_s, computed], dtype=torch.float64)
             every = [torch.zeros_like(mine) for _ in range(group.world_size)]
             dist.all_gather(every, mine)
             per_rank = torch.stack(every).numpy()
             rows.append({"format": fmt, "T": T, "reduce": reduce, "check_inputs": check, "spin_wait": spin,
                          "step_ms": 1e3 * per_rank[:, 0].max(), "local_ms": (1e3 * per_rank[:, 1]).tolist(),
                          "all_reduce_ms": 1e3 * per_rank[:, 2].max(), "check_ms": 1e3 * per_rank[:, 3].max(),
-                         "experts_per_rank": per_rank[:, 4].tolist(), "all_reduce_bytes": 4 * size})
+                         "experts_per_rank": per_rank[:, 4].tolist(), "all_reduce_bytes": int(buffer.nbytes)})
     loopback = []
     group = Group()  # polling, as ExpertParallelMoE's default
     for nbytes in ALLREDUCE_BYTES:
         buffer = np.zeros(nbytes // 4, np.float32)
-        times = []
-        for _ in range(30 if nbytes <= 1 << 20 else 8):
-            dist.barrier()
-            t = time.perf_counter()
-            group.all_reduce_sum(buffer, "bench")
-            times.append(time.perf_counter() - t)
-        loopback.append({"bytes": nbytes, "ms": 1e3 * float(np.median(times))})
+        dist.barrier()
+        seconds = loop_seconds(lambda: group.all_reduce_sum(buffer, "bench"), [()] * (30 if nbytes <= 1 << 20 else 8))
+        loopback.append({"bytes": nbytes, "ms": 1e3 * seconds})
     if group.rank == 0:
         with open(os.environ["KTCY_BENCH_OUT"], "w") as f:
             json.dump({"rows": rows, "loopback": loopback}, f)
