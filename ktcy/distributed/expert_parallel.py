@@ -5,14 +5,16 @@ attention).  Each computes the slots routed to its own experts with MoE.forward_
 w[t, j] * expert(x[t]), zeros elsewhere), an all_reduce(SUM) of the [T, k, H] slots gives every
 rank all of them (each slot is nonzero on exactly one rank, so the sum is exact in any order),
 and the k slots are added in order j = 0..k-1 in float32 from 0: the very additions of a
-single-process MoE.forward, hence the same bits in every format.  reduce="sum" all-reduces each
-rank's partial [T, H] sum instead (k times fewer bytes; rounding then depends on the split).
+single-process MoE.forward, hence the same bits in every format (except that a BF16/FP8 expert
+replicated on several ranks may run another kernel path for its share of the rows: ~1e-7).
+reduce="sum" all-reduces each rank's partial [T, H] sum instead (k times fewer bytes; rounding
+then depends on the split).
 
 Contract (used from outside the repo): ``ExpertParallelMoE.from_weights(config, gate, up, down,
 group=None, placement=None)``, ``ExpertParallelMoE.from_converted(path, layer, group=None)``,
 ``ExpertParallelMoE.from_moe(moe, group=None, placement=None)``,
-``ExpertParallelMoE.from_checkpoint(checkpoint, layer, method=None, group=None, placement=None)``, ``.forward(x, topk_ids,
-topk_weights, out=None)``, ``.rank``, ``.world_size``, ``.local_experts``."""
+``ExpertParallelMoE.from_checkpoint(checkpoint, layer, method=None, group=None, placement=None)``,
+``.forward(x, topk_ids, topk_weights, out=None)``, ``.rank``, ``.world_size``, ``.local_experts``."""
 from __future__ import annotations
 
 import dataclasses
@@ -29,8 +31,8 @@ from ktcy.checkpoint import Checkpoint, layer_number
 from ktcy.config import MoeConfig, QuantConfig
 from ktcy.distributed.comm import DistributedError, Group
 from ktcy.distributed.placement import Placement
-from ktcy.kernels import as_float32_matrix
 from ktcy.formats import canonical_format
+from ktcy.kernels import as_float32_matrix
 from ktcy.loading import block_settings, is_converted, layer_group_size, load_experts
 from ktcy.moe import MoE, pack_expert_weight
 from ktcy.paths import resolve_model_path

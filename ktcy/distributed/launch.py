@@ -137,6 +137,8 @@ def _start_bound(command, env, b, numactl):
         return _start(command, env)
     finally:
         os.sched_setaffinity(0, saved_cpus)
+        # a launcher under another policy (preferred, interleave) returns to the default: it
+        # allocates little, and every rank it starts gets its own policy anyway
         mode, nodes = saved_policy
         numa.set_memory_policy(mode if mode == "bind" else "default", nodes if mode == "bind" else ())
 
