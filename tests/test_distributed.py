@@ -4,6 +4,7 @@ blocks, inputs that differ across ranks, a rank that dies or stalls."""
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 pytest.importorskip("torch")
 
@@ -156,3 +157,35 @@ def test_placement_api_is_validated():
     routed = [Placement([(0, 1), (0,), (1,), (0, 1)], 2).route(ids, r) for r in range(2)]
     # every routed slot is computed by exactly one rank
     assert np.array_equal((routed[0] >= 0).astype(int) + (routed[1] >= 0), (ids >= 0).astype(int))
+
+
+def _every_slot_has_one_rank(data, max_experts):
+    from ktcy.distributed import Placement
+    W = data.draw(st.integers(1, 4))
+    E = data.draw(st.integers(1, max_experts))
+    owners = [data.draw(st.sets(st.integers(0, W - 1), min_size=1)) for _ in range(E)]
+    T, k = data.draw(st.integers(0, 9)), data.draw(st.integers(1, 4))
+    ids = np.array(data.draw(st.lists(st.lists(st.integers(-1, E - 1), min_size=k, max_size=k), min_size=T, max_size=T)),
+                   np.int64).reshape(T, k)
+    p = Placement(owners, W)
+    computed = np.zeros(ids.shape, np.int64)
+    for r in range(W):
+        local = p.route(ids, r)
+        held = p.local_experts(r)
+        mine = local >= 0
+        assert all(held[i] == e for i, e in zip(local[mine], ids[mine]))  # the local index names the right expert
+        computed += mine
+    assert np.array_equal(computed, (ids >= 0).astype(np.int64))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_route_gives_every_slot_to_exactly_one_owner(data):
+    _every_slot_has_one_rank(data, 8)
+
+
+@pytest.mark.fuzz
+@settings(max_examples=3000, deadline=None)
+@given(st.data())
+def test_route_gives_every_slot_to_exactly_one_owner_fuzz(data):
+    _every_slot_has_one_rank(data, 64)
