@@ -82,6 +82,7 @@ def correctness(rank, folder, ckpt, converted):
     # a converted folder, and a checkpoint block made expert-parallel with from_moe
     conv = ExpertParallelMoE.from_converted(converted, 1)
     report["converted_local"] = list(conv.local_experts)
+    report["converted_isa"] = conv.isa
     arrays["converted"] = conv.forward(*routing(7, seed=11, **CHECKPOINT))
     packed_here = ExpertParallelMoE.from_checkpoint(ckpt, 1, method="INT8")
     arrays["from_checkpoint"] = packed_here.forward(*routing(7, seed=11, **CHECKPOINT))
@@ -91,6 +92,7 @@ def correctness(rank, folder, ckpt, converted):
     block.experts = ExpertParallelMoE.from_moe(block.experts)  # how MoEModel would use a process group
     h = np.random.default_rng(12).standard_normal((9, CHECKPOINT["hidden"])).astype(np.float32)
     arrays["block"] = block.forward(h)
+    report["block_describe"] = block.describe()  # MoEBlock's own views work on the expert-parallel layer
     return arrays, report
 
 

@@ -84,6 +84,8 @@ def test_each_rank_packs_only_its_experts(correctness):
     assert [rep["INT8/replicated_local"] for rep in reports] == [[0, 1, 2, 4], [0, 1, 3, 5]]
     assert reports[0]["INT8/nbytes"] + reports[1]["INT8/nbytes"] == single("INT8").nbytes
     assert [rep["converted_local"] for rep in reports] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert reports[0]["converted_isa"] == ktcy.load_experts(str(correctness[2]), 1).isa
+    assert [rep["block_describe"]["format"] for rep in reports] == ["INT8", "INT8"]
     assert [rep["from_checkpoint_local"] for rep in reports] == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 

@@ -162,6 +162,11 @@ class ExpertParallelMoE:
         return self.config.weight_format
 
     @property
+    def isa(self) -> Optional[str]:
+        """The ISA of this rank's kernels (None when it holds no expert)."""
+        return self.local.isa if self.local is not None else None
+
+    @property
     def kernel(self) -> str:
         return self.local.kernel if self.local is not None else "no local experts"
 
