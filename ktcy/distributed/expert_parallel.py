@@ -123,8 +123,9 @@ class ExpertParallelMoE:
     def from_converted(cls, path, layer: int, group=None, placement: Optional[Placement] = None,
                        isa: Optional[str] = None, **options) -> "ExpertParallelMoE":
         """Layer `layer` of a folder written by `ktcy convert`, memory-mapped: every rank maps the
-        layer file, and only its own experts' pages are ever read (so, under `ktcy launch --numa`,
-        they land in its node's memory)."""
+        layer file (validated as ktcy.load_experts does) and keeps only its own experts, whose pages
+        its kernels read (so, under `ktcy launch --numa`, they land in its node's memory).  Loading
+        still reads the other experts once where validation reads codes (INT8 column sums)."""
         folder = resolve_model_path(path)
         if not is_converted(folder):
             raise CheckpointError(f"{folder}: not a folder written by ktcy convert (no ktcy_model.json)")
