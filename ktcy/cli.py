@@ -10,6 +10,7 @@ import sys
 
 from ktcy import log, report
 from ktcy.formats import FORMATS
+from ktcy.distributed import launch
 from ktcy.hf import generate_cli
 from ktcy.version import __version__
 
@@ -271,6 +272,12 @@ def build_parser():
                 "in ktcy's experts. Needs `pip install ktcy[hf]`.")
     generate_cli.add_arguments(g)
     g.set_defaults(func=generate_cli.run)
+    n = command("launch", "start ranks as torchrun does, one per NUMA node with --numa",
+                "Start the ranks of an expert-parallel run on this machine with torchrun's environment (RANK, "
+                "WORLD_SIZE, MASTER_ADDR, ...); with --numa one rank per NUMA node, its threads bound to the node's "
+                "CPUs and its memory to the node. Example: ktcy launch --numa -- ktcy generate --model PATH ...")
+    launch.add_arguments(n)
+    n.set_defaults(func=launch.run)
     c = sub.add_parser("convert", help="Hugging Face MoE checkpoint -> packed ktcy layers (ktcy convert --help)",
                        add_help=False)
     c.set_defaults(func=None)
@@ -302,7 +309,9 @@ def _split_global_flags(argv):
 
 def _user_errors():
     from ktcy.errors import TileError, UnsupportedISAError
-    return (ValueError, TypeError, OSError, MemoryError, UnsupportedISAError, TileError)
+    errors = (ValueError, TypeError, OSError, MemoryError, UnsupportedISAError, TileError)
+    comm = sys.modules.get("ktcy.distributed.comm")  # loaded only by a run that used torch.distributed
+    return errors + (comm.DistributedError,) if comm is not None else errors
 
 
 def _guarded(fn, debug):

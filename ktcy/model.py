@@ -169,16 +169,16 @@ class MoEModel:
     """Every MoE block of a Hugging Face checkpoint folder, by the names the checkpoint uses
     (model.layers.3.mlp.experts, Mixtral's model.layers.3.block_sparse_moe.experts, ...)."""
 
-    def __init__(self, ckpt, blocks, rules, default_backend, isa, converted=None):
+    def __init__(self, ckpt, blocks, rules, default_backend, isa, converted=None, group=None):
         self.checkpoint, self.blocks, self.rules = ckpt, blocks, rules
-        self.default_backend, self.isa = default_backend, isa
+        self.default_backend, self.isa, self.group = default_backend, isa, group
         #: the ConvertedFolder routed experts come from (None: everything from the checkpoint)
         self.converted = converted
 
     @classmethod
     def from_pretrained(cls, path: PathLike, rules=None, backend: Optional[str] = None,
                         layers: Optional[Iterable[int]] = None, isa: Optional[str] = None,
-                        experts_path: Optional[PathLike] = None) -> "MoEModel":
+                        experts_path: Optional[PathLike] = None, group=None) -> "MoEModel":
         """Every MoE block of a Hugging Face checkpoint.
 
         Parameters
@@ -197,6 +197,11 @@ class MoEModel:
             is None or the file's format uses the file (INT4 with the group size it was
             converted with); another format is packed from `path`, the source of truth (one
             log line), never from the already-quantized file.
+          group: a torch.distributed process group (e.g. torch.distributed.group.WORLD, ranks
+            started by torchrun or `ktcy launch`) to run the routed experts expert-parallel: each
+            rank packs or maps only its share (ktcy.distributed.ExpertParallelMoE) and every rank
+            gets the whole block output; routers and shared experts run on every rank.  Needs the
+            hf extra.  None: one process.
 
         Returns a MoEModel whose .blocks maps block names to MoEBlock.
 
@@ -216,7 +221,7 @@ class MoEModel:
         if experts_path is not None:
             converted = ConvertedFolder(experts_path, ckpt)
             converted.require([L for L in chosen if L in ckpt.arch.moe_layers])  # others fail in _build, as without it
-        model = cls(ckpt, {}, parsed, backend, isa, converted)
+        model = cls(ckpt, {}, parsed, backend, isa, converted, group)
         repacked = []
         for L in chosen:
             block = model._build(L, None, repacked)
@@ -248,8 +253,16 @@ class MoEModel:
         if self.converted is not None:
             held = self.converted.format(L)
             if backend is None or canonical_format(backend) == held:
-                return self.converted.load(L, self.isa), self.converted.file(L)
+                moe = self.converted.load(L, self.isa)
+                if self.group is not None:  # each rank keeps (and so reads) only its experts' pages
+                    from ktcy.distributed import ExpertParallelMoE
+                    moe = ExpertParallelMoE.from_moe(moe, self.group)
+                return moe, self.converted.file(L)
             repacked.append((L, held, canonical_format(backend)))
+        if self.group is not None:  # each rank reads and packs only its experts
+            from ktcy.distributed import ExpertParallelMoE
+            return (ExpertParallelMoE.from_checkpoint(self.checkpoint, L, backend, group=self.group, isa=self.isa),
+                    self.checkpoint.path)
         return experts_from_checkpoint(self.checkpoint, L, backend, self.isa), self.checkpoint.path
 
     def _say_repacked(self, repacked, why):

@@ -259,11 +259,11 @@ class ExpertParallelMoE:
         """(x float32 [T, H], ids int64 [T, k], weights float32 [T, k], T, float32 [T, H] to sum
         into, torch out= to copy to or None), or ValueError/TypeError."""
         c = self.config
-        xs = as_float32_matrix(_numpy(x), "x")
+        xs = as_float32_matrix(_numpy(x, "x"), "x")
         if xs.shape[1] != c.hidden_size:
             raise ValueError(f"x must be [T, {c.hidden_size}], got shape {xs.shape}")
         T = xs.shape[0]
-        ids = _numpy(topk_ids)
+        ids = _numpy(topk_ids, "topk_ids")
         if ids.ndim != 2 or ids.shape[0] != T:
             raise ValueError(f"topk_ids must be [T={T}, k], got shape {ids.shape}")
         if not np.issubdtype(ids.dtype, np.integer):
@@ -273,7 +273,7 @@ class ExpertParallelMoE:
         if ids.size and (ids.min() < -1 or ids.max() >= c.num_experts):
             bad = ids[(ids < -1) | (ids >= c.num_experts)][0]
             raise ValueError(f"topk_ids holds expert id {bad}, outside [0, {c.num_experts}) (-1 skips a slot)")
-        w = _numpy(topk_weights)
+        w = _numpy(topk_weights, "topk_weights")
         if w.shape != ids.shape:
             raise ValueError(f"topk_weights must have the shape of topk_ids {ids.shape}, got {w.shape}")
         if not (np.issubdtype(w.dtype, np.floating) or w.dtype == ml_dtypes.bfloat16):
@@ -346,8 +346,8 @@ def _keep_watching(moe, local):
         weakref.finalize(local, os.close, mine)
 
 
-def _numpy(a):
-    return torch_bridge.as_numpy(a) if torch_bridge.is_tensor(a) else np.asarray(a)
+def _numpy(a, what):
+    return torch_bridge.as_numpy(a, what) if torch_bridge.is_tensor(a) else np.asarray(a)
 
 
 def _output(out, T, H):

@@ -121,6 +121,13 @@ def run(args, out=None):
         set_num_threads(args.threads)
         torch.set_num_threads(args.threads)
     kwargs = {} if args.dtype is None else {"dtype": getattr(torch, args.dtype)}
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        # started as ranks (torchrun, ktcy launch): experts expert-parallel, rank 0 prints
+        from ktcy.distributed import init_process_group
+        init_process_group()
+        kwargs["group"] = torch.distributed.group.WORLD
+        if torch.distributed.get_rank() != 0:
+            out = open(os.devnull, "w")
     model = ktcy.hf.from_pretrained(args.model, rules=args.rules, backend=args.backend, experts_path=args.experts,
                                     **kwargs)
     tokenizer = _tokenizer(resolve_model_path(args.model), required=args.prompt is not None)

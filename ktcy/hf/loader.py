@@ -52,11 +52,14 @@ def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwar
         gives its backend.
       backend: format / KTransformers backend for modules no rule names (None keeps the
         checkpoint's precision: BF16 stays BF16, FP8 block checkpoints stay FP8).
-      experts_path: a folder written by `ktcy convert` for this checkpoint: routed experts are
-        mapped from it (its format; a rule or backend asking for another one is refused).
+      experts_path: a folder written by `ktcy convert` for this checkpoint, checked as MoEModel
+        checks it: routed experts in its format are mapped from it, another format is packed
+        from the checkpoint (one warning).
       hf_kwargs: `dtype` (or `torch_dtype`; default the config's dtype, else float32) for the
-        torch part of the model, `attn_implementation`, `isa` (force ktcy's instruction set);
-        anything else overrides config attributes as in transformers' from_pretrained.
+        torch part of the model, `attn_implementation`, `isa` (force ktcy's instruction set),
+        `group` (a torch.distributed process group: the routed experts run expert-parallel,
+        each rank holding its share, as in MoEModel.from_pretrained); anything else overrides
+        config attributes as in transformers' from_pretrained.
 
     Returns the model, with `inject_expert_backend(layer_regex, backend)` and
     `ktcy_experts()` (name -> KtcyExperts).
@@ -83,6 +86,7 @@ def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwar
     if converted is not None:
         converted.require(ckpt.arch.moe_layers)
     isa = hf_kwargs.pop("isa", None)
+    group = hf_kwargs.pop("group", None)
     dtype = _dtype(hf_kwargs)
     attn = hf_kwargs.pop("attn_implementation", None)
     hf_kwargs.setdefault("local_files_only", True)
@@ -98,7 +102,7 @@ def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwar
         extra = {"attn_implementation": attn} if attn is not None else {}
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, **extra)
     model.eval()
-    state = _KtcyState(ckpt, arch, parsed, backend, converted, isa)
+    state = _KtcyState(ckpt, arch, parsed, backend, converted, isa, group)
     replaced = [name for name, module in list(model.named_modules()) if isinstance(module, experts_type)]
     if len(replaced) != len(ckpt.arch.moe_layers):
         raise CheckpointError(f"{path}: the model has {len(replaced)} {arch.experts_class} modules, config.json "
@@ -153,9 +157,9 @@ def _replace(model, name, module):
 class _KtcyState:
     """What a model needs to build and rebuild its experts modules."""
 
-    def __init__(self, ckpt, arch, rules, backend, converted, isa):
+    def __init__(self, ckpt, arch, rules, backend, converted, isa, group=None):
         self.checkpoint, self.arch, self.rules = ckpt, arch, rules
-        self.default_backend, self.converted, self.isa = backend, converted, isa
+        self.default_backend, self.converted, self.isa, self.group = backend, converted, isa, group
 
     def build(self, name, forced_backend=None):
         L = layer_of(name)
@@ -171,9 +175,16 @@ class _KtcyState:
         if self.converted is not None:
             held = self.converted.format(L)
             if backend is None or canonical_format(backend) == held:
-                return self.converted.load(L, self.isa)
+                moe = self.converted.load(L, self.isa)
+                if self.group is not None:  # each rank keeps only its experts
+                    from ktcy.distributed import ExpertParallelMoE
+                    moe = ExpertParallelMoE.from_moe(moe, self.group)
+                return moe
             log.warning("layer %d: %s asked for, %s holds %s; packed from the checkpoint %s instead", L,
                         canonical_format(backend), self.converted.path, held, self.checkpoint.path)
+        if self.group is not None:  # each rank reads and packs only its experts
+            from ktcy.distributed import ExpertParallelMoE
+            return ExpertParallelMoE.from_checkpoint(self.checkpoint, L, backend, group=self.group, isa=self.isa)
         return experts_from_checkpoint(self.checkpoint, L, backend, self.isa)
 
 

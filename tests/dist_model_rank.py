@@ -1,0 +1,39 @@
+"""One rank of tests/test_distributed_model.py, started by `ktcy launch --nproc 2`: a whole
+MoEModel and a ktcy.hf model expert-parallel over the ranks, against the same models in one
+process, each rank writing what it saw to <out>/rank<R>.npz."""
+import sys
+
+import numpy as np
+import torch
+
+import ktcy
+import ktcy.hf
+from ktcy.distributed import ExpertParallelMoE, init_process_group
+
+moe_ckpt, hf_ckpt, out = sys.argv[1:4]
+init_process_group(timeout=60)
+world = torch.distributed.group.WORLD
+rank = torch.distributed.get_rank()
+ktcy.set_num_threads(1)
+torch.set_num_threads(1)
+
+h = np.random.default_rng(7).standard_normal((9, ktcy.MoEModel.from_pretrained(moe_ckpt, layers=[]).checkpoint.arch
+                                               .hidden_size)).astype(np.float32)
+results = {}
+for backend in ("INT8", "BF16"):
+    single = ktcy.MoEModel.from_pretrained(moe_ckpt, backend=backend)
+    shared = ktcy.MoEModel.from_pretrained(moe_ckpt, backend=backend, group=world)
+    for name, block in shared.blocks.items():
+        assert isinstance(block.experts, ExpertParallelMoE), type(block.experts)
+        results[f"{backend}:{name}:parallel"] = block.forward(h)
+        results[f"{backend}:{name}:single"] = single.blocks[name].forward(h)
+        results[f"{backend}:{name}:local"] = np.array(block.experts.local_experts)
+
+prompt = torch.tensor([[3, 4, 5, 6, 7, 8]])
+single = ktcy.hf.from_pretrained(hf_ckpt, backend="INT8", dtype=torch.float32)
+shared = ktcy.hf.from_pretrained(hf_ckpt, backend="INT8", dtype=torch.float32, group=world)
+assert all(isinstance(m.moe, ExpertParallelMoE) for m in shared.ktcy_experts().values())
+with torch.no_grad():
+    results["hf:single"] = single(prompt).logits.numpy()
+    results["hf:parallel"] = shared(prompt).logits.numpy()
+np.savez(f"{out}/rank{rank}.npz", **results)
