@@ -527,3 +527,19 @@ def test_int8_column_sums_that_disagree_with_the_codes_are_refused_or_unused():
         assert "colsum" in str(e) or "column sum" in str(e)
         return
     check_every_variant(X, bad, "INT8 with damaged column sums")
+
+
+def test_int8_data_holding_minus_128_is_refused_when_made_native():
+    """A damaged or foreign packed INT8 buffer with code -128 (which pack never writes): the sign
+    trick of the AVX-512BW kernel would give it the wrong sign, so it never reaches a kernel."""
+    rng = np.random.default_rng(3)
+    good = kernels.pack((rng.standard_normal((33, 200)) * 0.05).astype(np.float32), "INT8")
+    data = good.data.copy()
+    data.view(np.int8)[5] = -128
+    codes = data.view(np.int8)
+    colsum = good.colsum.copy()
+    bad = dataclasses.replace(good, _view=None, data=data, colsum=colsum)
+    # keep the column sums consistent so only the code itself is wrong
+    bad.colsum[:] = kernels._native.int8_column_sums(codes, bad.colsum.size, data.size // bad.colsum.size)
+    with pytest.raises(ValueError, match="-128"):
+        bad.native()

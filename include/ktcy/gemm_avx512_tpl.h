@@ -80,11 +80,11 @@ KT_AI KT_(acc_t) KT_(dp)(KT_(acc_t) acc, kt_vec2 a, kt_vec2 w) {
 #if KT_FAST
         return _mm512_dpbusd_epi32(acc, a.v0, w.v0); /* (a + 128) * w; the skeleton subtracts 128 * colsum */
 #else
-        /* |w| * (a * sign w): exact for every code, -128 included (|-128| is 128 as an unsigned
-         * byte; activations lie in [-127, 127], so negating them never wraps), and pairs stay
-         * within int16 (2 * 128 * 127) */
-        __m512i as = _mm512_mask_sub_epi8(a.v0, _mm512_movepi8_mask(w.v0), _mm512_setzero_si512(), a.v0);
-        __m512i pairs = _mm512_maddubs_epi16(_mm512_abs_epi8(w.v0), as);
+        /* |a| * (w * sign a): exact because codes lie in [-127, 127] (-128 is refused when a
+         * weight is made native), and pairs stay within int16 (2 * 127 * 127).  Faster here than
+         * |w| * (a * sign w): the activation row's |a| and sign mask serve all 4 panels. */
+        __m512i ws = _mm512_mask_sub_epi8(w.v0, _mm512_movepi8_mask(a.v0), _mm512_setzero_si512(), w.v0);
+        __m512i pairs = _mm512_maddubs_epi16(_mm512_abs_epi8(a.v0), ws);
         return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
 #endif
     }
