@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import hf_checkpoints as ckpts
+from conftest import isa_params
 
 torch = pytest.importorskip("torch")  # CI installs the hf extra: this never skips there
 transformers = pytest.importorskip("transformers")
@@ -156,6 +157,14 @@ def test_experts_block_matches_stock_with_biases_and_clamps(mxfp4):
     with torch.no_grad():
         expected_skip = stock_experts(x, ids, w_zero)
     assert rel_l2(ours(x, skipped, w), expected_skip) < 0.004
+
+
+@pytest.mark.parametrize("isa", isa_params())
+def test_mxfp4_as_stored_on_every_isa(mxfp4, isa):
+    q, ref = mxfp4
+    model = ktcy.hf.from_pretrained(q, dtype=torch.float32, isa=isa)
+    assert all(m.kernel.startswith(f"MXFP4 on {isa} ") for m in model.ktcy_experts().values())
+    assert rel_l2(logits(model, PROMPT), logits(stock(ref), PROMPT)) < 0.01
 
 
 def test_inject_expert_backend_switches_format_and_generates(mxfp4):
