@@ -208,3 +208,26 @@ def test_overriding_what_the_experts_read_is_refused(bf16, key):
 def test_hub_kernels_are_refused(bf16):
     with pytest.raises(ValueError, match="use_kernels"):
         ktcy.hf.from_pretrained(bf16, use_kernels=True)
+
+
+def _altered_copy(src, dst, change):
+    """A copy of checkpoint src with change(tensors) applied to its tensors (the original stays)."""
+    import shutil
+    from safetensors.torch import load_file, save_file
+    shutil.copytree(src, dst)
+    tensors = load_file(f"{src}/model.safetensors")
+    change(tensors)
+    save_file(tensors, f"{dst}/model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+def test_malformed_mxfp4_experts_are_checkpoint_errors_naming_the_tensor(mxfp4, tmp_path):
+    q, _ = mxfp4
+    scales = "model.layers.1.mlp.experts.down_proj_scales"
+    bad_scales = _altered_copy(q, tmp_path / "scales", lambda t: t.update({scales: t[scales][:, :-1].contiguous()}))
+    with pytest.raises(ktcy.CheckpointError, match=scales):
+        ktcy.hf.from_pretrained(bad_scales, dtype=torch.float32)
+    bias = "model.layers.0.mlp.experts.gate_up_proj_bias"
+    no_bias = _altered_copy(q, tmp_path / "bias", lambda t: t.pop(bias))
+    with pytest.raises(ktcy.CheckpointError, match=bias):
+        ktcy.hf.from_pretrained(no_bias, dtype=torch.float32)
