@@ -9,6 +9,7 @@ BF16 rounding of the experts.  0.25 gives logits with a standard deviation of ab
 (test_greedy_generation_equals_stock checks the gap at every step)."""
 import json
 import os
+import shutil
 
 import ml_dtypes
 import numpy as np
@@ -22,7 +23,8 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attenti
 
 
 def _configs():
-    from transformers import (DeepseekV3Config, MixtralConfig, OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig)
+    from transformers import (DeepseekV3Config, GptOssConfig, MixtralConfig, OlmoeConfig, Qwen2MoeConfig,
+                              Qwen3MoeConfig)
     return {
         "qwen3_moe": lambda: Qwen3MoeConfig(**COMMON, head_dim=16, num_experts=8, num_experts_per_tok=2,
                                             moe_intermediate_size=32, intermediate_size=96, norm_topk_prob=True),
@@ -36,6 +38,14 @@ def _configs():
             n_group=4, topk_group=2, n_shared_experts=1, moe_intermediate_size=32, intermediate_size=96,
             first_k_dense_replace=1, routed_scaling_factor=2.5, q_lora_rank=32, kv_lora_rank=16,
             qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, norm_topk_prob=True),
+        # GPT-OSS's own YaRN rope (factor 32 over 4 original positions = the 128 of COMMON), a
+        # sliding window shorter than the tests' prompt (layer 0 slides, layer 1 attends fully), and
+        # a SwiGLU limit low enough that the clamps act on these weights (GPT-OSS's is 7.0)
+        "gpt_oss": lambda: GptOssConfig(
+            **COMMON, head_dim=16, num_local_experts=8, num_experts_per_tok=2, intermediate_size=32,
+            sliding_window=6, swiglu_limit=3.0,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                             "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4}),
     }
 
 
@@ -48,6 +58,11 @@ ARCHITECTURES = ("qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3", "olmoe")
 # many near-ties, in its logits and in its routers.
 GREEDY_SEEDS = {"qwen3_moe": 0, "qwen2_moe": 28, "mixtral": 20, "deepseek_v3": 2, "olmoe": 0}
 
+# The same for GPT-OSS (not in ARCHITECTURES: tests/test_hf_gpt_oss.py covers it, with its MXFP4
+# release format), over 16 generated steps: BF16 experts (build) and MXFP4 experts as stored
+# (build_gpt_oss_mxfp4); stock's smallest top-2 gap was 8.6x and 5.8x ktcy's largest deviation.
+GPT_OSS_GREEDY_SEEDS = {"bf16": 26, "mxfp4": 21}
+
 
 def build(arch, folder, seed=0, **overrides):
     """A random tiny `arch` model saved (BF16) into folder; returns the folder."""
@@ -59,6 +74,7 @@ def build(arch, folder, seed=0, **overrides):
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _spread_router_bias(model)
+    _random_expert_biases(model)
     model.to(torch.bfloat16).save_pretrained(folder)
     return str(folder)
 
@@ -69,6 +85,16 @@ def _spread_router_bias(model):
     for name, buf in model.named_buffers():
         if name.endswith("e_score_correction_bias"):
             buf.copy_(torch.linspace(-0.05, 0.05, buf.numel()))
+
+
+def _random_expert_biases(model):
+    """GPT-OSS's expert biases start at zero; random ones check that ktcy adds them (to the right
+    rows of the interleaved gate/up)."""
+    import torch
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("experts.gate_up_proj_bias", "experts.down_proj_bias")):
+                p.copy_(torch.randn(p.shape) * INIT_RANGE)
 
 
 def _quantize_block_fp8(w):
@@ -141,3 +167,60 @@ def add_word_tokenizer(folder):
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0").save_pretrained(folder)
     return str(folder)
+
+
+E2M1_MAX = 6.0
+MXFP4_BLOCK = 32
+
+
+def _quantize_mxfp4(w):
+    """MXFP4 of float32 [..., N, K] along K (the OCP microscaling rule): per 32 values the E8M0
+    exponent e = ceil(log2(amax / 6)) so every value / 2^e fits E2M1, codes rounded to the nearest
+    E2M1 value.  Returns (codes uint8 [..., N, K], exponents int [..., N, K/32], dequantized float32)."""
+    from checkpoints import e2m1_value
+    table = np.array([e2m1_value(c) for c in range(16)], np.float64)
+    w = np.asarray(w, np.float64)
+    blocks = w.reshape(w.shape[:-1] + (w.shape[-1] // MXFP4_BLOCK, MXFP4_BLOCK))
+    amax = np.abs(blocks).max(axis=-1)
+    exps = np.clip(np.ceil(np.log2(np.maximum(amax, 2.0 ** -127) / E2M1_MAX)), -127, 127).astype(np.int64)
+    scaled = blocks / np.exp2(exps)[..., None]
+    codes = np.abs(scaled[..., None] - table).argmin(axis=-1).astype(np.uint8)
+    deq = table[codes] * np.exp2(exps)[..., None]
+    return codes.reshape(w.shape), exps, deq.reshape(w.shape).astype(np.float32)
+
+
+def build_gpt_oss_mxfp4(folder_mxfp4, folder_ref, seed=0):
+    """A tiny GPT-OSS as OpenAI releases it: experts as MXFP4 `*_blocks` (uint8 [E, N, K/32, 16],
+    two E2M1 codes per byte) and `*_scales` (E8M0 uint8 [E, N, K/32]) with gate and up interleaved
+    along N, expert biases and everything else BF16, config.json with quantization_config mxfp4
+    (folder_mxfp4); and folder_ref, the same model with the experts dequantized (exactly
+    representable in BF16), which stock transformers runs as the reference."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from checkpoints import mxfp4_blocks
+    build("gpt_oss", folder_ref, seed=seed)
+    ref_file = os.path.join(folder_ref, "model.safetensors")
+    tensors = load_file(ref_file)
+    released = {}
+    for name, t in tensors.items():
+        if not name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            released[name] = t
+            continue
+        # transformers holds [E, in, out]; the release stores [E, out, in] blocked along `in`
+        codes, exps, deq = _quantize_mxfp4(t.float().transpose(1, 2).numpy())
+        released[name + "_blocks"] = torch.from_numpy(np.ascontiguousarray(mxfp4_blocks(codes)))
+        released[name + "_scales"] = torch.from_numpy(np.ascontiguousarray(exps + 127, np.uint8))
+        tensors[name] = torch.from_numpy(deq).transpose(1, 2).contiguous().to(torch.bfloat16)
+        assert torch.equal(tensors[name].float().transpose(1, 2), torch.from_numpy(deq))  # exact in BF16
+    save_file(tensors, ref_file, metadata={"format": "pt"})
+    os.makedirs(folder_mxfp4, exist_ok=True)
+    save_file(released, os.path.join(folder_mxfp4, "model.safetensors"), metadata={"format": "pt"})
+    if os.path.isfile(os.path.join(folder_ref, "generation_config.json")):
+        shutil.copy(os.path.join(folder_ref, "generation_config.json"), folder_mxfp4)
+    with open(os.path.join(folder_ref, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    with open(os.path.join(folder_mxfp4, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return str(folder_mxfp4), str(folder_ref)

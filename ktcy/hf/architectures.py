@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from ktcy.safetensors_io import CheckpointError
 
 # A routed expert's tensors in a checkpoint: per-expert (experts.3.gate_proj.weight, Mixtral's
-# experts.3.w1.weight, their FP8 scales) or fused stacks (experts.gate_up_proj).  ktcy reads
-# these itself; the torch model never holds them.
+# experts.3.w1.weight, their FP8 scales) or fused stacks (experts.gate_up_proj, GPT-OSS's
+# experts.gate_up_proj_bias and MXFP4 experts.gate_up_proj_blocks / _scales).  ktcy reads these
+# itself; the torch model never holds them.
 ROUTED_EXPERT_TENSOR = re.compile(r"\.experts\.(\d+\.|gate_up_proj|down_proj)")
 
 
@@ -41,6 +42,9 @@ _TABLE = {a.model_type: a for a in (
     # grouped sigmoid router, shared experts and the dense first layers stay in torch
     Architecture("deepseek_v3", "transformers.models.deepseek_v3.modeling_deepseek_v3", "DeepseekV3Experts"),
     Architecture("olmoe", "transformers.models.olmoe.modeling_olmoe", "OlmoeExperts"),
+    # router with bias (softmax over the chosen top-k) and attention with sinks and sliding
+    # windows stay in torch; the experts' biases and clamped SwiGLU run in ktcy
+    Architecture("gpt_oss", "transformers.models.gpt_oss.modeling_gpt_oss", "GptOssExperts"),
 )}
 
 SUPPORTED = tuple(sorted(_TABLE))

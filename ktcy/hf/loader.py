@@ -35,7 +35,13 @@ _SCALE_SUFFIXES = ("_scale_inv", "_scale")
 # keywords of transformers' from_pretrained that cannot hold here: the model runs on the CPU, with
 # transformers' own implementation of the architecture (whose experts module ktcy replaces)
 _NOT_APPLICABLE = ("device_map", "quantization_config", "load_in_8bit", "load_in_4bit", "state_dict",
-                   "trust_remote_code")
+                   "trust_remote_code", "use_kernels")
+# config attributes ktcy's experts read from config.json (their shape, which layers are MoE, GPT-OSS's
+# clamped SwiGLU): overriding one for the torch part alone would leave torch and ktcy disagreeing
+_EXPERT_SETTINGS = ("num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok",
+                    "experts_per_token", "hidden_size", "intermediate_size", "moe_intermediate_size",
+                    "num_hidden_layers", "mlp_only_layers", "decoder_sparse_step", "first_k_dense_replace",
+                    "moe_layer_freq", "swiglu_alpha", "swiglu_limit")
 
 
 def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwargs):
@@ -59,7 +65,11 @@ def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwar
         torch part of the model, `attn_implementation`, `isa` (force ktcy's instruction set),
         `group` (a torch.distributed process group: the routed experts run expert-parallel,
         each rank holding its share, as in MoEModel.from_pretrained); anything else overrides
-        config attributes as in transformers' from_pretrained.
+        config attributes as in transformers' from_pretrained, except those the experts read
+        from config.json (expert counts and sizes, layer count and MoE layers, GPT-OSS's
+        swiglu_alpha / swiglu_limit): those are refused (ValueError), as are device_map,
+        quantization_config, the bitsandbytes switches, state_dict, trust_remote_code and
+        use_kernels (hub kernels would replace the MoE blocks ktcy runs).
 
     Returns the model, with `inject_expert_backend(layer_regex, backend)` and
     `ktcy_experts()` (name -> KtcyExperts).
@@ -74,6 +84,10 @@ def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwar
         if key in hf_kwargs:
             raise ValueError(f"from_pretrained: {key}= does not apply to ktcy.hf (the model runs on the CPU with "
                              "transformers' own implementation, its experts quantized by ktcy: use backend= or rules=)")
+    for key in _EXPERT_SETTINGS:
+        if key in hf_kwargs:
+            raise ValueError(f"from_pretrained: {key}= cannot override config.json here: ktcy's experts read it from "
+                             "the checkpoint's config.json, and the torch part must agree with them")
     parsed = load_rules(rules)
     require_folder(path)
     config_file = os.path.join(path, "config.json")
@@ -94,7 +108,8 @@ def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwar
     if dtype is None:
         dtype = config.dtype if isinstance(config.dtype, torch.dtype) and config.dtype.is_floating_point \
             else torch.float32
-    # the torch part holds dequantized weights; transformers must not try to quantize it again
+    # the torch part holds dequantized weights (the experts, GPT-OSS's MXFP4 included, are ktcy's):
+    # transformers must not quantize it again, nor fetch hub kernels for a quantization method
     if getattr(config, "quantization_config", None) is not None:
         del config.quantization_config
     experts_type = arch.experts_type()
