@@ -266,18 +266,19 @@ def build_parser():
                    "checkpoint instead")
     r.add_argument("--threads", type=thread_count, default=None, help="OpenMP threads (default: all usable CPUs)")
     r.set_defaults(func=cmd_run_block)
-    g = command("generate", "text from a whole MoE model with ktcy's experts (needs the hf extra)",
-                "Load a Hugging Face causal LM with transformers (CPU), its MoE experts replaced by ktcy's kernels, "
-                "and generate: prints the text as it comes, then prefill and decode tokens/s and the share of time "
-                "in ktcy's experts. Needs `pip install ktcy[hf]`.")
-    generate_cli.add_arguments(g)
-    g.set_defaults(func=generate_cli.run)
-    n = command("launch", "start ranks as torchrun does, one per NUMA node with --numa",
-                "Start the ranks of an expert-parallel run on this machine with torchrun's environment (RANK, "
-                "WORLD_SIZE, MASTER_ADDR, ...); with --numa one rank per NUMA node, its threads bound to the node's "
-                "CPUs and its memory to the node. Example: ktcy launch --numa -- ktcy generate --model PATH ...")
-    launch.add_arguments(n)
-    n.set_defaults(func=launch.run)
+    # commands whose flags and run() live in their own modules (they import torch only when run)
+    for name, module, help_text, description in (
+            ("generate", generate_cli, "text from a whole MoE model with ktcy's experts (needs the hf extra)",
+             "Load a Hugging Face causal LM with transformers (CPU), its MoE experts replaced by ktcy's kernels, "
+             "and generate: prints the text as it comes, then prefill and decode tokens/s and the share of time "
+             "in ktcy's experts. Needs `pip install ktcy[hf]`."),
+            ("launch", launch, "start ranks as torchrun does, one per NUMA node with --numa",
+             "Start the ranks of an expert-parallel run on this machine with torchrun's environment (RANK, "
+             "WORLD_SIZE, MASTER_ADDR, ...); with --numa one rank per NUMA node, its threads bound to the node's "
+             "CPUs and its memory to the node. Example: ktcy launch --numa -- ktcy generate --model PATH ...")):
+        p = command(name, help_text, description)
+        module.add_arguments(p)
+        p.set_defaults(func=module.run)
     c = sub.add_parser("convert", help="Hugging Face MoE checkpoint -> packed ktcy layers (ktcy convert --help)",
                        add_help=False)
     c.set_defaults(func=None)

@@ -104,18 +104,8 @@ class MoE:
         progress(done, total) is called after each expert (default: a progress bar for large layers).
         Raises ValueError/TypeError for shapes, dtypes or scales that do not fit, and
         UnsupportedISAError when config.isa cannot run here."""
-        E, H, I = config.num_experts, config.hidden_size, config.intermediate_size
-        arrays = {"gate": (gate, (E, I, H), gate_scale), "up": (up, (E, I, H), up_scale),
-                  "down": (down, (E, H, I), down_scale)}
-        for name, (a, shape, _) in arrays.items():
-            if not hasattr(a, "shape") or tuple(a.shape) != shape:
-                raise ValueError(f"{name} must have shape {shape} ([E, I, H] for gate/up, [E, H, I] for down), "
-                                 f"got {getattr(a, 'shape', type(a).__name__)}")
-
-        def expert(e):
-            return {name: (np.asarray(a[e]), None if scale is None else np.asarray(scale)[e])
-                    for name, (a, _, scale) in arrays.items()}
-        return cls.from_experts(config, expert, progress, bias)
+        return cls.from_experts(config, stacked_experts(config, gate, up, down, gate_scale, up_scale, down_scale),
+                                progress, bias)
 
     @classmethod
     def from_experts(cls, config: MoeConfig, expert: Callable[[int], dict],
@@ -261,6 +251,23 @@ class MoE:
         return torch_bridge.result_like(result, like, keep_float32=per_slot)  # slots stay float32: see forward_slots
 
     __call__ = forward
+
+
+def stacked_experts(config, gate, up, down, gate_scale=None, up_scale=None, down_scale=None):
+    """expert(e) -> {"gate"|"up"|"down": (weight, scale)} over whole-layer arrays (gate/up [E, I, H],
+    down [E, H, I], scales [E, ...]), their shapes checked first (for MoE.from_experts)."""
+    E, H, I = config.num_experts, config.hidden_size, config.intermediate_size
+    arrays = {"gate": (gate, (E, I, H), gate_scale), "up": (up, (E, I, H), up_scale),
+              "down": (down, (E, H, I), down_scale)}
+    for name, (a, shape, _) in arrays.items():
+        if not hasattr(a, "shape") or tuple(a.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape} ([E, I, H] for gate/up, [E, H, I] for down), "
+                             f"got {getattr(a, 'shape', type(a).__name__)}")
+
+    def expert(e):
+        return {name: (np.asarray(a[e]), None if scale is None else np.asarray(scale)[e])
+                for name, (a, _, scale) in arrays.items()}
+    return expert
 
 
 def _as_rows(a, what, width):

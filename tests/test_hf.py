@@ -1,5 +1,4 @@
 """ktcy.hf against stock transformers on tiny random checkpoints (tests/hf_checkpoints.py)."""
-import functools
 import subprocess
 import sys
 import textwrap
@@ -14,6 +13,7 @@ transformers = pytest.importorskip("transformers")
 import ktcy  # noqa: E402
 import ktcy.hf  # noqa: E402
 from ktcy.convert import convert  # noqa: E402
+from hf_compare import logits, rel_l2, stock  # noqa: E402
 
 PROMPT = torch.randint(3, ckpts.VOCAB, (1, 16), generator=torch.Generator().manual_seed(0))
 NEW_TOKENS = 24
@@ -24,20 +24,6 @@ def folders(tmp_path_factory):
     """{arch: checkpoint folder}, built once per module with the arch's greedy seed."""
     root = tmp_path_factory.mktemp("hf")
     return {a: ckpts.build(a, root / a, seed=ckpts.GREEDY_SEEDS[a]) for a in ckpts.ARCHITECTURES}
-
-
-@functools.lru_cache(maxsize=None)
-def stock(folder):
-    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-
-
-def logits(model, ids):
-    with torch.no_grad():
-        return model(ids).logits[0].float()
-
-
-def rel_l2(a, b):
-    return float((a - b).norm() / b.norm())
 
 
 @pytest.mark.parametrize("arch", ckpts.ARCHITECTURES)

@@ -7,10 +7,7 @@ dequantized.  Router, attention (sinks, sliding window), norms stay transformers
 MXFP4 as stored runs with BF16 activations (the format's kernels decode E2M1 x E8M0 exactly to
 BF16 and multiply BF16 activations): its logit error against float32 stock is the BF16 experts'
 (0.33% and 0.38% relative L2 on these two models)."""
-import functools
-import logging
 
-import numpy as np
 import pytest
 
 import hf_checkpoints as ckpts
@@ -21,6 +18,7 @@ transformers = pytest.importorskip("transformers")
 import ktcy  # noqa: E402
 import ktcy.hf  # noqa: E402
 from ktcy.convert import convert  # noqa: E402
+from hf_compare import logits, rel_l2, stock  # noqa: E402
 
 PROMPT = torch.randint(3, ckpts.VOCAB, (1, 16), generator=torch.Generator().manual_seed(0))
 NEW_TOKENS = 16
@@ -39,20 +37,6 @@ def mxfp4(tmp_path_factory):
     """(MXFP4 checkpoint as released, the BF16 reference holding its dequantized experts)."""
     root = tmp_path_factory.mktemp("gpt_oss_mxfp4")
     return ckpts.build_gpt_oss_mxfp4(root / "mxfp4", root / "ref", seed=ckpts.GPT_OSS_GREEDY_SEEDS["mxfp4"])
-
-
-@functools.lru_cache(maxsize=None)
-def stock(folder):
-    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-
-
-def logits(model, ids):
-    with torch.no_grad():
-        return model(ids).logits[0].float()
-
-
-def rel_l2(a, b):
-    return float((a - b).norm() / b.norm())
 
 
 def kinds(model):

@@ -34,7 +34,7 @@ from ktcy.distributed.placement import Placement
 from ktcy.formats import canonical_format
 from ktcy.kernels import as_float32_matrix
 from ktcy.loading import block_settings, is_converted, layer_group_size, load_experts
-from ktcy.moe import MoE, pack_expert_weight
+from ktcy.moe import MoE, pack_expert_weight, stacked_experts
 from ktcy.paths import resolve_model_path
 from ktcy.safetensors_io import CheckpointError
 
@@ -89,17 +89,7 @@ class ExpertParallelMoE:
         """Every rank passes the whole layer (as MoE.from_weights takes it: gate/up [E, I, H],
         down [E, H, I], FP8 codes with their scales); each quantizes and packs only its experts.
         options: reduce="slots" (bit-identical to MoE.forward, default) or "sum", check_inputs=True."""
-        E, H, I = config.num_experts, config.hidden_size, config.intermediate_size
-        arrays = {"gate": (gate, (E, I, H), gate_scale), "up": (up, (E, I, H), up_scale),
-                  "down": (down, (E, H, I), down_scale)}
-        for name, (a, shape, _) in arrays.items():
-            if not hasattr(a, "shape") or tuple(a.shape) != shape:
-                raise ValueError(f"{name} must have shape {shape} ([E, I, H] for gate/up, [E, H, I] for down), "
-                                 f"got {getattr(a, 'shape', type(a).__name__)}")
-
-        def expert(e):
-            return {name: (np.asarray(a[e]), None if scale is None else np.asarray(scale)[e])
-                    for name, (a, _, scale) in arrays.items()}
+        expert = stacked_experts(config, gate, up, down, gate_scale, up_scale, down_scale)
         return cls.from_experts(config, expert, group, placement, bias=bias, **options)
 
     @classmethod
