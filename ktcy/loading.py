@@ -74,6 +74,12 @@ def load_experts(path: PathLike, layer: int, method: Optional[str] = None, isa: 
 
 
 def _load_converted(path, layer, method, isa, group_size):
+    return load_layer(converted_layer_file(path, layer, method, group_size), isa=isa)
+
+
+def converted_layer_file(path, layer, method=None, group_size=None):
+    """The file of layer `layer` in a folder written by `ktcy convert` (confined to the folder),
+    or a CheckpointError when the layer was not converted or not in `method` / `group_size`."""
     model_file = os.path.join(path, MODEL_FILE)
     model = read_json(model_file, MAX_CONFIG_BYTES)
     if not isinstance(model, dict):
@@ -93,7 +99,7 @@ def _load_converted(path, layer, method, isa, group_size):
         held = f"{stored} with group size {dims['group_size']}" if has_groups(stored) else f"{stored} (no group size)"
         raise CheckpointError(f"{f}: packed as {held}; group_size={group_size} needs converting the original "
                               "checkpoint again")
-    return load_layer(f, isa=isa)
+    return f
 
 
 def experts_from_checkpoint(ckpt, layer, method=None, isa=None, group_size=None, progress=None):

@@ -5,6 +5,8 @@ scale kind and ktcy version.  Loading maps the file and wraps the stacked arrays
 layout is ISA-independent, so a file packed on one machine runs on any other."""
 import os
 import weakref
+from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -124,18 +126,43 @@ def _stacked(f, path, name, dtype, experts, shape):
     return a.reshape(flat)
 
 
-def load_layer(path, isa=None, backend=None):
-    """MoE over the mapped file (no copy of the packed weights).  Every array is checked against
-    the shapes the metadata implies by the format descriptor before any kernel sees it."""
-    fd = open_regular_file(path)  # held for the layer's life: fstat before each forward
+@dataclass
+class MappedLayer:
+    """A packed layer file mapped and checked: the layer's config, its packed weights per
+    projection (None for experts not asked for) and biases ([E, ...]), and the open file `fd`
+    of `size` bytes the weights are mapped from (the caller keeps it open for the weights' life
+    and watches it: see MoE.watch_file)."""
+    path: str
+    fd: int
+    size: int
+    config: MoeConfig
+    weights: dict
+    bias: Optional[dict]
+
+    def watched_by(self, moe):
+        """Hands the open file to `moe`: fstat before each forward, closed with it."""
+        moe.watch_file(self.fd, self.size, self.path)
+        weakref.finalize(moe, os.close, self.fd)
+        return moe
+
+
+def map_layer(path, isa=None, experts=None) -> MappedLayer:
+    """Maps a packed layer file (no copy).  Every array is checked against the shapes the
+    metadata implies by the format descriptor; the experts in `experts` (default: all) are also
+    made native, which reads their codes once where the format checks them (INT8 column sums) -
+    so a rank that keeps a few experts reads only those pages."""
+    fd = open_regular_file(path)
     try:
         size = os.fstat(fd).st_size
         f, m, d = read_metadata(path)
         fmt = m["weight_format"]
         code = FORMATS.index(fmt)
         E, H, I, group = d["num_experts"], d["hidden_size"], d["intermediate_size"], d["group_size"]
+        wanted = range(E) if experts is None else experts
+        if any(not 0 <= int(e) < E for e in wanted):
+            raise CheckpointError(f"{path}: holds experts 0..{E - 1}; asked for {sorted(wanted)}")
         shapes = {"gate": (I, H), "up": (I, H), "down": (H, I)}
-        experts = {}
+        weights = {}
         for proj in PROJECTIONS:
             try:
                 want = _native.packed_shapes(code, *shapes[proj], group)
@@ -145,15 +172,15 @@ def load_layer(path, isa=None, backend=None):
             scale = _stacked(f, path, f"{proj}.scale", np.float32, E, want["scale"]) if want["scale"] else None
             colsum = _stacked(f, path, f"{proj}.colsum", np.int32, E, want["colsum"]) if want["colsum"] else None
             zero = _stacked(f, path, f"{proj}.zero", np.uint8, E, want["zero"]) if want["zero"] else None
-            experts[proj] = []
-            for e in range(E):
+            weights[proj] = [None] * E
+            for e in map(int, wanted):
                 w = PackedWeight(fmt, shapes[proj], data[e], None if scale is None else scale[e],
                                  None if colsum is None else colsum[e], group, None if zero is None else zero[e])
                 try:
                     w.native()
                 except (TypeError, ValueError) as err:
                     raise CheckpointError(f"{path}: {proj}[{e}]: {err}") from None
-                experts[proj].append(w)
+                weights[proj][e] = w
         listed = [p for p in m.get("bias", "").split(",") if p]
         if set(listed) - set(PROJECTIONS):
             raise CheckpointError(f"{path}: metadata bias={m['bias']!r} names no projection")
@@ -162,14 +189,22 @@ def load_layer(path, isa=None, backend=None):
         quant = QuantConfig(fmt, group_size=group or DEFAULT_INT4_GROUP)
         try:
             config = MoeConfig(E, d["top_k"], H, I, quant, isa=isa, **_activation_settings(path, m))
-            moe = MoE(config, experts["gate"], experts["up"], experts["down"], bias=bias)
         except (TypeError, ValueError) as e:
-            if isinstance(e, CheckpointError):
-                raise
             raise CheckpointError(f"{path}: {e}") from None
+        return MappedLayer(path, fd, size, config, weights, bias)
     except BaseException:
         os.close(fd)
         raise
-    moe.watch_file(fd, size, path)
-    weakref.finalize(moe, os.close, fd)
-    return moe
+
+
+def load_layer(path, isa=None, backend=None):
+    """MoE over the mapped file (no copy of the packed weights), see map_layer."""
+    layer = map_layer(path, isa)
+    try:
+        moe = MoE(layer.config, layer.weights["gate"], layer.weights["up"], layer.weights["down"], bias=layer.bias)
+    except BaseException as e:
+        os.close(layer.fd)
+        if isinstance(e, (TypeError, ValueError)) and not isinstance(e, CheckpointError):
+            raise CheckpointError(f"{path}: {e}") from None
+        raise
+    return layer.watched_by(moe)

@@ -1,6 +1,7 @@
 """Untrusted packed files and hand-made weights never reach a kernel unchecked; layers keep to
 their own thread count, group size and routing width; memory of one huge batch is given back."""
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -250,3 +251,32 @@ def test_fuzz_packed_file_long(tmp_path, clean_file, clean_output, key, value, t
     if shape:
         header[tensor]["shape"] = shape
     check_mutated(tmp_path, header, body, clean_output)
+
+
+def test_map_layer_validates_only_the_experts_asked_for(tmp_path):
+    """An expert-parallel rank maps a converted layer and makes native (reads) only its own
+    experts: a damaged expert elsewhere in the file is not its concern, but it is everyone
+    else's - loading the whole layer refuses it, naming the expert."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+    from ktcy.convert import convert
+    from ktcy.loading import converted_layer_file
+    from ktcy.packed_io import map_layer
+    from test_model import build
+    build(str(tmp_path / "ckpt"), "qwen3")
+    convert(str(tmp_path / "ckpt"), str(tmp_path / "packed"), method="INT8")
+    f = converted_layer_file(str(tmp_path / "packed"), 1)
+    with safe_open(f, "np") as src:
+        meta, tensors = src.metadata(), {k: src.get_tensor(k) for k in src.keys()}
+    tensors["up.colsum"][2, 0] += 1          # expert 2's column sum no longer matches its codes
+    damaged = str(tmp_path / "damaged.safetensors")
+    save_file(tensors, damaged, metadata=meta)
+    mine = map_layer(damaged, experts=[0, 1])
+    try:
+        assert mine.weights["up"][2] is None and mine.weights["up"][1] is not None
+    finally:
+        os.close(mine.fd)
+    with pytest.raises(ktcy.CheckpointError, match=r"up\[2\]"):
+        ktcy.packed_io.load_layer(damaged)
+    with pytest.raises(ktcy.CheckpointError, match="asked for"):
+        map_layer(f, experts=[99])

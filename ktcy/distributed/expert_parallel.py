@@ -33,8 +33,9 @@ from ktcy.distributed.comm import DistributedError, Group
 from ktcy.distributed.placement import Placement
 from ktcy.formats import canonical_format
 from ktcy.kernels import as_float32_matrix
-from ktcy.loading import block_settings, is_converted, layer_group_size, load_experts
+from ktcy.loading import block_settings, converted_layer_file, is_converted, layer_group_size
 from ktcy.moe import MoE, pack_expert_weight, stacked_experts
+from ktcy.packed_io import map_layer
 from ktcy.paths import resolve_model_path
 from ktcy.safetensors_io import CheckpointError
 
@@ -113,13 +114,31 @@ class ExpertParallelMoE:
     def from_converted(cls, path, layer: int, group=None, placement: Optional[Placement] = None,
                        isa: Optional[str] = None, **options) -> "ExpertParallelMoE":
         """Layer `layer` of a folder written by `ktcy convert`, memory-mapped: every rank maps the
-        layer file (validated as ktcy.load_experts does) and keeps only its own experts, whose pages
-        its kernels read (so, under `ktcy launch --numa`, they land in its node's memory).  Loading
-        still reads the other experts once where validation reads codes (INT8 column sums)."""
+        layer file (its shapes checked as ktcy.load_experts checks them) and validates and keeps
+        only its own experts, so it reads only their pages (under `ktcy launch --numa` they land
+        in its node's memory)."""
         folder = resolve_model_path(path)
         if not is_converted(folder):
             raise CheckpointError(f"{folder}: not a folder written by ktcy convert (no ktcy_model.json)")
-        return cls.from_moe(load_experts(folder, layer, isa=isa), group, placement, **options)
+        g = group if isinstance(group, Group) else Group(group, options.get("spin_wait", True))
+        mapped = map_layer(converted_layer_file(folder, layer_number(layer)), isa=isa, experts=[])
+        config = mapped.config
+        os.close(mapped.fd)
+        placement = placement or Placement.contiguous(config.num_experts, g.world_size)
+        _check_placement(placement, config, g)
+        local_ids = placement.local_experts(g.rank)
+        mapped = map_layer(mapped.path, isa=isa, experts=local_ids)
+        packed = {name: [mapped.weights[name][e] for e in local_ids] for name in ("gate", "up", "down")}
+        try:
+            local = _local_moe(config, local_ids, packed, mapped.bias)
+        except BaseException:
+            os.close(mapped.fd)
+            raise
+        if local is None:
+            os.close(mapped.fd)
+        else:
+            mapped.watched_by(local)
+        return cls(config, local, placement, g, **options)
 
     @classmethod
     def from_checkpoint(cls, checkpoint, layer: int, method: Optional[str] = None, group=None,
