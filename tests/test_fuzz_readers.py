@@ -125,7 +125,8 @@ def apply_raw_edits(blob, edits):
         elif op == "header_len" and len(blob) >= 8:
             blob[:8] = struct.pack("<Q", a)
         elif op == "header_len_delta" and len(blob) >= 8:
-            blob[:8] = struct.pack("<Q", max(0, struct.unpack("<Q", bytes(blob[:8]))[0] + a))
+            # the field is a u64: a delta past either end wraps, as a corrupted field would read
+            blob[:8] = struct.pack("<Q", (struct.unpack("<Q", bytes(blob[:8]))[0] + a) % 2**64)
         elif op == "append":
             blob += a
     return bytes(blob)
