@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 import ktcy  # noqa: E402
 import ktcy.hf  # noqa: E402
 from ktcy.convert import convert  # noqa: E402
-from hf_compare import logits, rel_l2, stock  # noqa: E402
+from hf_compare import assert_same_greedy, logits, rel_l2, stock  # noqa: E402
 
 PROMPT = torch.randint(3, ckpts.VOCAB, (1, 16), generator=torch.Generator().manual_seed(0))
 NEW_TOKENS = 24
@@ -51,18 +51,7 @@ def test_greedy_generation_equals_stock(folders, arch):
     third of stock's top-2 gap (the seeds in hf_checkpoints.GREEDY_SEEDS were chosen for that),
     so ktcy's argmax is stock's at every step and the two greedy runs cannot part."""
     ref, model = stock(folders[arch]), ktcy.hf.from_pretrained(folders[arch], dtype=torch.float32)
-    with torch.no_grad():
-        seq = ref.generate(PROMPT, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
-    steps = slice(PROMPT.shape[1] - 1, -1)
-    l_ref, l_ktcy = logits(ref, seq)[steps], logits(model, seq)[steps]
-    top2 = l_ref.topk(2, dim=-1).values
-    margin = float((top2[:, 0] - top2[:, 1]).min())
-    deviation = float((l_ktcy - l_ref).abs().max())
-    assert margin > 3 * deviation, f"greedy margin {margin:.4f} too close to the BF16 deviation {deviation:.4f}"
-    with torch.no_grad():
-        out = model.generate(PROMPT, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
-    assert out.shape[1] == PROMPT.shape[1] + NEW_TOKENS
-    assert torch.equal(out, seq)
+    assert_same_greedy(ref, model, PROMPT, NEW_TOKENS)
 
 
 def test_deepseek_v3_fp8_as_stored(tmp_path):

@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 import ktcy  # noqa: E402
 import ktcy.hf  # noqa: E402
 from ktcy.convert import convert  # noqa: E402
-from hf_compare import logits, rel_l2, stock  # noqa: E402
+from hf_compare import assert_same_greedy, logits, rel_l2, stock  # noqa: E402
 
 PROMPT = torch.randint(3, ckpts.VOCAB, (1, 16), generator=torch.Generator().manual_seed(0))
 NEW_TOKENS = 16
@@ -104,17 +104,7 @@ def test_greedy_generation_equals_stock(bf16, mxfp4, which):
     past the sliding window, through the KV cache."""
     folder, ref_folder = (bf16, bf16) if which == "bf16" else mxfp4
     ref, model = stock(ref_folder), ktcy.hf.from_pretrained(folder, dtype=torch.float32)
-    with torch.no_grad():
-        seq = ref.generate(PROMPT, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
-    steps = slice(PROMPT.shape[1] - 1, -1)
-    l_ref, l_ktcy = logits(ref, seq)[steps], logits(model, seq)[steps]
-    top2 = l_ref.topk(2, dim=-1).values
-    margin = float((top2[:, 0] - top2[:, 1]).min())
-    deviation = float((l_ktcy - l_ref).abs().max())
-    assert margin > 3 * deviation, f"greedy margin {margin:.4f} too close to the BF16 deviation {deviation:.4f}"
-    with torch.no_grad():
-        out = model.generate(PROMPT, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
-    assert torch.equal(out, seq)
+    assert_same_greedy(ref, model, PROMPT, NEW_TOKENS)
 
 
 def test_experts_block_matches_stock_with_biases_and_clamps(mxfp4):
