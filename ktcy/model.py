@@ -97,6 +97,9 @@ def load_rules(rules):
             rules = yaml.safe_load(text)
         except yaml.YAMLError as e:
             raise RuleError(f"rules are not valid YAML: {e}") from None
+    if isinstance(rules, str) and "\n" not in rules.strip():
+        # one line of YAML that is a bare word: a rules file name that is not there
+        raise RuleError(f"rules file {rules.strip()!r} does not exist (or give the rules as a YAML list)")
     if not isinstance(rules, list):
         raise RuleError(f"rules must be a list of match/replace entries, got {type(rules).__name__}")
     return [Rule(i, r) for i, r in enumerate(rules)]

@@ -169,6 +169,8 @@ def test_first_matching_rule_wins_and_bad_rules_are_named(tmp_path):
         ktcy.MoEModel.from_pretrained(tmp_path, rules=[rules[0], {"match": {"name": "("}}])
     with pytest.raises(ktcy.RuleError, match="rule 0: unknown weight format or backend 'AMXINT2'"):
         ktcy.MoEModel.from_pretrained(tmp_path, rules=[{"match": {"name": ".*"}, "replace": {"kwargs": {"backend": "AMXINT2"}}}])
+    with pytest.raises(ktcy.RuleError, match="rules file 'missing/optimize.yaml' does not exist"):
+        ktcy.MoEModel.from_pretrained(tmp_path, rules="missing/optimize.yaml")
 
 
 def test_inject_expert_backend_changes_exactly_the_matching_blocks(tmp_path):
