@@ -36,9 +36,12 @@ KT_AI int64_t KT_(group_at)(const ktcy_weight *w, int64_t kb, int r, int64_t nkb
 
 #if KT_SKEL == KT_SKEL_AVX2
 #define KT_WKIND KT_W_BF16
-#define KT_PREDECODE 1
+#define KT_PREDECODE 0 /* prefill decodes each panel to floats once (the skeleton's float path) */
 #define KT_REG_DECODE 1
-/* E4M3 as fp16 (see decode_row below): 8 words = 8 channels' even and odd codes -> floats. */
+/* 8 channels' even and odd codes -> floats, exactly: with the sign at bit 15 and the 7 magnitude
+ * bits at bits 7..13, a code is an fp16 worth its value x 2^-8 (fp16 subnormals cover E4M3's),
+ * vcvtph2ps widens it exactly and x 256 restores it.  NaN codes (0x7F/0xFF) would come out as
+ * +-480: a row holding one is decoded from the table. */
 KT_AI kt_w256 KT_(half)(const uint8_t *blk, int r, int h) {
     const uint8_t *src = blk + r * 32 + h * 16;
     const __m128i w = _mm_loadu_si128((const __m128i *)src), keep = _mm_set1_epi16((short)0xBF80);
@@ -55,31 +58,6 @@ KT_AI kt_w256 KT_(half)(const uint8_t *blk, int r, int h) {
     out.o = _mm256_mul_ps(_mm256_cvtph_ps(_mm_and_si128(_mm_srai_epi16(w, 1), keep)), k256);
     return out;
 }
-/* One 32-code block row -> 32 bf16 in the same pair order, exactly: with the sign at bit 15 and
- * the 7 magnitude bits at bits 7..13, a code is an fp16 worth its value x 2^-8 (fp16 subnormals
- * cover E4M3's), vcvtph2ps widens it exactly, x 256 restores it, and the fp32's upper half is
- * its bf16 (every E4M3 value is a bf16).  NaN codes (0x7F/0xFF) would come out as +-480: a row
- * holding one is patched from the table. */
-KT_AI void KT_(decode_row)(const uint8_t *src, uint16_t *dst) {
-    const __m256i w = _mm256_loadu_si256((const __m256i *)src), keep = _mm256_set1_epi16((short)0xBF80);
-    const __m256i even = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(w, 8), 1), keep);
-    const __m256i odd = _mm256_and_si256(_mm256_srai_epi16(w, 1), keep);
-    const __m256 k256 = _mm256_set1_ps(256.0f);
-    _Pragma("GCC unroll 2")
-    for (int h = 0; h < 2; ++h) { /* channels 8h .. 8h+7 */
-        const __m128i e16 = h ? _mm256_extracti128_si256(even, 1) : _mm256_castsi256_si128(even);
-        const __m128i o16 = h ? _mm256_extracti128_si256(odd, 1) : _mm256_castsi256_si128(odd);
-        const __m256i e = _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtph_ps(e16), k256));
-        const __m256i o = _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtph_ps(o16), k256));
-        _mm256_storeu_si256((__m256i *)(dst + 16 * h), _mm256_blend_epi16(_mm256_srli_epi32(e, 16), o, 0xAA));
-    }
-    const __m256i nan = _mm256_cmpeq_epi8(_mm256_or_si256(w, _mm256_set1_epi8((char)0x80)), _mm256_set1_epi8((char)0xFF));
-    if (__builtin_expect(_mm256_movemask_epi8(nan) != 0, 0))
-        for (int i = 0; i < 32; ++i) dst[i] = ktcy_e4m3_to_bf16(src[i]);
-}
-KT_AI void KT_(decode_panels)(const uint8_t *src, uint8_t *dst, int64_t blocks) {
-    for (int64_t i = 0; i < blocks * 16; ++i) KT_(decode_row)(src + i * 32, (uint16_t *)(dst + i * 64));
-}
 KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int MB, const ktcy_act *a,
                                const ktcy_weight *w, int64_t m0, int64_t p, int64_t g) {
     (void)a; (void)m0;
@@ -91,6 +69,11 @@ KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int M
             facc[m][h] = _mm256_add_ps(facc[m][h], _mm256_mul_ps(_mm256_castsi256_ps(acc[m][h]), s));
             acc[m][h] = _mm256_setzero_si256();
         }
+}
+/* The float prefill's group multiplier of 8 channels (half h of panel p): the block scale. */
+KT_AI __m256 KT_(group_scale)(const ktcy_weight *w, int64_t p, int64_t g, int h) {
+    (void)h;
+    return _mm256_set1_ps(KT_FP8_BLOCK_SCALE(w, p * 16, g));
 }
 KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n0) {
     (void)a; (void)m;

@@ -34,7 +34,7 @@ KT_AI float KT_(code)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) {
 
 #elif KT_SKEL == KT_SKEL_AVX2
 #define KT_WKIND KT_W_BF16
-#define KT_PREDECODE 1
+#define KT_PREDECODE 0 /* prefill decodes each panel to floats once (the skeleton's float path) */
 #define KT_REG_DECODE 1
 /* Half h of row r in registers: the 16 codes (8 channels x even/odd K) split by vpshufb, their
  * magnitudes looked up as floats (vpermps), the sign bit moved in, and each channel's
@@ -60,20 +60,6 @@ KT_AI kt_w256 KT_(half)(const uint8_t *blk, int r, int h) {
     }
     return out;
 }
-/* Blocks -> 1024-byte bf16 blocks for the prefill path, 8 channels at a time through half():
- * each exact float's upper half is its bf16. */
-KT_AI void KT_(decode_panels)(const uint8_t *src, uint8_t *dst, int64_t blocks) {
-    for (int64_t b = 0; b < blocks; ++b)
-        for (int r = 0; r < 16; ++r)
-            _Pragma("GCC unroll 2")
-            for (int h = 0; h < 2; ++h) {
-                const kt_w256 w = KT_(half)(src + b * 272, r, h);
-                const __m256i pairs = _mm256_blend_epi16(_mm256_srli_epi32(_mm256_castps_si256(w.e), 16),
-                                                         _mm256_castps_si256(w.o), 0xAA);
-                _mm256_storeu_si256((__m256i *)(dst + b * 1024 + r * 64 + h * 32), pairs);
-            }
-}
-
 
 #elif KT_SKEL == KT_SKEL_AVX512
 #define KT_WKIND KT_W_BF16

@@ -8,8 +8,10 @@
  *   KT_WKIND, KT_PREDECODE, KT_REG_DECODE, KT_(has_groups), KT_(group_at)(w, kb, r, nkb) for any row r,
  *   KT_(half)(blk, r, h) -> kt_w256    half h of row r of a packed block (.i: int8 lanes; .e/.o:
  *                                      the even/odd K element of 8 channels as floats)
- *   KT_(decode_panels)(src, dst, blocks)                     KT_PREDECODE only: 1024-byte blocks,
- *                                                            bf16 pairs or (integer formats) 8-bit codes
+ *   KT_(decode_panels)(src, dst, blocks)                     KT_PREDECODE only (integer formats):
+ *                                                            1024-byte blocks of 8-bit codes
+ *   KT_(group_scale)(w, p, g, h) -> __m256                   bf16-activation formats with groups: the
+ *                                                            multipliers of group g, channels p*16+8h..
  *   KT_(group_epilogue)(acc[4][2], facc[4][2], MB, a, w, m0, p, g)
  *   KT_(final)(acc, facc, a, w, m, n0)                       8 outputs of one row
  * and may set KT_WIDE_TILE 1: prefill tiles (more than 4 rows) of 3 rows x 2 panels, 12 integer
@@ -24,8 +26,15 @@
 
 #include KT_TRAITS
 
+#if KT_PREDECODE && !KT_INT_ACT
+#error "bf16-activation formats decode for prefill through the float path, not KT_PREDECODE"
+#endif
+
 #ifndef KT_WIDE_TILE
 #define KT_WIDE_TILE 0
+#endif
+#ifndef KT_PLAIN_ROWS
+#define KT_PLAIN_ROWS 0
 #endif
 
 /* An empty asm on an integer accumulator: GCC would otherwise re-associate the unrolled
@@ -57,11 +66,10 @@ KT_AI KT_(avec) KT_(load_a)(const uint8_t *ak, int r) {
     return av;
 }
 
-/* Half h of block row r from a predecoded 1024-byte block: bf16 pairs, or for integer
- * activations the 8-bit codes in the INT8 block order. */
+/* Half h of block row r from a predecoded 1024-byte block: 8-bit codes in the INT8 block order
+ * (only integer formats predecode; bf16-activation prefill takes the float path below). */
 KT_AI kt_w256 KT_(pre_half)(const uint8_t *blk, int r, int h) {
-    const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + r * 64 + h * 32));
-    return KT_INT_ACT ? kt_int_half(v) : kt_bf16_split(v);
+    return kt_int_half(_mm256_loadu_si256((const __m256i *)(blk + r * 64 + h * 32)));
 }
 
 KT_AI __m256i KT_(dp)(__m256i acc, KT_(avec) a, kt_w256 w) {
@@ -162,6 +170,112 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
     }
 }
 
+#if !KT_INT_ACT
+/* Prefill (more than 4 rows) of the bf16-activation formats is a float GEMM: each panel is
+ * decoded once to floats [k][16 channels], the rows' activations are widened to floats
+ * (KTCY_AVX2_F32_ROWS at a time), and a tile of 6 rows x 16 channels (12 accumulators) takes per
+ * k two weight loads, six broadcasts and twelve FMAs.  The bf16-pair tiles spent a shift and a
+ * mask per pair of every weight half and activation, which compete with the FMAs for ports.
+ * Each output is still one FMA chain in K order, so the sums are those of the decode tiles. */
+KT_AI void KT_(f32_panel)(const ktcy_weight *w, int64_t p, float *dst) {
+    const int64_t nkb = w->k_pad / KT_BK;
+    const uint8_t *src = w->data + p * nkb * KT_BB;
+    for (int64_t kb = 0; kb < nkb; ++kb, src += KT_BB, dst += KT_BK * 16) {
+        _Pragma("GCC unroll 16") /* the panel comes from memory: fetch KT_AHEAD blocks ahead */
+        for (int l = 0; l < KT_BB; l += 64) _mm_prefetch((const char *)src + KT_AHEAD * KT_BB + l, _MM_HINT_T0);
+        _Pragma("GCC unroll 2")
+        for (int r = 0; r < 16; ++r)
+            _Pragma("GCC unroll 2")
+            for (int h = 0; h < 2; ++h) {
+                const kt_w256 v = KT_(half)(src, r, h);
+                _mm256_store_ps(dst + (2 * r) * 16 + 8 * h, v.e);
+                _mm256_store_ps(dst + (2 * r + 1) * 16 + 8 * h, v.o);
+            }
+    }
+}
+
+/* Rows [m0, m0 + rows) of the bf16 activations as floats; rows past the buffer are zeros. */
+KT_AI void KT_(f32_rows)(const ktcy_act *a, int64_t m0, int64_t rows, float *dst) {
+    for (int64_t i = 0; i < rows; ++i, dst += a->k_pad) {
+        if (m0 + i >= a->m_pad) {
+            memset(dst, 0, (size_t)a->k_pad * sizeof(float));
+            continue;
+        }
+        const uint16_t *src = a->bf16 + (m0 + i) * a->k_pad;
+        for (int64_t k = 0; k < a->k_pad; k += 8) {
+            const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + k)));
+            _mm256_store_ps(dst + k, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+        }
+    }
+}
+
+/* MB rows (floats at x, row stride k_pad) x one panel (floats at wp). */
+KT_AI void KT_(f32_micro)(const int MB, const ktcy_act *a, const ktcy_weight *w, const float *wp, const float *x,
+                          int64_t m0, int64_t p, float *y, int64_t ldy) {
+    const int64_t k_pad = w->k_pad, nkb = k_pad / KT_BK;
+    const int groups = KT_(has_groups)(w);
+    __m256 acc[6][2], facc[6][2];
+    _Pragma("GCC unroll 8")
+    for (int m = 0; m < MB; ++m)
+        _Pragma("GCC unroll 2")
+        for (int h = 0; h < 2; ++h) acc[m][h] = facc[m][h] = _mm256_setzero_ps();
+    for (int64_t kb = 0; kb < nkb; ++kb) {
+        _Pragma("GCC unroll 4")
+        for (int64_t k = kb * KT_BK; k < (kb + 1) * KT_BK; ++k) {
+            const __m256 w0 = _mm256_load_ps(wp + k * 16), w1 = _mm256_load_ps(wp + k * 16 + 8);
+            _Pragma("GCC unroll 8")
+            for (int m = 0; m < MB; ++m) {
+                const __m256 xv = _mm256_broadcast_ss(x + m * k_pad + k);
+                acc[m][0] = _mm256_fmadd_ps(xv, w0, acc[m][0]);
+                acc[m][1] = _mm256_fmadd_ps(xv, w1, acc[m][1]);
+            }
+        }
+        const int64_t g = groups ? KT_(group_at)(w, kb, 15, nkb) : -1;
+        if (g >= 0)
+            _Pragma("GCC unroll 8")
+            for (int m = 0; m < MB; ++m)
+                _Pragma("GCC unroll 2")
+                for (int h = 0; h < 2; ++h) {
+                    facc[m][h] = _mm256_add_ps(facc[m][h], _mm256_mul_ps(acc[m][h], KT_(group_scale)(w, p, g, h)));
+                    acc[m][h] = _mm256_setzero_ps();
+                }
+    }
+    _Pragma("GCC unroll 8")
+    for (int m = 0; m < MB && m0 + m < a->m; ++m)
+        _Pragma("GCC unroll 2")
+        for (int h = 0; h < 2; ++h) {
+            const int64_t n0 = p * 16 + h * 8, valid = w->n - n0;
+            if (valid <= 0) break;
+            const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(valid < 8 ? valid : 8)), lanes);
+            _mm256_maskstore_ps(y + (m0 + m) * ldy + n0, mask,
+                                KT_(final)(_mm256_castps_si256(acc[m][h]), facc[m][h], a, w, m0 + m, n0));
+        }
+}
+
+KT_AI void KT_(f32_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb, int64_t pe,
+                         void *scratch) {
+    float *panel = (float *)ktcy_align64(scratch);
+    float *rows = panel + KTCY_PANEL * w->k_pad;
+    for (int64_t c0 = 0; c0 < a->m; c0 += KTCY_AVX2_F32_ROWS) {
+        const int64_t chunk = a->m - c0 < KTCY_AVX2_F32_ROWS ? a->m - c0 : KTCY_AVX2_F32_ROWS;
+        KT_(f32_rows)(a, c0, (chunk + 5) / 6 * 6, rows); /* every tile below reads whole rows */
+        for (int64_t p = pb; p < pe; ++p) {
+            KT_(f32_panel)(w, p, panel);
+            for (int64_t i = 0; i < chunk;) {
+                const int64_t left = chunk - i;
+                const float *x = rows + i * w->k_pad;
+                /* 6-row tiles, but 4 + 4 for 8 rows left (and 4 + 4 for 7): a 2-row tile's 4 FMA
+                 * chains run at half speed */
+                if (left >= 5 && left % 6 != 1 && left % 6 != 2) { KT_(f32_micro)(6, a, w, panel, x, c0 + i, p, y, ldy); i += 6; }
+                else if (left >= 3) { KT_(f32_micro)(4, a, w, panel, x, c0 + i, p, y, ldy); i += 4; }
+                else { KT_(f32_micro)(2, a, w, panel, x, c0 + i, p, y, ldy); i += 2; }
+            }
+        }
+    }
+}
+#endif
+
 #define KT_TILE(pre)                                                                    \
     do {                                                                                \
         if (mb == 1) KT_(micro)(1, 1, pre, a, w, m0, p, y, ldy, decoded);               \
@@ -172,6 +286,13 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
 KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb,
                              int64_t pe, void *scratch) {
     if (!(KT_FORMATS & (1 << w->format))) return KTCY_ERR_FORMAT;
+#if !KT_INT_ACT
+    /* plain bf16 rows have no decode to save: widening a panel pays off from about 20 rows (measured) */
+    if (a->m >= (KT_PLAIN_ROWS ? 20 : 5)) {
+        KT_(f32_gemm)(a, w, y, ldy, pb, pe, scratch);
+        return KTCY_OK;
+    }
+#endif
     const int max_rows = KT_(has_groups)(w) ? 2 : 4;
     /* decode a panel once into scratch when several row tiles share it (or the format has no
      * in-register decode); a few rows decode each weight row in registers as they stream by */

@@ -234,7 +234,14 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
     for (int64_t p = pb; p < pe;) {
         const int np = pe - p >= 4 ? 4 : 1;
 #if KT_PREDECODE
-        if (pre) KT_(decode_panels)(&c, w->data + p * nkb * KT_BB, pre_buf, np * nkb);
+        if (pre) { /* block by block, fetching KT_AHEAD blocks ahead: the panels come from memory */
+            const uint8_t *src = w->data + p * nkb * KT_BB;
+            for (int64_t b = 0; b < np * nkb; ++b) {
+                _Pragma("GCC unroll 8")
+                for (int l = 0; l < KT_BB; l += 64) _mm_prefetch((const char *)src + (b + KT_AHEAD) * KT_BB + l, _MM_HINT_T0);
+                KT_(decode_panels)(&c, src + b * KT_BB, pre_buf + b * 1024, 1);
+            }
+        }
 #endif
         for (int64_t m0 = 0; m0 < a->m;) {
             int64_t left = a->m - m0;

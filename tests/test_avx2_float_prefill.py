@@ -1,0 +1,54 @@
+"""The AVX2 prefill of the bf16-activation formats (BF16, FP8 per channel and 128x128 blocks,
+MXFP4) is a float GEMM over panels decoded once to floats, in 6/4/2-row tiles and chunks of
+KTCY_AVX2_F32_ROWS rows.  Each output is one FMA chain in K order, exactly as in the decode
+tiles, so every row of a many-row call must equal the same row computed alone (bit for bit), and
+both must match float64 on the same dequantized weights and bf16-rounded activations."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ktcy import kernels
+from conftest import runnable_variants
+
+FORMATS = ["BF16", "FP8_PERCHANNEL", "FP8_BLOCK", "MXFP4"]
+# around the tile sizes (6, 4, 2), the BF16 threshold (20 rows) and the 36-row chunks
+ROWS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 19, 20, 21, 35, 36, 37, 42, 73]
+
+
+def _avx2_variant(fmt):
+    names = [v for v in runnable_variants(fmt) if "avx2" in v]
+    if not names:
+        pytest.skip(f"no runnable AVX2 variant of {fmt} on this CPU")
+    return names[0]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_rows_of_a_prefill_equal_rows_alone_and_float64(fmt):
+    rng = np.random.default_rng(7)
+    n, k = 40, 288  # 40: a partial panel; 288: not a multiple of 128 (FP8 block's last K group is short)
+    W = (rng.standard_normal((n, k)) * 0.3).astype(np.float32)
+    if fmt == "FP8_BLOCK":
+        W[:, 128:256] *= 40.0  # block scales that differ per K group
+    packed = kernels.pack(W, fmt)
+    Wd = packed.dequantize().astype(np.float64)
+    variant = _avx2_variant(fmt)
+    X = (rng.standard_normal((max(ROWS), k)) * 2).astype(np.float32)
+    alone = np.concatenate([kernels.linear_variant(X[i:i + 1], packed, variant) for i in range(len(X))])
+    Xr = X.astype(ml_dtypes.bfloat16).astype(np.float64)
+    for m in ROWS:
+        got = kernels.linear_variant(X[:m], packed, variant)
+        assert np.array_equal(got, alone[:m]), f"{variant}: {m} rows differ from the rows computed alone"
+        ref = Xr[:m] @ Wd.T
+        err = np.abs(got - ref).max() / np.abs(ref).max()
+        assert err < 1e-5, f"{variant}: {m} rows, relative error {err:.2e}"
+
+
+def test_nan_weights_stay_in_their_channels():
+    """An FP8 NaN code poisons its own output channel in the float path too, no other."""
+    variant = _avx2_variant("FP8_PERCHANNEL")
+    codes = np.full((24, 64), 0x38, np.uint8)  # 1.0
+    codes[5, 17] = 0x7F
+    packed = kernels.pack_quantized(codes, np.ones(24, np.float32), "FP8_PERCHANNEL")
+    y = kernels.linear_variant(np.ones((30, 64), np.float32), packed, variant)
+    assert np.isnan(y[:, 5]).all()
+    assert np.all(np.delete(y, 5, axis=1) == 64.0)
