@@ -44,6 +44,7 @@ cdef extern from "ktcy/ktcy.h" nogil:
         const float *scale
         const int32_t *colsum
         const uint8_t *zero
+        int32_t nan_codes
 
     ctypedef struct ktcy_act:
         int64_t m, m_pad, k_pad
@@ -69,6 +70,7 @@ cdef extern from "ktcy/ktcy.h" nogil:
 
     uint16_t ktcy_f32_to_bf16(float f)
     uint16_t ktcy_e4m3_to_bf16(uint8_t b)
+    int32_t ktcy_e4m3_any_nan(const uint8_t *codes, int64_t n)
     uint8_t ktcy_f32_to_e4m3(float f)
     uint16_t ktcy_mxfp4_to_bf16(uint8_t code, uint8_t e)
 

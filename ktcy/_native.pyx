@@ -471,6 +471,9 @@ cdef class Weight:
         self.view.format, self.view.group, self.view.n, self.view.k = fmt, group, n, k
         self.view.n_pad, self.view.k_pad = ktcy_n_pad(n), ktcy_k_pad(fmt, k, group)
         self.view.data = &dv[0]
+        if ktcy_format(fmt).code == KTCY_CODE_E4M3:  # one pass: which decode the AVX2 kernels may use
+            with nogil:
+                self.view.nan_codes = ktcy_e4m3_any_nan(&dv[0], dv.shape[0])
         if shapes["scale"] is not None:
             sv = _checked(scale, np.float32, shapes["scale"], f"{name} scale")
             self.view.scale = &sv[0]

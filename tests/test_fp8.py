@@ -25,20 +25,26 @@ def test_every_isa_decodes_all_256_codes_exactly(fmt):
     # W[n][k] = code 16n + k (16 channels x 16 codes), unit scales; one-hot rows of X pick each
     # column, so Y[k, n] is the decoded value itself.  NaN codes would poison their whole
     # channel through 0 * NaN, so they get their own channels below.
-    codes = ALL_CODES.reshape(16, 16).copy()
-    nan_code = (codes & 0x7F) == 0x7F
-    codes[nan_code] = 0
-    scale = np.ones(16, np.float32) if fmt == "FP8_PERCHANNEL" else np.ones((1, 1), np.float32)
+    # Two panels (the second holds the codes in reverse) so that one-row calls take the AVX2
+    # two-panel tile; X is fed 1, 2, 3 rows at a time (decode tiles) and all 16 (prefill).
+    # A weight without NaN codes takes the AVX2 bit-move decode; one with them, the checked one.
+    grid = ALL_CODES.reshape(16, 16).copy()
+    grid[(grid & 0x7F) == 0x7F] = 0
+    codes = np.concatenate([grid, grid[::-1, ::-1]])
+    scale = np.ones(32, np.float32) if fmt == "FP8_PERCHANNEL" else np.ones((1, 1), np.float32)
     packed = kernels.pack_quantized(codes, scale, fmt)
     X = np.eye(16, dtype=np.float32)
     expect = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32).T
-    nan_w = np.zeros((16, 16), np.uint8)
-    nan_w[3, 5], nan_w[9, 0] = 0x7F, 0xFF
+    nan_w = np.zeros((32, 16), np.uint8)
+    nan_w[3, 5], nan_w[9, 0], nan_w[20, 15] = 0x7F, 0xFF, 0x7F
     nan_packed = kernels.pack_quantized(nan_w, scale, fmt)
     for v in runnable_variants(fmt):
-        assert np.array_equal(kernels.linear_variant(X, packed, v), expect), v
-        y = kernels.linear_variant(X, nan_packed, v)
-        assert np.isnan(y[:, [3, 9]]).all() and np.all(np.delete(y, [3, 9], axis=1) == 0), v
+        for rows in (1, 2, 3, 16):
+            for r0 in range(0, 16, rows):
+                got = kernels.linear_variant(X[r0:r0 + rows], packed, v)
+                assert np.array_equal(got, expect[r0:r0 + rows]), (v, rows, r0)
+                y = kernels.linear_variant(X[r0:r0 + rows], nan_packed, v)
+                assert np.isnan(y[:, [3, 9, 20]]).all() and np.all(np.delete(y, [3, 9, 20], axis=1) == 0), (v, rows)
 
 
 def test_encode_matches_ml_dtypes_with_saturation():

@@ -29,12 +29,14 @@ def test_every_code_and_exponent_decodes_exactly():
     assert np.array_equal(got, E2M1[codes] * np.exp2(exps.astype(np.float64) - 127))
 
 
-@pytest.mark.parametrize("rows", [1, 3, 40])  # <= 4 rows decode in registers, more decode panels first
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 40])  # <= 4 rows decode in registers, more decode panels first
 def test_every_kernel_decodes_exactly(rows):
     rng = np.random.default_rng(rows)
     n, k = 48, 96
     codes = rng.integers(0, 16, (n, k)).astype(np.uint8)
-    exps = rng.integers(100, 150, (n, k // 32)).astype(np.uint8)
+    lo, hi = _native.E8M0_RANGE  # every block scale the format allows, at its extremes too
+    exps = rng.integers(lo, hi + 1, (n, k // 32)).astype(np.uint8)
+    exps[0, 0], exps[1, 0] = lo, hi
     p = kernels.pack_quantized(codes, exps, "MXFP4")
     W = E2M1[codes] * np.exp2(np.repeat(exps.astype(np.float64), 32, axis=1) - 127)
     assert np.array_equal(p.dequantize(), W)

@@ -38,26 +38,48 @@ KT_AI int64_t KT_(group_at)(const ktcy_weight *w, int64_t kb, int r, int64_t nkb
 #define KT_WKIND KT_W_BF16
 #define KT_PREDECODE 0 /* prefill decodes each panel to floats once (the skeleton's float path) */
 #define KT_REG_DECODE 1
-/* 8 channels' even and odd codes -> floats, exactly: with the sign at bit 15 and the 7 magnitude
- * bits at bits 7..13, a code is an fp16 worth its value x 2^-8 (fp16 subnormals cover E4M3's),
- * vcvtph2ps widens it exactly and x 256 restores it.  NaN codes (0x7F/0xFF) would come out as
- * +-480: a row holding one is decoded from the table. */
-KT_AI kt_w256 KT_(half)(const uint8_t *blk, int r, int h) {
-    const uint8_t *src = blk + r * 32 + h * 16;
-    const __m128i w = _mm_loadu_si128((const __m128i *)src), keep = _mm_set1_epi16((short)0xBF80);
-    const __m128i nan = _mm_cmpeq_epi8(_mm_or_si128(w, _mm_set1_epi8((char)0x80)), _mm_set1_epi8((char)0xFF));
-    if (__builtin_expect(_mm_movemask_epi8(nan) != 0, 0)) { /* NaN codes: the table, exactly */
-        uint16_t bf[16];
-        for (int i = 0; i < 16; ++i) bf[i] = ktcy_e4m3_to_bf16(src[i]);
-        return kt_bf16_split(_mm256_loadu_si256((const __m256i *)bf));
-    }
-    const __m256 k256 = _mm256_set1_ps(256.0f);
-    kt_w256 out;
-    out.i = _mm256_setzero_si256();
-    out.e = _mm256_mul_ps(_mm256_cvtph_ps(_mm_and_si128(_mm_srai_epi16(_mm_slli_epi16(w, 8), 1), keep)), k256);
-    out.o = _mm256_mul_ps(_mm256_cvtph_ps(_mm_and_si128(_mm_srai_epi16(w, 1), keep)), k256);
-    return out;
+/* Row r (16 channels' even and odd codes) -> floats, exactly, in units of 2^-8 (the epilogues
+ * multiply the 256 back into the scales: a power of two, so the sums round as they would at
+ * full size): with the sign at bit 15 and the 7 magnitude bits at bits 7..13, a code is the
+ * fp16 worth its value x 2^-8 (fp16 subnormals cover E4M3's), and vcvtph2ps widens it exactly.
+ * One 32-byte row per call: the bit moves serve both halves.  NaN codes (0x7F/0xFF) would come
+ * out as +-1.875 x 2^-8: a weight holding one (w->nan_codes, found once when its descriptor is
+ * made) is decoded by wrow_checked, which takes a row holding one from the table.  A per-row
+ * test in the fast decode cost a third of its speed at one row. */
+#define KT_HAS_WROW 1
+#define KT_CHECKED_ROWS 1
+KT_AI void KT_(wrow)(const uint8_t *blk, int r, kt_w256 out[2]) {
+    const __m256i w = _mm256_loadu_si256((const __m256i *)(blk + r * 32)), keep = _mm256_set1_epi16((short)0xBF80);
+    const __m256i e = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(w, 8), 1), keep);
+    const __m256i o = _mm256_and_si256(_mm256_srai_epi16(w, 1), keep);
+    out[0].i = out[1].i = _mm256_setzero_si256();
+    out[0].e = _mm256_cvtph_ps(_mm256_castsi256_si128(e));
+    out[0].o = _mm256_cvtph_ps(_mm256_castsi256_si128(o));
+    out[1].e = _mm256_cvtph_ps(_mm256_extracti128_si256(e, 1));
+    out[1].o = _mm256_cvtph_ps(_mm256_extracti128_si256(o, 1));
 }
+KT_AI int KT_(checked_rows)(const ktcy_weight *w) { return w->nan_codes; }
+KT_AI void KT_(wrow_checked)(const uint8_t *blk, int r, kt_w256 out[2]) {
+    const uint8_t *src = blk + r * 32;
+    const __m256i w = _mm256_loadu_si256((const __m256i *)src);
+    const __m256i nan = _mm256_cmpeq_epi8(_mm256_or_si256(w, _mm256_set1_epi8((char)0x80)), _mm256_set1_epi8((char)-1));
+    if (!_mm256_movemask_epi8(nan)) {
+        KT_(wrow)(blk, r, out);
+        return;
+    }
+    uint16_t bf[32];
+    for (int i = 0; i < 32; ++i) bf[i] = ktcy_e4m3_to_bf16(src[i]);
+    const __m256 unit = _mm256_set1_ps(1.0f / 256.0f);
+    _Pragma("GCC unroll 2")
+    for (int h = 0; h < 2; ++h) {
+        out[h] = kt_bf16_split(_mm256_loadu_si256((const __m256i *)(bf + 16 * h)));
+        out[h].e = _mm256_mul_ps(out[h].e, unit);
+        out[h].o = _mm256_mul_ps(out[h].o, unit);
+    }
+}
+/* Sums times the 256 that the decoded codes lack (exact: a power of two), applied last: a
+ * multiply inside the group epilogue made GCC spill the float GEMM's accumulators. */
+KT_AI __m256 KT_(times256)(__m256 v) { return _mm256_mul_ps(v, _mm256_set1_ps(256.0f)); }
 KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int MB, const ktcy_act *a,
                                const ktcy_weight *w, int64_t m0, int64_t p, int64_t g) {
     (void)a; (void)m0;
@@ -77,7 +99,7 @@ KT_AI __m256 KT_(group_scale)(const ktcy_weight *w, int64_t p, int64_t g, int h)
 }
 KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n0) {
     (void)a; (void)m;
-    return KT_FP8_BLOCKWISE(w) ? facc : _mm256_mul_ps(_mm256_castsi256_ps(acc), _mm256_loadu_ps(w->scale + n0));
+    return KT_(times256)(KT_FP8_BLOCKWISE(w) ? facc : _mm256_mul_ps(_mm256_castsi256_ps(acc), _mm256_loadu_ps(w->scale + n0)));
 }
 
 #else /* AVX-512 */

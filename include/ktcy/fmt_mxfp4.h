@@ -1,10 +1,12 @@
 /* MXFP4 traits (OCP microscaling, as GPT-OSS stores its experts): E2M1 codes with one E8M0
  * power-of-two scale per channel and 32 K values, kept inside each packed block (pack.h).
  * A code times its scale is exactly a bf16 value (packing guarantees the exponent range), so
- * every ISA decodes to bf16 with the scale folded in - a table lookup and an add to the
- * exponent field - and multiplies bf16 activations with float sums, as for BF16: no group
- * epilogue, and the only rounding is the activations' (why bf16 and not int8 activations: the
- * weights are exact this way, and int8 activations would add their ~1-3% error on top).
+ * the AVX-512, AMX and portable paths decode to bf16 with the scale folded in - a table lookup
+ * and an add to the exponent field - and multiply bf16 activations with float sums, as for
+ * BF16: no group epilogue, and the only rounding is the activations' (why bf16 and not int8
+ * activations: the weights are exact this way, and int8 activations would add their ~1-3%
+ * error on top).  AVX2 decodes the unscaled codes and scales each 32-K block's float partial
+ * sums by the power of two instead (exact too; cheaper per value on 256-bit vectors).
  * Included by a skeleton instantiation; no include guard. */
 #define KT_ROW KTCY_ROW_MXFP4
 #define KT_FORMATS (1 << KTCY_FMT_MXFP4)
@@ -36,29 +38,57 @@ KT_AI float KT_(code)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) {
 #define KT_WKIND KT_W_BF16
 #define KT_PREDECODE 0 /* prefill decodes each panel to floats once (the skeleton's float path) */
 #define KT_REG_DECODE 1
-/* Half h of row r in registers: the 16 codes (8 channels x even/odd K) split by vpshufb, their
- * magnitudes looked up as floats (vpermps), the sign bit moved in, and each channel's
- * 2^(e - 127) - built from the exponent bits - multiplied in (exact: the product is a normal
- * float with 2 significant bits). */
-KT_AI kt_w256 KT_(half)(const uint8_t *blk, int r, int h) {
-    const __m128i bytes = _mm_loadu_si128((const __m128i *)(blk + (r >> 1) * 32 + h * 16));
-    const __m128i codes = _mm_and_si128((r & 1) ? _mm_srli_epi16(bytes, 4) : bytes, _mm_set1_epi8(0x0F));
-    const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-    const __m128i eo = _mm_shuffle_epi8(codes, split); /* even codes, then odd codes */
+/* Row r in registers: the row's nibble of every byte (low for even r, high for odd) is looked
+ * up by vpshufb as the high byte of the E2M1 value's fp16 (every E2M1 value is an fp16 with a
+ * zero low byte), and vcvtph2ps widens the even and odd K elements exactly.  The channel's
+ * power-of-two scale multiplies each block's partial sums instead (group_epilogue and
+ * group_scale below): the same products, a table and three bit moves fewer per 8 values. */
+#define KT_HAS_WROW 1
+KT_AI void KT_(wrow)(const uint8_t *blk, int r, kt_w256 out[2]) {
+    const __m256i bytes = _mm256_loadu_si256((const __m256i *)(blk + (r >> 1) * 32));
+    const __m256i codes = _mm256_and_si256((r & 1) ? _mm256_srli_epi16(bytes, 4) : bytes, _mm256_set1_epi8(0x0F));
+    const __m256i fp16_hi = _mm256_setr_epi8(0x00, 0x38, 0x3C, 0x3E, 0x40, 0x42, 0x44, 0x46,
+                                             (char)0x80, (char)0xB8, (char)0xBC, (char)0xBE, (char)0xC0, (char)0xC2,
+                                             (char)0xC4, (char)0xC6,
+                                             0x00, 0x38, 0x3C, 0x3E, 0x40, 0x42, 0x44, 0x46,
+                                             (char)0x80, (char)0xB8, (char)0xBC, (char)0xBE, (char)0xC0, (char)0xC2,
+                                             (char)0xC4, (char)0xC6);
+    const __m256i hi = _mm256_shuffle_epi8(fp16_hi, codes); /* words: odd element's byte high, even's low */
+    const __m256i e = _mm256_slli_epi16(hi, 8), o = _mm256_and_si256(hi, _mm256_set1_epi16((short)0xFF00));
+    out[0].i = out[1].i = _mm256_setzero_si256();
+    out[0].e = _mm256_cvtph_ps(_mm256_castsi256_si128(e));
+    out[0].o = _mm256_cvtph_ps(_mm256_castsi256_si128(o));
+    out[1].e = _mm256_cvtph_ps(_mm256_extracti128_si256(e, 1));
+    out[1].o = _mm256_cvtph_ps(_mm256_extracti128_si256(o, 1));
+}
+/* Every block is a group: 2^(e - 127) of 8 channels (half h of panel p, block g), exact (the
+ * packing keeps e in the normal range). */
+KT_AI int KT_(has_groups)(const ktcy_weight *w) { (void)w; return 1; }
+KT_AI int64_t KT_(group_at)(const ktcy_weight *w, int64_t kb, int r, int64_t nkb) {
+    (void)w; (void)nkb;
+    return r == 15 ? kb : -1;
+}
+KT_AI __m256 KT_(group_scale)(const ktcy_weight *w, int64_t p, int64_t g, int h) {
     int64_t e8;
-    memcpy(&e8, blk + 256 + h * 8, 8);
-    const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(e8)), 23));
-    const __m256 mag = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
-    kt_w256 out;
-    out.i = _mm256_setzero_si256();
-    for (int half = 0; half < 2; ++half) {
-        const __m256i c = _mm256_cvtepu8_epi32(half ? _mm_srli_si128(eo, 8) : eo);
-        const __m256 v = _mm256_permutevar8x32_ps(mag, c); /* uses the low 3 bits */
-        const __m256 sign = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(8)), 28));
-        const __m256 value = _mm256_mul_ps(_mm256_xor_ps(v, sign), scale);
-        if (half) out.o = value; else out.e = value;
+    memcpy(&e8, w->data + (p * (w->k_pad / 32) + g) * 272 + 256 + h * 8, 8);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(e8)), 23));
+}
+KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int MB, const ktcy_act *a,
+                               const ktcy_weight *w, int64_t m0, int64_t p, int64_t g) {
+    (void)a; (void)m0;
+    _Pragma("GCC unroll 2")
+    for (int h = 0; h < 2; ++h) {
+        const __m256 s = KT_(group_scale)(w, p, g, h);
+        _Pragma("GCC unroll 8")
+        for (int m = 0; m < MB; ++m) {
+            facc[m][h] = _mm256_add_ps(facc[m][h], _mm256_mul_ps(_mm256_castsi256_ps(acc[m][h]), s));
+            acc[m][h] = _mm256_setzero_si256();
+        }
     }
-    return out;
+}
+KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n0) {
+    (void)acc; (void)a; (void)w; (void)m; (void)n0;
+    return facc;
 }
 
 #elif KT_SKEL == KT_SKEL_AVX512
@@ -113,4 +143,6 @@ KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uin
 #error "fmt_mxfp4.h: no traits for this skeleton"
 #endif
 
+#if KT_SKEL != KT_SKEL_AVX2
 #include "traits_unscaled.h"
+#endif

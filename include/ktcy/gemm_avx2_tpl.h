@@ -8,6 +8,10 @@
  *   KT_WKIND, KT_PREDECODE, KT_REG_DECODE, KT_(has_groups), KT_(group_at)(w, kb, r, nkb) for any row r,
  *   KT_(half)(blk, r, h) -> kt_w256    half h of row r of a packed block (.i: int8 lanes; .e/.o:
  *                                      the even/odd K element of 8 channels as floats)
+ *   or KT_(wrow)(blk, r, out[2]) with KT_HAS_WROW 1: both halves at once (shared decode work)
+ *   with KT_CHECKED_ROWS 1, also KT_(checked_rows)(w) and KT_(wrow_checked)(blk, r, out[2]): a weight
+ *                                      whose codes the fast wrow gets wrong (FP8 NaN) is decoded
+ *                                      by the checked version, through the float GEMM at any M
  *   KT_(decode_panels)(src, dst, blocks)                     KT_PREDECODE only (integer formats):
  *                                                            1024-byte blocks of 8-bit codes
  *   KT_(group_scale)(w, p, g, h) -> __m256                   bf16-activation formats with groups: the
@@ -48,20 +52,39 @@ static const int KT_(formats) = KT_FORMATS; /* the descriptor rows this variant 
 /* Formats whose panels are always decoded to bf16 scratch first (no in-register decode). */
 #define KT_ALWAYS_PRE (KT_PREDECODE && !KT_REG_DECODE)
 
-/* One activation dword broadcast, as the compute kind takes it: int8 codes as they are, bf16
- * pairs split once into the even and odd element as floats (shared by both weight halves). */
+#ifndef KT_HAS_WROW
+/* Row r of a packed block, both halves (channels 0-7 and 8-15). */
+KT_AI void KT_(wrow)(const uint8_t *blk, int r, kt_w256 out[2]) {
+    out[0] = KT_(half)(blk, r, 0);
+    out[1] = KT_(half)(blk, r, 1);
+}
+#endif
+#ifndef KT_CHECKED_ROWS
+KT_AI int KT_(checked_rows)(const ktcy_weight *w) { (void)w; return 0; }
+KT_AI void KT_(wrow_checked)(const uint8_t *blk, int r, kt_w256 out[2]) { KT_(wrow)(blk, r, out); }
+#endif
+
+/* Bytes per activation element as the tiles read them: int8 codes, or the bf16 activations
+ * widened to floats beforehand (a broadcast load then takes no ALU work: at a few rows the
+ * shift and mask of every bf16 pair competed with the weight decode for the vector ports). */
+#define KT_XSIZE (KT_INT_ACT ? KT_ASIZE : 4)
+
+/* One activation dword broadcast (int8 codes as they are), or the even and odd element of a
+ * pair of float activations (shared by both weight halves). */
 typedef struct { __m256i i; __m256 e, o; } KT_(avec);
 
 KT_AI KT_(avec) KT_(load_a)(const uint8_t *ak, int r) {
+    KT_(avec) av;
+#if KT_INT_ACT
     int32_t dword;
     memcpy(&dword, ak + r * KT_KPR * KT_ASIZE, 4);
-    KT_(avec) av;
     av.i = _mm256_set1_epi32(dword);
-#if KT_INT_ACT
     av.e = av.o = _mm256_setzero_ps();
 #else
-    av.e = _mm256_castsi256_ps(_mm256_slli_epi32(av.i, 16));
-    av.o = _mm256_castsi256_ps(_mm256_and_si256(av.i, _mm256_set1_epi32((int)0xFFFF0000u)));
+    const float *x = (const float *)ak + r * KT_KPR;
+    av.i = _mm256_setzero_si256();
+    av.e = _mm256_broadcast_ss(x);
+    av.o = _mm256_broadcast_ss(x + 1);
 #endif
     return av;
 }
@@ -89,9 +112,10 @@ KT_AI __m256i KT_(dp)(__m256i acc, KT_(avec) a, kt_w256 w) {
 }
 
 /* MB rows x NP adjacent panels (p, p + 1).  PRE: panel p was decoded to 1024-byte bf16 blocks
- * at `decoded` (NP == 1); else the packed panels are read and each row decoded in registers. */
-KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act *a, const ktcy_weight *w, int64_t m0,
-                      int64_t p, float *y, int64_t ldy, const uint8_t *decoded) {
+ * at `decoded` (NP == 1); else the packed panels are read and each row decoded in registers.
+ * x: the activation rows, int8 codes (a->q) or floats widened from a->bf16, row stride k_pad. */
+KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act *a, const uint8_t *x,
+                      const ktcy_weight *w, int64_t m0, int64_t p, float *y, int64_t ldy, const uint8_t *decoded) {
     const int64_t nkb = w->k_pad / KT_BK;
     const int64_t block_bytes = PRE ? 1024 : KT_BB;
     const uint8_t *panel[2];
@@ -104,7 +128,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
     (void)decoded;
     _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m) {
-        arow[m] = (KT_INT_ACT ? (const uint8_t *)a->q : (const uint8_t *)a->bf16) + (m0 + m) * a->k_pad * KT_ASIZE;
+        arow[m] = x + (m0 + m) * a->k_pad * KT_XSIZE;
         _Pragma("GCC unroll 8")
         for (int q = 0; q < NP; ++q)
             _Pragma("GCC unroll 8")
@@ -113,7 +137,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
     for (int64_t kb = 0; kb < nkb; ++kb) {
         const uint8_t *ak[4]; /* this block's activations of each row: row offsets below are immediates */
         _Pragma("GCC unroll 8")
-        for (int m = 0; m < MB; ++m) ak[m] = arow[m] + kb * KT_BK * KT_ASIZE;
+        for (int m = 0; m < MB; ++m) ak[m] = arow[m] + kb * KT_BK * KT_XSIZE;
         _Pragma("GCC unroll 16")
         for (int r = 0; r < 16; ++r) {
             /* a few rows stream the weights at memory speed: fetch KT_AHEAD blocks ahead, a
@@ -132,8 +156,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
                 }
 #if !KT_ALWAYS_PRE
                 else {
-                    wv[q][0] = KT_(half)(blk, r, 0);
-                    wv[q][1] = KT_(half)(blk, r, 1);
+                    KT_(wrow)(blk, r, wv[q]);
                 }
 #endif
             }
@@ -150,18 +173,23 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
             }
             if (groups) {
                 const int64_t g = KT_(group_at)(w, kb, r, nkb);
-                if (g >= 0) KT_(group_epilogue)(acc[0], facc[0], MB, a, w, m0, p, g);
+                if (g >= 0)
+                    _Pragma("GCC unroll 2")
+                    for (int q = 0; q < NP; ++q) KT_(group_epilogue)(acc[q], facc[q], MB, a, w, m0, p + q, g);
             }
         }
     }
+    /* constant trip counts with the tests inside: fully unrolled, the accumulators stay
+     * registers (a loop that exits early indexes them, and GCC then keeps the arrays on the
+     * stack and stores every FMA's result there in the hot loop) */
     _Pragma("GCC unroll 8")
-    for (int m = 0; m < MB && m0 + m < a->m; ++m) {
+    for (int m = 0; m < MB; ++m) {
         _Pragma("GCC unroll 2")
         for (int q = 0; q < NP; ++q)
             _Pragma("GCC unroll 8")
             for (int h = 0; h < 2; ++h) {
                 const int64_t n0 = (p + q) * 16 + h * 8, valid = w->n - n0;
-                if (valid <= 0) break;
+                if (valid <= 0 || m0 + m >= a->m) continue;
                 const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
                 const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(valid < 8 ? valid : 8)), lanes);
                 _mm256_maskstore_ps(y + (m0 + m) * ldy + n0, mask,
@@ -177,21 +205,28 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
  * k two weight loads, six broadcasts and twelve FMAs.  The bf16-pair tiles spent a shift and a
  * mask per pair of every weight half and activation, which compete with the FMAs for ports.
  * Each output is still one FMA chain in K order, so the sums are those of the decode tiles. */
-KT_AI void KT_(f32_panel)(const ktcy_weight *w, int64_t p, float *dst) {
+KT_AI void KT_(f32_panel_rows)(const int CHECKED, const ktcy_weight *w, int64_t p, float *dst) {
     const int64_t nkb = w->k_pad / KT_BK;
     const uint8_t *src = w->data + p * nkb * KT_BB;
     for (int64_t kb = 0; kb < nkb; ++kb, src += KT_BB, dst += KT_BK * 16) {
         _Pragma("GCC unroll 16") /* the panel comes from memory: fetch KT_AHEAD blocks ahead */
         for (int l = 0; l < KT_BB; l += 64) _mm_prefetch((const char *)src + KT_AHEAD * KT_BB + l, _MM_HINT_T0);
         _Pragma("GCC unroll 2")
-        for (int r = 0; r < 16; ++r)
+        for (int r = 0; r < 16; ++r) {
+            kt_w256 v[2];
+            if (CHECKED) KT_(wrow_checked)(src, r, v); else KT_(wrow)(src, r, v);
             _Pragma("GCC unroll 2")
             for (int h = 0; h < 2; ++h) {
-                const kt_w256 v = KT_(half)(src, r, h);
-                _mm256_store_ps(dst + (2 * r) * 16 + 8 * h, v.e);
-                _mm256_store_ps(dst + (2 * r + 1) * 16 + 8 * h, v.o);
+                _mm256_store_ps(dst + (2 * r) * 16 + 8 * h, v[h].e);
+                _mm256_store_ps(dst + (2 * r + 1) * 16 + 8 * h, v[h].o);
             }
+        }
     }
+}
+
+KT_AI void KT_(f32_panel)(const ktcy_weight *w, int64_t p, float *dst) {
+    if (KT_(checked_rows)(w)) KT_(f32_panel_rows)(1, w, p, dst);
+    else KT_(f32_panel_rows)(0, w, p, dst);
 }
 
 /* Rows [m0, m0 + rows) of the bf16 activations as floats; rows past the buffer are zeros. */
@@ -241,11 +276,11 @@ KT_AI void KT_(f32_micro)(const int MB, const ktcy_act *a, const ktcy_weight *w,
                 }
     }
     _Pragma("GCC unroll 8")
-    for (int m = 0; m < MB && m0 + m < a->m; ++m)
+    for (int m = 0; m < MB; ++m) /* constant trip counts: see micro */
         _Pragma("GCC unroll 2")
         for (int h = 0; h < 2; ++h) {
             const int64_t n0 = p * 16 + h * 8, valid = w->n - n0;
-            if (valid <= 0) break;
+            if (valid <= 0 || m0 + m >= a->m) continue;
             const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
             const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(valid < 8 ? valid : 8)), lanes);
             _mm256_maskstore_ps(y + (m0 + m) * ldy + n0, mask,
@@ -278,9 +313,9 @@ KT_AI void KT_(f32_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int6
 
 #define KT_TILE(pre)                                                                    \
     do {                                                                                \
-        if (mb == 1) KT_(micro)(1, 1, pre, a, w, m0, p, y, ldy, decoded);               \
-        else if (mb == 2) KT_(micro)(2, 1, pre, a, w, m0, p, y, ldy, decoded);          \
-        else KT_(micro)(4, 1, pre, a, w, m0, p, y, ldy, decoded);                       \
+        if (mb == 1) KT_(micro)(1, 1, pre, a, x, w, m0, p, y, ldy, decoded);            \
+        else if (mb == 2) KT_(micro)(2, 1, pre, a, x, w, m0, p, y, ldy, decoded);       \
+        else KT_(micro)(4, 1, pre, a, x, w, m0, p, y, ldy, decoded);                    \
     } while (0)
 
 KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb,
@@ -288,12 +323,12 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
     if (!(KT_FORMATS & (1 << w->format))) return KTCY_ERR_FORMAT;
 #if !KT_INT_ACT
     /* plain bf16 rows have no decode to save: widening a panel pays off from about 20 rows (measured) */
-    if (a->m >= (KT_PLAIN_ROWS ? 20 : 5)) {
+    if (a->m >= (KT_PLAIN_ROWS ? 20 : 5) || KT_(checked_rows)(w)) {
         KT_(f32_gemm)(a, w, y, ldy, pb, pe, scratch);
         return KTCY_OK;
     }
 #endif
-    const int max_rows = KT_(has_groups)(w) ? 2 : 4;
+    const int max_rows = KT_(has_groups)(w) && KT_INT_ACT ? 2 : 4;
     /* decode a panel once into scratch when several row tiles share it (or the format has no
      * in-register decode); a few rows decode each weight row in registers as they stream by */
     const int pre = KT_PREDECODE && (a->m > 4 || !KT_REG_DECODE);
@@ -301,20 +336,37 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
     const int64_t nkb = w->k_pad / KT_BK;
     uint8_t *decoded = ktcy_align64(scratch);
     (void)nkb;
+#if KT_INT_ACT
+    const uint8_t *x = (const uint8_t *)a->q;
+#else
+    /* the rows as floats (tiles round up to 4 rows; fewer than KTCY_AVX2_F32_ROWS come here) */
+    float *xf = (float *)decoded;
+    KT_(f32_rows)(a, 0, (a->m + 3) / 4 * 4, xf);
+    const uint8_t *x = (const uint8_t *)xf;
+#endif
     for (int64_t p = pb; p < pe;) {
 #if KT_WIDE_TILE
         if (wide && pe - p >= 2) {
             for (int64_t m0 = 0; m0 < a->m; m0 += 3) {
                 const int64_t left = a->m - m0;
-                if (left >= 3) KT_(micro)(3, 2, 0, a, w, m0, p, y, ldy, decoded);
-                else if (left == 2) KT_(micro)(2, 2, 0, a, w, m0, p, y, ldy, decoded);
-                else KT_(micro)(1, 2, 0, a, w, m0, p, y, ldy, decoded);
+                if (left >= 3) KT_(micro)(3, 2, 0, a, x, w, m0, p, y, ldy, decoded);
+                else if (left == 2) KT_(micro)(2, 2, 0, a, x, w, m0, p, y, ldy, decoded);
+                else KT_(micro)(1, 2, 0, a, x, w, m0, p, y, ldy, decoded);
             }
             p += 2;
             continue;
         }
 #endif
         (void)wide;
+#if !KT_INT_ACT
+        /* one or two rows take two panels at once: the 4 (8) FMA chains hide the FMA latency,
+         * which bounded one panel's 2 (4) chains below the decode's throughput */
+        if (a->m == 1 && pe - p >= 2) {
+            KT_(micro)(1, 2, 0, a, x, w, 0, p, y, ldy, decoded);
+            p += 2;
+            continue;
+        }
+#endif
 #if KT_PREDECODE
         if (pre) KT_(decode_panels)(w->data + p * nkb * KT_BB, decoded, nkb);
 #endif
@@ -334,6 +386,9 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 }
 
 #undef KT_TILE
+#undef KT_XSIZE
+#undef KT_HAS_WROW
+#undef KT_CHECKED_ROWS
 #undef KT_ALWAYS_PRE
 #undef KT_WIDE_TILE
 #undef KT_KEEP

@@ -45,6 +45,13 @@ static inline uint16_t ktcy_e4m3_to_bf16(uint8_t b) {
 
 #define KTCY_E4M3_MAX 448.0f
 
+/* 1 when some of the n E4M3 codes is NaN (0x7F or 0xFF).  One pass, branch-free (vectorizes). */
+static inline int32_t ktcy_e4m3_any_nan(const uint8_t *codes, int64_t n) {
+    uint8_t any = 0;
+    for (int64_t i = 0; i < n; ++i) any |= (uint8_t)((codes[i] & 0x7F) == 0x7F);
+    return any;
+}
+
 /* E2M1 (MXFP4 element: sign, 2 exponent bits, 1 mantissa bit; no inf/NaN) -> bf16 bits.
  * Magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; every one is exactly a bf16 value. */
 static const uint16_t KTCY_E2M1_TO_BF16[16] = {

@@ -22,6 +22,8 @@ typedef struct {
     const float *scale;      /* shaped by ktcy_scale_shape(); NULL when the format has none */
     const int32_t *colsum;   /* formats with colsum: sum over K of each channel's codes, [n_pad] */
     const uint8_t *zero;     /* formats with zero points: [k_pad/group][n_pad]; else NULL */
+    int32_t nan_codes;       /* FP8: 1 when some code is NaN (0x7F/0xFF); decodes made of bit
+                                moves alone (AVX2) then take their checked version */
 } ktcy_weight;
 
 typedef struct {
@@ -47,6 +49,7 @@ typedef int (*ktcy_gemm_fn)(const ktcy_act *a, const ktcy_weight *w, float *y, i
  *   | AVX-512 / AVX2: up to 4 panels decoded to bf16 blocks  [4][k_pad/32][1024 B] |
  *   | AVX2 float prefill: 1 panel as floats [k_pad][16] | KTCY_AVX2_F32_ROWS rows   |
  *   |       of activations as floats [rows][k_pad]                                 |
+ *   | AVX2 bf16-activation decode (fewer rows): the rows as floats [rows][k_pad]   |
  *   | AMX:  C tiles 32x32 int32/float (4 KiB) | float accumulator 32x32 (4 KiB) |  |
  *   |       2 panels unpacked/decoded to int8/bf16 blocks [2][k_pad/bk][1024 B]    |
  *   +------------------------------------------------------------------------------+
