@@ -13,6 +13,7 @@ import sysconfig
 import numpy as np
 
 from ktcy import _native, report
+from ktcy.distributed.numa import cpulist_text, parse_cpulist
 from ktcy.errors import UnsupportedISAError
 from ktcy.formats import FORMATS
 from ktcy.threads import get_num_threads
@@ -47,18 +48,6 @@ def _selected(text):
         return None
     m = re.search(r"\[(\w+)\]", text)
     return m.group(1) if m else text
-
-
-def parse_cpulist(text):
-    """"0-3,8,10-11" -> [0, 1, 2, 3, 8, 10, 11]."""
-    cpus = []
-    for part in (text or "").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        cpus.extend(range(int(lo), int(hi or lo) + 1))
-    return cpus
 
 
 def versions():
@@ -107,7 +96,7 @@ def numa():
     nodes = []
     for path in sorted(glob.glob("/sys/devices/system/node/node[0-9]*"), key=lambda p: int(p.rsplit("node", 1)[1])):
         info = _meminfo(os.path.join(path, "meminfo"))
-        nodes.append({"node": int(path.rsplit("node", 1)[1]), "cpus": parse_cpulist(_read(os.path.join(path, "cpulist"))),
+        nodes.append({"node": int(path.rsplit("node", 1)[1]), "cpus": parse_cpulist(_read(os.path.join(path, "cpulist")), path),
                       "memory_total_bytes": info.get("MemTotal"), "memory_free_bytes": info.get("MemFree")})
     return nodes
 
@@ -125,7 +114,7 @@ def cpu():
     for path in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_governor"):
         governors.setdefault(_read(path), []).append(int(re.search(r"cpu(\d+)/cpufreq", path).group(1)))
     siblings = {_read(p) for p in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/topology/thread_siblings_list")}
-    threads_per_core = max((len(parse_cpulist(s)) for s in siblings if s), default=None)
+    threads_per_core = max((len(parse_cpulist(s, "thread_siblings_list")) for s in siblings if s), default=None)
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:
@@ -252,13 +241,13 @@ def format_text(d):
         f"CPU: {c['model'] or 'unknown'}; {c['usable_cpus']} usable of {c['logical_cpus']} logical CPUs; "
         f"threads per core {c['threads_per_core'] or 'unknown'}; SMT active {yes[c['smt_active']]}; "
         f"ktcy threads {c['ktcy_threads']}",
-        "Frequency governor: " + (", ".join(f"{g} (CPUs {_ranges(cs)})" for g, cs in c["governor"].items())
+        "Frequency governor: " + (", ".join(f"{g} (CPUs {cpulist_text(cs) or 'none'})" for g, cs in c["governor"].items())
                                   if c["governor"] else "not exposed"),
         f"Memory: {_gib(m['total_bytes'])} total, {_gib(m['available_bytes'])} available",
         f"Huge pages: {hp['hugepages_total']} reserved ({hp['hugepages_free']} free, "
         f"{hp['hugepage_size_bytes'] // 2**10 if hp['hugepage_size_bytes'] else '?'} kB each); "
         f"THP {hp['thp_enabled'] or 'unknown'} (defrag {hp['thp_defrag'] or 'unknown'})",
-        "NUMA: " + ("; ".join(f"node {n['node']}: CPUs {_ranges(n['cpus'])}, {_gib(n['memory_total_bytes'])}"
+        "NUMA: " + ("; ".join(f"node {n['node']}: CPUs {cpulist_text(n['cpus']) or 'none'}, {_gib(n['memory_total_bytes'])}"
                               for n in d["numa"]) if d["numa"] else "not exposed"),
         f"AMX: in CPU {yes[a['cpu_has_amx']]}, enabled by OS {yes[a['os_enables_amx']]}, permission requested "
         f"{yes[a['permission_requested']]}, granted {yes[a['permission_granted']]}",
@@ -281,15 +270,3 @@ def format_text(d):
     if d["advice"]:
         lines += ["", "Advice:"] + [f"  - {n}" for n in d["advice"]]
     return "\n".join(lines)
-
-
-def _ranges(cpus):
-    out, start = [], None
-    cpus = sorted(cpus)
-    for i, cpu_id in enumerate(cpus):
-        if start is None:
-            start = cpu_id
-        if i + 1 == len(cpus) or cpus[i + 1] != cpu_id + 1:
-            out.append(f"{start}-{cpu_id}" if cpu_id != start else f"{start}")
-            start = None
-    return ",".join(out) or "none"

@@ -20,6 +20,7 @@ from ktcy.kernels import as_float32_matrix
 from ktcy.loading import PathLike, experts_from_checkpoint, original_checkpoint, source_for
 from ktcy.moe import MoE
 from ktcy.paths import MAX_CONFIG_BYTES, read_small_text
+from ktcy.ranges import ranges_text
 from ktcy.routing import Router, router_kind
 from ktcy.safetensors_io import CheckpointError
 
@@ -68,17 +69,6 @@ def _layer_list(layers):
     if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
         raise TypeError(f"layers must be an iterable of layer numbers, got {type(layers).__name__}")
     return [layer_number(L, "each of layers") for L in layers]
-
-
-def _ranges(numbers):
-    """[1, 2, 3, 5] -> "1-3,5" (a model's layer list in one short field)."""
-    runs = []
-    for n in sorted(numbers):
-        if runs and n == runs[-1][1] + 1:
-            runs[-1][1] = n
-        else:
-            runs.append([n, n])
-    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs) or "none"
 
 
 def load_rules(rules):
@@ -240,7 +230,7 @@ class MoEModel:
         formats = sorted({b.experts.format for b in self.blocks.values()})
         isas = sorted({b.experts.isa for b in self.blocks.values()})
         return (f"MoEModel(architecture={kind}, path={self.checkpoint.path!r}, blocks={len(layers)}, "
-                f"layers={_ranges(layers)}, experts={arch.num_experts}, top_k={arch.top_k}, "
+                f"layers={ranges_text(layers) or 'none'}, experts={arch.num_experts}, top_k={arch.top_k}, "
                 f"hidden_size={arch.hidden_size}, intermediate_size={arch.intermediate_size}, "
                 f"formats={'/'.join(formats) or '-'}, isa={'/'.join(isas) or '-'}"
                 + (f", experts_path={self.converted.path!r})" if self.converted is not None else ")"))
@@ -272,7 +262,7 @@ class MoEModel:
         if repacked:
             pairs = sorted({(held, fmt) for _, held, fmt in repacked})
             log.warning("layers %s: %s %s, but %s holds %s; packed from the checkpoint %s instead",
-                        _ranges(L for L, _, _ in repacked), why, "/".join(fmt for _, fmt in pairs),
+                        ranges_text(L for L, _, _ in repacked) or "none", why, "/".join(fmt for _, fmt in pairs),
                         self.converted.path, "/".join(held for held, _ in pairs), self.checkpoint.path)
 
     def _build(self, L, forced_backend, repacked):

@@ -98,27 +98,22 @@ def correctness(rank, folder, ckpt, converted):
 
 def killed(rank, folder):
     """Rank 1 dies (SIGKILL) between two forwards; rank 0 must raise within the timeout."""
-    cfg = ktcy.MoeConfig(E, K, H, I, ktcy.QuantConfig("INT8"))
-    ep = ExpertParallelMoE.from_weights(cfg, *layer_weights())
-    args = routing(7, seed=1)
-    ep.forward(*args)
-    if rank == 1:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return _raising_forward(ep, args)
+    return _second_forward_after(rank, lambda: os.kill(os.getpid(), signal.SIGKILL))
 
 
 def stalled(rank, folder):
     """Rank 1 stops answering (sleeps); rank 0 must raise within the timeout."""
+    return _second_forward_after(rank, lambda: time.sleep(60))  # killed by the test once rank 0 is done
+
+
+def _second_forward_after(rank, rank1_fault):
+    """One forward on every rank, then rank 1's fault, then the forward that must raise."""
     cfg = ktcy.MoeConfig(E, K, H, I, ktcy.QuantConfig("INT8"))
     ep = ExpertParallelMoE.from_weights(cfg, *layer_weights())
     args = routing(7, seed=1)
     ep.forward(*args)
     if rank == 1:
-        time.sleep(60)  # killed by the test once rank 0 is done
-    return _raising_forward(ep, args)
-
-
-def _raising_forward(ep, args):
+        rank1_fault()
     start = time.monotonic()
     try:
         ep.forward(*args)

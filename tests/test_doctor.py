@@ -74,10 +74,10 @@ def test_why_not_a_faster_kernel_is_explained():
         assert {"isa": "avx512", "why_not": "KTCY_ISA=avx2 forces avx2"} in d["kernels"]["INT8"]["faster_options"]
 
 
-def test_cpulist_parsing():
-    assert doctor.parse_cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
-    assert doctor.parse_cpulist("") == []
-    assert doctor._ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+def test_cpulist_parsing():  # doctor reads and writes CPU lists through numa's helpers
+    assert doctor.parse_cpulist("0-3,8,10-11\n", "x") == (0, 1, 2, 3, 8, 10, 11)
+    assert doctor.parse_cpulist("", "x") == ()
+    assert doctor.cpulist_text([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
 
 
 def test_text_report():

@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
+from ktcy.ranges import ranges_text as cpulist_text  # (0, 1, 2, 5) -> "0-2,5"
+
 NODE_DIR = "/sys/devices/system/node"
 _MAX_CPU = 1 << 16          # far above any machine; bounds what an untrusted cpulist may claim
 _MAX_NODES = 1024           # bits of the node masks passed to the kernel
@@ -127,17 +129,6 @@ def plan(nodes: Sequence[Node], nproc: Optional[int] = None, chosen: Optional[Se
         mine = cpus[start:start + share + (i < extra)]
         bindings.append(Binding(r, node, mine, node if by_id[node].has_memory else None))
     return bindings
-
-
-def cpulist_text(cpus) -> str:
-    """(0, 1, 2, 5) -> "0-2,5"."""
-    runs = []
-    for c in sorted(cpus):
-        if runs and c == runs[-1][1] + 1:
-            runs[-1][1] = c
-        else:
-            runs.append([c, c])
-    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
 
 
 # ---- memory policy through libnuma's set_mempolicy/get_mempolicy, else the system calls ------
