@@ -77,22 +77,9 @@ KT_AI void KT_(wrow_checked)(const uint8_t *blk, int r, kt_w256 out[2]) {
         out[h].o = _mm256_mul_ps(out[h].o, unit);
     }
 }
-/* Sums times the 256 that the decoded codes lack (exact: a power of two), applied last: a
- * multiply inside the group epilogue made GCC spill the float GEMM's accumulators. */
+/* Sums times the 256 that the decoded codes lack (exact: a power of two), once per output. */
 KT_AI __m256 KT_(times256)(__m256 v) { return _mm256_mul_ps(v, _mm256_set1_ps(256.0f)); }
-KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int MB, const ktcy_act *a,
-                               const ktcy_weight *w, int64_t m0, int64_t p, int64_t g) {
-    (void)a; (void)m0;
-    const __m256 s = _mm256_set1_ps(KT_FP8_BLOCK_SCALE(w, p * 16, g));
-    _Pragma("GCC unroll 8")
-    for (int m = 0; m < MB; ++m)
-        _Pragma("GCC unroll 8")
-        for (int h = 0; h < 2; ++h) {
-            facc[m][h] = _mm256_add_ps(facc[m][h], _mm256_mul_ps(_mm256_castsi256_ps(acc[m][h]), s));
-            acc[m][h] = _mm256_setzero_si256();
-        }
-}
-/* The float prefill's group multiplier of 8 channels (half h of panel p): the block scale. */
+/* The group multiplier of 8 channels (half h of panel p): the block scale. */
 KT_AI __m256 KT_(group_scale)(const ktcy_weight *w, int64_t p, int64_t g, int h) {
     (void)h;
     return _mm256_set1_ps(KT_FP8_BLOCK_SCALE(w, p * 16, g));

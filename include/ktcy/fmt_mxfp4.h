@@ -41,8 +41,8 @@ KT_AI float KT_(code)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) {
 /* Row r in registers: the row's nibble of every byte (low for even r, high for odd) is looked
  * up by vpshufb as the high byte of the E2M1 value's fp16 (every E2M1 value is an fp16 with a
  * zero low byte), and vcvtph2ps widens the even and odd K elements exactly.  The channel's
- * power-of-two scale multiplies each block's partial sums instead (group_epilogue and
- * group_scale below): the same products, a table and three bit moves fewer per 8 values. */
+ * power-of-two scale multiplies each block's partial sums instead (group_scale below): the
+ * same products, a table and three bit moves fewer per 8 values. */
 #define KT_HAS_WROW 1
 KT_AI void KT_(wrow)(const uint8_t *blk, int r, kt_w256 out[2]) {
     const __m256i bytes = _mm256_loadu_si256((const __m256i *)(blk + (r >> 1) * 32));
@@ -72,19 +72,6 @@ KT_AI __m256 KT_(group_scale)(const ktcy_weight *w, int64_t p, int64_t g, int h)
     int64_t e8;
     memcpy(&e8, w->data + (p * (w->k_pad / 32) + g) * 272 + 256 + h * 8, 8);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(e8)), 23));
-}
-KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int MB, const ktcy_act *a,
-                               const ktcy_weight *w, int64_t m0, int64_t p, int64_t g) {
-    (void)a; (void)m0;
-    _Pragma("GCC unroll 2")
-    for (int h = 0; h < 2; ++h) {
-        const __m256 s = KT_(group_scale)(w, p, g, h);
-        _Pragma("GCC unroll 8")
-        for (int m = 0; m < MB; ++m) {
-            facc[m][h] = _mm256_add_ps(facc[m][h], _mm256_mul_ps(_mm256_castsi256_ps(acc[m][h]), s));
-            acc[m][h] = _mm256_setzero_si256();
-        }
-    }
 }
 KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n0) {
     (void)acc; (void)a; (void)w; (void)m; (void)n0;

@@ -16,7 +16,8 @@
  *                                                            1024-byte blocks of 8-bit codes
  *   KT_(group_scale)(w, p, g, h) -> __m256                   bf16-activation formats with groups: the
  *                                                            multipliers of group g, channels p*16+8h..
- *   KT_(group_epilogue)(acc[4][2], facc[4][2], MB, a, w, m0, p, g)
+ *                                                            (the skeleton scales their float sums)
+ *   KT_(group_epilogue)(acc[4][2], facc[4][2], MB, a, w, m0, p, g)   integer formats with groups
  *   KT_(final)(acc, facc, a, w, m, n0)                       8 outputs of one row
  * and may set KT_WIDE_TILE 1: prefill tiles (more than 4 rows) of 3 rows x 2 panels, 12 integer
  * accumulators sharing each activation broadcast (formats without groups only).
@@ -201,7 +202,21 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
                 const int64_t g = KT_(group_at)(w, kb, r, nkb);
                 if (g >= 0)
                     _Pragma("GCC unroll 2")
-                    for (int q = 0; q < NP; ++q) KT_(group_epilogue)(acc[q], facc[q], MB, a, w, m0, p + q, g);
+                    for (int q = 0; q < NP; ++q) {
+#if KT_INT_ACT
+                        KT_(group_epilogue)(acc[q], facc[q], MB, a, w, m0, p + q, g);
+#else
+                        _Pragma("GCC unroll 2")
+                        for (int h = 0; h < 2; ++h) {
+                            const __m256 s = KT_(group_scale)(w, p + q, g, h);
+                            _Pragma("GCC unroll 8")
+                            for (int m = 0; m < MB; ++m) { /* as the float prefill's tiles do */
+                                facc[q][m][h] = _mm256_add_ps(facc[q][m][h], _mm256_mul_ps(_mm256_castsi256_ps(acc[q][m][h]), s));
+                                acc[q][m][h] = _mm256_setzero_si256();
+                            }
+                        }
+#endif
+                    }
             }
         }
     }
