@@ -19,14 +19,22 @@ H, I, EXPERTS, TOP_K = 2048, 768, 64, 8
 
 def worker(formats):
     import time
-    import numpy as np
-    import ktcy
+    try:
+        import numpy as np
+        import ktcy
+    except ImportError as e:
+        print(f"error cannot import ktcy ({e})", flush=True)
+        return
     rng = np.random.default_rng(0)
     gate = rng.standard_normal((EXPERTS, I, H), np.float32) * 0.02
     up = rng.standard_normal((EXPERTS, I, H), np.float32) * 0.02
     down = rng.standard_normal((EXPERTS, H, I), np.float32) * 0.02
-    layers = {f: ktcy.MoE.from_weights(ktcy.MoeConfig(EXPERTS, TOP_K, H, I, ktcy.QuantConfig(f)), gate, up, down)
-              for f in formats}
+    try:
+        layers = {f: ktcy.MoE.from_weights(ktcy.MoeConfig(EXPERTS, TOP_K, H, I, ktcy.QuantConfig(f)), gate, up, down)
+                  for f in formats}
+    except ValueError as e:  # an unknown format: one line for the driver to show
+        print(f"error {e}", flush=True)
+        return
     del gate, up, down
     print("ready", flush=True)
     for line in sys.stdin:
@@ -53,13 +61,27 @@ def main():
     ap.add_argument("--tokens", default="1,32")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    formats, tokens = args.formats.split(","), [int(t) for t in args.tokens.split(",")]
-    procs = {name: subprocess.Popen([py, __file__, "--worker", args.formats], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, text=True, cwd="/")
-             for name, py in (("before", args.before), ("after", args.after))}
+    formats = args.formats.split(",")
+    try:
+        tokens = [int(t) for t in args.tokens.split(",")]
+    except ValueError:
+        ap.error(f"--tokens {args.tokens!r}: comma-separated positive integers")
+    if min(tokens) < 1 or args.rounds < 1:
+        ap.error("--tokens and --rounds must be positive")
+    procs = {}
+    for name, py in (("before", args.before), ("after", args.after)):
+        try:
+            procs[name] = subprocess.Popen([py, __file__, "--worker", args.formats], stdin=subprocess.PIPE,
+                                           stdout=subprocess.PIPE, text=True, cwd="/")
+        except OSError as e:
+            ap.error(f"{name} interpreter {py!r}: {e.strerror}")
     for name, p in procs.items():
-        if p.stdout.readline().strip() != "ready":
-            sys.exit(f"ab_moe: the {name} environment did not start (is ktcy installed there?)")
+        line = p.stdout.readline().strip()
+        if line != "ready":
+            for other in procs.values():
+                other.kill()
+            sys.exit(f"ab_moe: the {name} environment did not start: "
+                     f"{line[len('error '):] if line.startswith('error ') else 'is ktcy installed there?'}")
     times = {}
     for rnd in range(args.rounds):
         order = list(procs.items()) if rnd % 2 == 0 else list(reversed(procs.items()))
