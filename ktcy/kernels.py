@@ -65,9 +65,10 @@ class PackedWeight:
     shape: tuple
     data: np.ndarray          # uint8 blocks
     scale: np.ndarray         # float32 as formats.descriptor(format)["scale"] says; None when "none"
+    #                           (group scales panel-major [N_pad/16][groups * 16]: see group_scales())
     colsum: np.ndarray = None  # formats whose descriptor keeps colsum (INT8)
     group_size: int = 0       # formats with group scales (INT4, INT4_ZP)
-    zero: np.ndarray = None   # formats with zero points (INT4_ZP): uint8 [k_pad/group][n_pad]
+    zero: np.ndarray = None   # formats with zero points (INT4_ZP): uint8, laid out like the group scales
     _view: object = field(default=None, repr=False)
 
     def __repr__(self):
@@ -128,6 +129,18 @@ class PackedWeight:
         full = blocks.transpose(0, 3, 1, 2, 4).reshape(n_pad, k_pad)
         return full[:n, :k]
 
+    def group_scales(self):
+        """Group scales as [groups, N_pad] float32 (a copy; the kernels read them panel-major)."""
+        if descriptor(self.format)["scale"] != "group":
+            raise ValueError(f"{self.format} has no group scales")
+        return group_major(self.scale, self.k_pad // self.group_size)
+
+    def group_zero_points(self):
+        """Zero points as [groups, N_pad] uint8 (a copy), or None for a format without them."""
+        if descriptor(self.format)["scale"] != "group":
+            raise ValueError(f"{self.format} has no group scales")
+        return None if self.zero is None else group_major(self.zero, self.k_pad // self.group_size)
+
     def block_exponents(self):
         """MXFP4: the E8M0 scale exponents kept in the blocks, as [N, ceil(K/32)] uint8."""
         d = descriptor(self.format)
@@ -159,8 +172,9 @@ class PackedWeight:
             return values * self.scale.reshape(-1)[:n, None].astype(dtype)
         if kind == "group":
             if d["zero_points"]:
-                values = values - np.repeat(self.zero[:, :n].T.astype(dtype), self.group_size, axis=1)[:, :k]
-            return values * np.repeat(self.scale[:, :n].T.astype(dtype), self.group_size, axis=1)[:, :k]
+                zero = self.group_zero_points()
+                values = values - np.repeat(zero[:, :n].T.astype(dtype), self.group_size, axis=1)[:, :k]
+            return values * np.repeat(self.group_scales()[:, :n].T.astype(dtype), self.group_size, axis=1)[:, :k]
         return values * expand_block_scale(self.scale.astype(dtype), n, k)
 
 
@@ -259,14 +273,14 @@ def pack_quantized(codes: np.ndarray, scale: Optional[np.ndarray], format: str, 
         if group not in d["group_sizes"]:
             raise ValueError(f"{fmt} group_size must be one of {tuple(d['group_sizes'])}, got {group}")
         groups = _padded(fmt, n, k, group)[1] // group
-        scale = _group_major(scale, np.float32, 0, n, k, group, groups, n_pad, f"{fmt} scale")
+        scale = panel_major(_group_major(scale, np.float32, 0, n, k, group, groups, n_pad, f"{fmt} scale"))
         if d["zero_points"]:
             if zero_points is None:
                 raise ValueError(f"{fmt} needs zero points")
             z = np.asarray(zero_points)
             if not np.issubdtype(z.dtype, np.integer) or (z.size and (z.min() < 0 or z.max() > 15)):
                 raise ValueError(f"{fmt} zero points must be integers in [0, 15]")
-            zero_points = _group_major(z, np.uint8, 8, n, k, group, groups, n_pad, f"{fmt} zero points")
+            zero_points = panel_major(_group_major(z, np.uint8, 8, n, k, group, groups, n_pad, f"{fmt} zero points"))
         elif zero_points is not None:
             raise ValueError(f"{fmt} has no zero points; got some")
     else:
@@ -299,9 +313,23 @@ def _e8m0_exponents(exps, codes, n, k, fmt):
     return e.astype(np.uint8)
 
 
+def panel_major(a):
+    """[groups, N_pad] per-(group, channel) values as the kernels read them: [N_pad/16][groups * 16],
+    each 16-channel panel's groups together (include/ktcy/formats.h, ktcy_group_index)."""
+    groups, n_pad = a.shape
+    return np.ascontiguousarray(a.reshape(groups, n_pad // 16, 16).transpose(1, 0, 2).reshape(n_pad // 16, groups * 16))
+
+
+def group_major(a, groups):
+    """The inverse of panel_major: [N_pad/16][groups * 16] (or flat) -> [groups, N_pad] (a copy)."""
+    flat = np.asarray(a).reshape(-1)
+    panels = flat.size // (groups * 16)
+    return np.ascontiguousarray(flat.reshape(panels, groups, 16).transpose(1, 0, 2).reshape(groups, panels * 16))
+
+
 def _group_major(a, dtype, fill, n, k, group, groups, n_pad, what):
-    """A per-(channel, group) array given as [N, ceil(K/group)] or already [groups, N_pad], as the
-    kernels read it: group-major [groups][N_pad], padding filled with `fill`."""
+    """A per-(channel, group) array given as [N, ceil(K/group)] or already [groups, N_pad] as
+    [groups][N_pad], padding filled with `fill`."""
     a = np.asarray(a)
     if a.shape == (n, -(-k // group)):
         full = np.full((groups, n_pad), fill, dtype)

@@ -313,8 +313,9 @@ def _pack_released(w, spec, fmt, group, what):
     if fmt == stored and (not packed.group_size or packed.group_size == group):
         return packed
     if stored == "INT4" and fmt == "INT4_ZP" and packed.group_size == group:  # z = 8
-        return kernels.pack_quantized(packed.codes().astype(np.int16) + 8, packed.scale, "INT4_ZP",
-                                      group_size=group, zero_points=np.full(packed.scale.shape, 8, np.uint8))
+        scales = packed.group_scales()
+        return kernels.pack_quantized(packed.codes().astype(np.int16) + 8, scales, "INT4_ZP",
+                                      group_size=group, zero_points=np.full(scales.shape, 8, np.uint8))
     return kernels.pack(packed.dequantize(np.float32), fmt, group_size=group)
 
 

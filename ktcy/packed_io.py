@@ -1,7 +1,9 @@
 """Packed MoE layers on disk: one safetensors file per layer holding every expert's packed
 blocks stacked per projection ("gate.data" [E, bytes], "gate.scale" [E, ...], "gate.colsum"
-[E, N_pad] for INT8, "gate.zero" [E, groups, N_pad] for zero-point formats), with metadata naming the format, layout version, shapes, group size,
-scale kind and ktcy version.  Loading maps the file and wraps the stacked arrays, no copy; the
+[E, N_pad] for INT8, "gate.zero" for zero-point formats, laid out like the group scales), with
+metadata naming the format, layout version, shapes, group size, scale kind and ktcy version.
+Layout version 1 kept group scales and zero points group-major ([E, groups, N_pad]); such files
+still load (those small arrays are rearranged on load, the blocks are the same).  Loading maps the file and wraps the stacked arrays, no copy; the
 layout is ISA-independent, so a file packed on one machine runs on any other."""
 import os
 import weakref
@@ -14,12 +16,13 @@ from ktcy import _native
 from ktcy.version import __version__
 from ktcy.config import MoeConfig, QuantConfig
 from ktcy.formats import DEFAULT_INT4_GROUP, DESCRIPTORS, FORMATS
-from ktcy.kernels import PackedWeight
+from ktcy.kernels import PackedWeight, panel_major
 from ktcy.moe import MoE, pack_expert_weight
 from ktcy.safetensors_io import CheckpointError, SafetensorsFile, open_regular_file, write
 
 FILE_FORMAT = "ktcy.packed_experts"
-LAYOUT_VERSION = "1"
+LAYOUT_VERSION = "2"
+READABLE_LAYOUTS = ("1", "2")
 PROJECTIONS = ("gate", "up", "down")
 # Largest dimension a metadata value may claim: far above any model, far below what could
 # overflow the size arithmetic.
@@ -90,9 +93,10 @@ def read_metadata(path):
     m = f.metadata
     if m.get("format") != FILE_FORMAT:
         raise CheckpointError(f"{path}: not a ktcy packed-experts file (format {m.get('format')!r})")
-    if m.get("layout_version") != LAYOUT_VERSION:
+    if m.get("layout_version") not in READABLE_LAYOUTS:
         raise CheckpointError(f"{path}: layout version {m.get('layout_version')!r}; this ktcy "
-                              f"({__version__}) reads version {LAYOUT_VERSION} - convert the checkpoint again")
+                              f"({__version__}) reads versions {', '.join(READABLE_LAYOUTS)} - convert the "
+                              f"checkpoint again")
     if m.get("weight_format") not in FORMATS:
         raise CheckpointError(f"{path}: unknown weight format {m.get('weight_format')!r}")
     dims = {}
@@ -124,6 +128,17 @@ def _stacked(f, path, name, dtype, experts, shape):
         raise CheckpointError(f"{path}: {name} is {a.dtype} {a.shape}; the metadata implies {np.dtype(dtype)} "
                               f"{(experts,) + tuple(shape)}")
     return a.reshape(flat)
+
+
+def _group_array(f, path, name, dtype, experts, shape, groups):
+    """A stacked scale or zero-point array (None when the format has none); `groups`: a layout-1
+    file's [E, groups, N_pad], rearranged panel-major as the kernels read them (a copy), else 0."""
+    if not shape:
+        return None
+    if not groups:
+        return _stacked(f, path, name, dtype, experts, shape)
+    old = _stacked(f, path, name, dtype, experts, (groups, shape[0] * 16))
+    return np.stack([panel_major(a.reshape(groups, -1)).reshape(-1) for a in old])
 
 
 @dataclass
@@ -169,9 +184,12 @@ def map_layer(path, isa=None, experts=None) -> MappedLayer:
             except ValueError as e:
                 raise CheckpointError(f"{path}: {proj}: {e}") from None
             data = _stacked(f, path, f"{proj}.data", np.uint8, E, want["data"])
-            scale = _stacked(f, path, f"{proj}.scale", np.float32, E, want["scale"]) if want["scale"] else None
+            groups = 0
+            if m["layout_version"] == "1" and DESCRIPTORS[fmt]["scale"] == "group":
+                groups = _native.padded_shape(code, *shapes[proj], group)[1] // group
+            scale = _group_array(f, path, f"{proj}.scale", np.float32, E, want["scale"], groups)
             colsum = _stacked(f, path, f"{proj}.colsum", np.int32, E, want["colsum"]) if want["colsum"] else None
-            zero = _stacked(f, path, f"{proj}.zero", np.uint8, E, want["zero"]) if want["zero"] else None
+            zero = _group_array(f, path, f"{proj}.zero", np.uint8, E, want["zero"], groups)
             weights[proj] = [None] * E
             for e in map(int, wanted):
                 w = PackedWeight(fmt, shapes[proj], data[e], None if scale is None else scale[e],

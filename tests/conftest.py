@@ -74,6 +74,15 @@ def time_limit(seconds):
         signal.signal(signal.SIGALRM, old)
 
 
+def per_channel_groups(a, n):
+    """[n, groups] from a packed group array by its documented panel-major layout (include/ktcy/
+    formats.h): (group g, channel c) at (c // 16 * groups + g) * 16 + c % 16."""
+    flat = a.reshape(-1)
+    groups = flat.size // (-(-n // 16) * 16)
+    c = np.arange(n)[:, None]
+    return flat[(c // 16 * groups + np.arange(groups)[None, :]) * 16 + c % 16]
+
+
 def int4_exact_reference(x, packed):
     """INT4 / INT4_ZP by the documented epilogue, from integers: per group the int32 sum of
     q_x * (code - zero point), acc = acc + float(sum) * scale (float32, groups in order), then
@@ -86,11 +95,12 @@ def int4_exact_reference(x, packed):
     qw = np.zeros((n, k_pad), np.int64)
     qw[:, :k] = packed.codes().astype(np.int64)
     if packed.zero is not None:  # INT4's codes() are already code - 8
-        qw[:, :k] -= np.repeat(packed.zero[:, :n].T.astype(np.int64), g, axis=1)[:, :k]
+        qw[:, :k] -= np.repeat(per_channel_groups(packed.zero, n).astype(np.int64), g, axis=1)[:, :k]
+    scale = per_channel_groups(packed.scale, n)
     acc = np.zeros((x.shape[0], n), np.float32)
     for j in range(k_pad // g):
         part = qx[:, j * g:(j + 1) * g] @ qw[:, j * g:(j + 1) * g].T
-        acc = (acc + part.astype(np.float32) * packed.scale[j, :n][None, :]).astype(np.float32)
+        acc = (acc + part.astype(np.float32) * scale[:, j][None, :]).astype(np.float32)
     return (acc * s_x[:, None]).astype(np.float32)
 
 

@@ -13,6 +13,7 @@ import pytest
 
 import ktcy
 from checkpoints import make_checkpoint
+from conftest import per_channel_groups
 from ktcy import convert as convert_mod
 from ktcy.packed_io import layer_file_name, read_metadata
 from ktcy.safetensors_io import CheckpointError
@@ -86,7 +87,7 @@ def test_convert_then_load_equals_loading_the_checkpoint(tmp_path, method):
                 ref = packed.forward(x, ids, w)
                 assert np.linalg.norm(y - ref) <= 1e-5 * np.linalg.norm(ref)
     meta = read_metadata(out / layer_file_name(1))[1]
-    assert meta["layout_version"] == "1" and meta["ktcy_version"] == ktcy.__version__
+    assert meta["layout_version"] == "2" and meta["ktcy_version"] == ktcy.__version__
     assert json.load(open(out / "ktcy_model.json"))["layers"] == [1, 2]
 
 
@@ -241,6 +242,32 @@ def test_foreign_and_old_files_are_refused(tmp_path):
         ktcy.load_experts(out, 2)
     with pytest.raises(CheckpointError, match="was not converted"):
         ktcy.load_experts(out, 0)
+
+
+@pytest.mark.parametrize("method", ["INT4", "INT4_ZP"])
+def test_layout_1_files_keep_loading(tmp_path, method):
+    """Layout 1 stored group scales and zero points group-major, [E, groups, N_pad]; such a file
+    still loads and runs exactly as its layout-2 twin."""
+    from ktcy.safetensors_io import SafetensorsFile, write
+    src, out = tmp_path / "hf", tmp_path / "packed"
+    make_checkpoint(src, H=256, I=96)
+    convert_mod.convert(src, out, method=method, progress=QUIET)
+    x, ids, w = inputs(256)
+    want = ktcy.load_experts(out, 1).forward(x, ids, w)
+    f = out / layer_file_name(1)
+    now = SafetensorsFile(f)
+    tensors, rearranged = {}, 0
+    for name in now.keys():
+        a = np.array(now.get(name))
+        if name.endswith((".scale", ".zero")):  # [E, panels, groups * 16] -> [E, groups, N_pad]
+            n_pad = 256 if name.startswith("down") else 96
+            old = np.stack([per_channel_groups(e, n_pad).T for e in a])
+            rearranged += not np.array_equal(old.reshape(-1), a.reshape(-1))
+            a = old
+        tensors[name] = a
+    assert rearranged == (6 if method == "INT4_ZP" else 3)
+    write(f, tensors, dict(now.metadata, layout_version="1"))
+    assert np.array_equal(ktcy.load_experts(out, 1).forward(x, ids, w), want)
 
 
 def test_missing_shard_tensor_and_wrong_shape(tmp_path):

@@ -43,8 +43,8 @@ def test_symmetric_int4_is_the_case_z_8():
     W = rng.standard_normal((48, 256)).astype(np.float32)
     X = rng.standard_normal((5, 256)).astype(np.float32)
     sym = kernels.pack(W, "INT4", group_size=64)
-    zp = kernels.pack_quantized(sym.codes() + 8, sym.scale, "INT4_ZP", group_size=64,
-                                zero_points=np.full(sym.scale.shape, 8, np.uint8))
+    zp = kernels.pack_quantized(sym.codes() + 8, sym.group_scales(), "INT4_ZP", group_size=64,
+                                zero_points=np.full(sym.group_scales().shape, 8, np.uint8))
     for v in runnable_variants("INT4"):
         assert np.array_equal(kernels.linear_variant(X, zp, v), kernels.linear_variant(X, sym, v)), v
 

@@ -1,7 +1,7 @@
 /* 4-bit traits, for both descriptor rows INT4 (symmetric: code c in [-8, 7] stored as the
  * nibble c + 8, so w = s * (nibble - 8)) and INT4_ZP (w = s * (nibble - z) with a zero point z per
  * (K group, channel), as GPTQ/AWQ/compressed-tensors store them).  Scales and zero points are
- * group-major [k_pad/group][n_pad]; activations int8.
+ * panel-major (ktcy_group_index: each panel's groups in a row of 16-channel vectors); activations int8.
  *   y[m][n] = (sum over groups g in order of acc + (float)sum_{k in g}(q_x * (nibble - z)) * s[g][n]) * x_scale[m]
  * The vector kernels multiply the unsigned nibble and subtract z x the activation group sum (an
  * exact int32); AMX unpacks nibble - z to int8.  Included by a skeleton instantiation; no include guard. */
@@ -9,8 +9,11 @@
 #define KT_FORMATS ((1 << KTCY_FMT_INT4) | (1 << KTCY_FMT_INT4_ZP))
 #include "traits_begin.h"
 
-/* The zero point of (group g, channel n): stored, or the symmetric format's fixed 8. */
-#define KT_INT4_ZERO(w, g, n) ((w)->zero ? (int32_t)(w)->zero[(g) * (w)->n_pad + (n)] : 8)
+/* Groups per channel (group: 32, 64 or 128); where (group g, channel n) keeps its scale and zero
+ * point; the zero point, stored or the symmetric format's fixed 8. */
+#define KT_INT4_GROUPS(w) ((w)->k_pad >> __builtin_ctz((unsigned)(w)->group))
+#define KT_INT4_AT(w, g, n) ktcy_group_index(KT_INT4_GROUPS(w), (g), (n))
+#define KT_INT4_ZERO(w, g, n) ((w)->zero ? (int32_t)(w)->zero[KT_INT4_AT(w, g, n)] : 8)
 
 #if KT_SKEL == KT_SKEL_REF
 KT_AI int32_t KT_(code)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) {
@@ -20,7 +23,7 @@ KT_AI int32_t KT_(code)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) 
 }
 KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return w->group; }
 KT_AI float KT_(group)(float acc, int32_t part, const ktcy_weight *w, int64_t n, int64_t g) {
-    return acc + (float)part * w->scale[g * w->n_pad + n];
+    return acc + (float)part * w->scale[KT_INT4_AT(w, g, n)];
 }
 KT_AI float KT_(final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
     (void)w; (void)n;
@@ -58,22 +61,23 @@ KT_AI void KT_(decode_panels)(const uint8_t *src, uint8_t *dst, int64_t blocks) 
 KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int MB, const ktcy_act *a,
                                const ktcy_weight *w, int64_t m0, int64_t p, int64_t g) {
     __m256i zero[2];
-    /* the group scales of a panel sit one n_pad-float row apart, a stride the hardware
-     * prefetcher does not follow: ask for the scales (and zero points) 8 groups ahead */
-    if (MB <= 2 && g + 8 < w->k_pad / w->group) {
-        _mm_prefetch((const char *)(w->scale + (g + 8) * w->n_pad + p * 16), _MM_HINT_T0);
-        if (w->zero) _mm_prefetch((const char *)(w->zero + (g + 8) * w->n_pad + p * 16), _MM_HINT_T0);
+    const int64_t at = KT_INT4_AT(w, g, p * 16);
+    /* a slow stream (a line per group, or per four) that the decode stream would outrun: ask
+     * for the scales (and zero points) 8 groups ahead */
+    if (MB <= 2 && g + 8 < KT_INT4_GROUPS(w)) {
+        _mm_prefetch((const char *)(w->scale + at + 8 * 16), _MM_HINT_T0);
+        if (w->zero) _mm_prefetch((const char *)(w->zero + at + 8 * 16), _MM_HINT_T0);
     }
     _Pragma("GCC unroll 2")
     for (int h = 0; h < 2; ++h)
-        zero[h] = w->zero ? _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w->zero + g * w->n_pad + p * 16 + h * 8)))
+        zero[h] = w->zero ? _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w->zero + at + h * 8)))
                           : _mm256_set1_epi32(8);
     _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m) {
         const __m256i gsum = _mm256_set1_epi32(a->group_sum[(m0 + m) * (a->k_pad / a->group) + g]);
         _Pragma("GCC unroll 8")
         for (int h = 0; h < 2; ++h) {
-            __m256 s = _mm256_loadu_ps(w->scale + g * w->n_pad + p * 16 + h * 8);
+            __m256 s = _mm256_loadu_ps(w->scale + at + h * 8);
             __m256i bias = _mm256_mullo_epi32(zero[h], gsum);
             __m256 part = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[m][h], bias));
             facc[m][h] = _mm256_add_ps(facc[m][h], _mm256_mul_ps(part, s));
@@ -104,22 +108,28 @@ KT_AI void KT_(rows)(const KT_(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2
 KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const int MB, const int NP,
                                const ktcy_act *a, const ktcy_weight *w, int64_t m0, int64_t p0, int64_t g) {
     __m512i zero[4];
-    if (MB <= 2 && g + 8 < w->k_pad / w->group) /* strided scale rows: see the AVX2 epilogue */
+    const int64_t groups = KT_INT4_GROUPS(w), at0 = KT_INT4_AT(w, g, p0 * 16);
+    int64_t at[4];
+    _Pragma("GCC unroll 8")
+    for (int p = 0; p < NP; ++p) at[p] = at0 + p * groups * 16; /* the next panel's row */
+    /* slow streams (see the AVX2 epilogue); many-row tiles too: the panels' scale rows lie a
+     * row of groups apart, and without it their loads missed L1 (INT4 M=512 +8%) */
+    if (g + 8 < groups)
         _Pragma("GCC unroll 8")
         for (int p = 0; p < NP; ++p) {
-            _mm_prefetch((const char *)(w->scale + (g + 8) * w->n_pad + (p0 + p) * 16), _MM_HINT_T0);
-            if (w->zero) _mm_prefetch((const char *)(w->zero + (g + 8) * w->n_pad + (p0 + p) * 16), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w->scale + at[p] + 8 * 16), _MM_HINT_T0);
+            if (w->zero) _mm_prefetch((const char *)(w->zero + at[p] + 8 * 16), _MM_HINT_T0);
         }
     _Pragma("GCC unroll 8")
     for (int p = 0; p < NP; ++p)
-        zero[p] = w->zero ? _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w->zero + g * w->n_pad + (p0 + p) * 16)))
+        zero[p] = w->zero ? _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w->zero + at[p])))
                           : _mm512_set1_epi32(8);
     _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m) {
         const __m512i gsum = _mm512_set1_epi32(a->group_sum[(m0 + m) * (a->k_pad / a->group) + g]);
         _Pragma("GCC unroll 8")
         for (int p = 0; p < NP; ++p) {
-            __m512 s = _mm512_loadu_ps(w->scale + g * w->n_pad + (p0 + p) * 16);
+            __m512 s = _mm512_loadu_ps(w->scale + at[p]);
             __m512 part = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m][p], _mm512_mullo_epi32(zero[p], gsum)));
             facc[m][p] = _mm512_add_ps(facc[m][p], _mm512_mul_ps(part, s));
             acc[m][p] = _mm512_setzero_si512();
@@ -151,7 +161,7 @@ KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uin
 }
 KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return w->group; }
 KT_AI float KT_(tile_group)(float acc, int32_t c, const ktcy_weight *w, int64_t n, int64_t g) {
-    return acc + (float)c * w->scale[g * w->n_pad + n];
+    return acc + (float)c * w->scale[KT_INT4_AT(w, g, n)];
 }
 KT_AI float KT_(tile_final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
     (void)w; (void)n;
@@ -163,3 +173,5 @@ KT_AI float KT_(tile_final)(float acc, const ktcy_act *a, const ktcy_weight *w, 
 #endif
 
 #undef KT_INT4_ZERO
+#undef KT_INT4_AT
+#undef KT_INT4_GROUPS

@@ -21,7 +21,7 @@ typedef struct {
     const uint8_t *data;     /* blocks in [n_pad/16][k_pad/block_k] order, K inner (pack.h) */
     const float *scale;      /* shaped by ktcy_scale_shape(); NULL when the format has none */
     const int32_t *colsum;   /* formats with colsum: sum over K of each channel's codes, [n_pad] */
-    const uint8_t *zero;     /* formats with zero points: [k_pad/group][n_pad]; else NULL */
+    const uint8_t *zero;     /* formats with zero points: laid out like GROUP scales; else NULL */
     int32_t nan_codes;       /* FP8: 1 when some code is NaN (0x7F/0xFF); decodes made of bit
                                 moves alone (AVX2) then take their checked version */
 } ktcy_weight;
