@@ -18,6 +18,7 @@
  *   KT_(group_at)(w, kb, r, nkb)                  group index ending after row r (7 or 15) of block kb, or -1
  *   KT_(group_epilogue)(acc, facc, MB, NP, a, w, m0, p0, g)
  *   KT_(final)(acc, facc, a, w, m, n0)            the 16 outputs of one row and panel
+ * and may set KT_ONE_PANEL_ROWS r: calls of at most r rows take one panel per tile, not four.
  *
  * Every packed block has 16 rows of 64 bytes once loaded; row r pairs with the activation dword
  * at k0 + r * KT_KPR.  A micro-tile keeps MB x NP accumulators of 16 channels in registers: large
@@ -109,6 +110,9 @@ KT_AI void KT_(merge_split)(KT_(acc_t) acc[6][4], const int NP) {
 }
 
 #define KT_AHEAD 8 /* blocks of software prefetch ahead of the decode stream */
+#ifndef KT_ONE_PANEL_ROWS
+#define KT_ONE_PANEL_ROWS 0
+#endif
 #ifndef KT_PLAIN_ROWS
 #define KT_PLAIN_ROWS 0
 #endif
@@ -232,7 +236,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
     const int64_t nkb = w->k_pad / KT_BK;
     (void)nkb;
     for (int64_t p = pb; p < pe;) {
-        const int np = pe - p >= 4 ? 4 : 1;
+        const int np = pe - p >= 4 && a->m > KT_ONE_PANEL_ROWS ? 4 : 1;
 #if KT_PREDECODE
         if (pre) { /* block by block, fetching KT_AHEAD blocks ahead: the panels come from memory */
             const uint8_t *src = w->data + p * nkb * KT_BB;
@@ -266,4 +270,5 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_ACC_ADD
 #undef KT_ALWAYS_PRE
 #undef KT_AHEAD
+#undef KT_ONE_PANEL_ROWS
 #include "traits_end.h"
