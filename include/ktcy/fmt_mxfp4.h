@@ -1,12 +1,14 @@
 /* MXFP4 traits (OCP microscaling, as GPT-OSS stores its experts): E2M1 codes with one E8M0
  * power-of-two scale per channel and 32 K values, kept inside each packed block (pack.h).
  * A code times its scale is exactly a bf16 value (packing guarantees the exponent range), so
- * the AVX-512, AMX and portable paths decode to bf16 with the scale folded in - a table lookup
- * and an add to the exponent field - and multiply bf16 activations with float sums, as for
- * BF16: no group epilogue, and the only rounding is the activations' (why bf16 and not int8
- * activations: the weights are exact this way, and int8 activations would add their ~1-3%
- * error on top).  AVX2 decodes the unscaled codes and scales each 32-K block's float partial
- * sums by the power of two instead (exact too; cheaper per value on 256-bit vectors).
+ * the AMX and portable paths and AVX-512 prefill decode to bf16 with the scale folded in - a
+ * table lookup and an add to the exponent field - and multiply bf16 activations with float
+ * sums, as for BF16: no group epilogue, and the only rounding is the activations' (why bf16 and
+ * not int8 activations: the weights are exact this way, and int8 activations would add their
+ * ~1-3% error on top).  AVX2, and AVX-512 decode (up to 4 rows), decode the unscaled codes and
+ * scale each 32-K block's float partial sums by the power of two instead: exact too, and two
+ * operations fewer per 32 values (AVX-512 T=1 0.76x the time).  The sums then round in another
+ * order than prefill's, as BF16's and FP8's paths may (docs/scaling.md).
  * Included by a skeleton instantiation; no include guard. */
 #define KT_ROW KTCY_ROW_MXFP4
 #define KT_FORMATS (1 << KTCY_FMT_MXFP4)
@@ -82,37 +84,68 @@ KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_
 #define KT_WKIND KT_W_BF16
 #define KT_PREDECODE 1
 #define KT_REG_DECODE KT_FAST
-typedef struct { __m512i lut, pairs; } KT_(ctx);
+typedef struct { __m512i lut; } KT_(ctx);
 KT_AI KT_(ctx) KT_(make_ctx)(void) {
     KT_(ctx) c;
-    uint16_t lut[32], pairs[32];
-    for (int i = 0; i < 32; ++i) { lut[i] = KTCY_E2M1_TO_BF16[i & 15]; pairs[i] = (uint16_t)(i >> 1); }
+    uint16_t lut[32];
+    for (int i = 0; i < 32; ++i) lut[i] = KTCY_E2M1_TO_BF16[i & 15];
     c.lut = _mm512_loadu_si512(lut);
-    c.pairs = _mm512_loadu_si512(pairs);
     return c;
 }
-/* Rows r, r+1 (r even): the two nibbles of 32 bytes, each looked up as bf16 (vpermw), then the
- * channel's exponent added to the exponent field of the non-zero values. */
+/* Rows r, r+1 (r even): the two nibbles of 32 bytes, each looked up as bf16 (vpermw).  The
+ * channel's power-of-two scale multiplies each block's partial sums (group_epilogue). */
 KT_AI void KT_(rows)(const KT_(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2]) {
     const __m256i bytes = _mm256_loadu_si256((const __m256i *)(blk + (r >> 1) * 32));
     const __m256i nib = _mm256_set1_epi8(0x0F);
+    out[0].v0 = _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(_mm256_and_si256(bytes, nib)), c->lut);
+    out[1].v0 = _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), nib)), c->lut);
+}
+/* Prefill's predecoded blocks carry the scales instead: each channel's exponent added to the
+ * exponent field of its non-zero values.  (Per-block scaling there cost T=512 1.15x the time:
+ * a 6 x 4 tile's 24 float sums go through the stack at every block end.) */
+#define KT_PRE_SCALED 1
+KT_AI void KT_(rows_scaled)(const KT_(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2]) {
+    const __m512i pairs = _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18,
+                                                             17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 1);
     const __m512i e16 = _mm512_cvtepu8_epi16(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 256))));
-    const __m512i shift = _mm512_slli_epi16(_mm512_sub_epi16(_mm512_permutexvar_epi16(c->pairs, e16),
-                                                            _mm512_set1_epi16(127)), 7);
-    const __m512i codes[2] = {_mm512_cvtepu8_epi16(_mm256_and_si256(bytes, nib)),
-                              _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), nib))};
+    const __m512i shift = _mm512_slli_epi16(_mm512_sub_epi16(_mm512_permutexvar_epi16(pairs, e16), _mm512_set1_epi16(127)), 7);
+    KT_(rows)(c, blk, r, out);
     _Pragma("GCC unroll 2")
-    for (int h = 0; h < 2; ++h) {
-        const __m512i v = _mm512_permutexvar_epi16(codes[h], c->lut);
-        out[h].v0 = _mm512_mask_add_epi16(v, _mm512_test_epi16_mask(v, _mm512_set1_epi16(0x7FFF)), v, shift);
+    for (int h = 0; h < 2; ++h)
+        out[h].v0 = _mm512_mask_add_epi16(out[h].v0, _mm512_test_epi16_mask(out[h].v0, _mm512_set1_epi16(0x7FFF)),
+                                          out[h].v0, shift);
+}
+KT_AI int KT_(has_groups)(const ktcy_weight *w) { (void)w; return 1; }
+KT_AI int64_t KT_(group_at)(const ktcy_weight *w, int64_t kb, int r, int64_t nkb) {
+    (void)w; (void)nkb;
+    return r == 15 ? kb : -1;
+}
+/* Block g's sums times 2^(e - 127) of each channel: exact (packing keeps e in the normal range). */
+KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const int MB, const int NP,
+                               const ktcy_act *a, const ktcy_weight *w, int64_t m0, int64_t p0, int64_t g) {
+    (void)a; (void)m0;
+    _Pragma("GCC unroll 8")
+    for (int p = 0; p < NP; ++p) {
+        const uint8_t *e8 = w->data + ((p0 + p) * (w->k_pad / 32) + g) * 272 + 256;
+        const __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)e8)), 23));
+        _Pragma("GCC unroll 8")
+        for (int m = 0; m < MB; ++m) {
+            facc[m][p] = _mm512_add_ps(facc[m][p], _mm512_mul_ps(acc[m][p], s));
+            acc[m][p] = _mm512_setzero_ps();
+        }
     }
+}
+/* Decode tiles end with their sums in facc (acc zero), prefill's in acc (facc zero). */
+KT_AI __m512 KT_(final)(KT_(acc_t) acc, __m512 facc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n0) {
+    (void)a; (void)w; (void)m; (void)n0;
+    return _mm512_add_ps(acc, facc);
 }
 KT_AI void KT_(decode_panels)(const KT_(ctx) *c, const uint8_t *src, uint8_t *dst, int64_t blocks) {
     for (int64_t b = 0; b < blocks; ++b)
         _Pragma("GCC unroll 8")
         for (int r = 0; r < 16; r += 2) {
             kt_vec2 rows[2];
-            KT_(rows)(c, src + b * 272, r, rows);
+            KT_(rows_scaled)(c, src + b * 272, r, rows);
             _mm512_storeu_si512(dst + b * 1024 + r * 64, rows[0].v0);
             _mm512_storeu_si512(dst + b * 1024 + r * 64 + 64, rows[1].v0);
         }
@@ -130,6 +163,6 @@ KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uin
 #error "fmt_mxfp4.h: no traits for this skeleton"
 #endif
 
-#if KT_SKEL != KT_SKEL_AVX2
+#if KT_SKEL == KT_SKEL_REF || KT_SKEL == KT_SKEL_AMX
 #include "traits_unscaled.h"
 #endif

@@ -18,7 +18,8 @@
  *   KT_(group_at)(w, kb, r, nkb)                  group index ending after row r (7 or 15) of block kb, or -1
  *   KT_(group_epilogue)(acc, facc, MB, NP, a, w, m0, p0, g)
  *   KT_(final)(acc, facc, a, w, m, n0)            the 16 outputs of one row and panel
- * and may set KT_ONE_PANEL_ROWS r: calls of at most r rows take one panel per tile, not four.
+ * and may set KT_ONE_PANEL_ROWS r: calls of at most r rows take one panel per tile, not four;
+ * KT_PRE_SCALED 1: decode_panels folds the group scales in (predecoded tiles skip the epilogue).
  *
  * Every packed block has 16 rows of 64 bytes once loaded; row r pairs with the activation dword
  * at k0 + r * KT_KPR.  A micro-tile keeps MB x NP accumulators of 16 channels in registers: large
@@ -113,6 +114,9 @@ KT_AI void KT_(merge_split)(KT_(acc_t) acc[6][4], const int NP) {
 #ifndef KT_ONE_PANEL_ROWS
 #define KT_ONE_PANEL_ROWS 0
 #endif
+#ifndef KT_PRE_SCALED
+#define KT_PRE_SCALED 0
+#endif
 #ifndef KT_PLAIN_ROWS
 #define KT_PLAIN_ROWS 0
 #endif
@@ -123,7 +127,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const KT_(ctx) 
                       const ktcy_weight *w, int64_t m0, int64_t p0, float *y, int64_t ldy, const uint8_t *decoded) {
     const int64_t nkb = w->k_pad / KT_BK;
     const int64_t block_bytes = PRE ? 1024 : KT_BB;
-    const int groups = KT_(has_groups)(w);
+    const int groups = KT_(has_groups)(w) && !(PRE && KT_PRE_SCALED);
     KT_(acc_t) acc[6][4];
     __m512 facc[6][4];
     const uint8_t *panel[4];
@@ -271,4 +275,5 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_ALWAYS_PRE
 #undef KT_AHEAD
 #undef KT_ONE_PANEL_ROWS
+#undef KT_PRE_SCALED
 #include "traits_end.h"
