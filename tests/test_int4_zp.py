@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import ktcy
-from conftest import int4_exact_reference, runnable_variants
+from conftest import int4_exact_reference, per_channel_groups, runnable_variants
 from ktcy import kernels
 from ktcy.packed_io import load_layer, pack_layer, write_layer
 
@@ -21,6 +21,13 @@ def test_codes_and_zero_points_round_trip_exactly(group):
     assert p.codes().dtype == np.uint8 and np.array_equal(p.codes(), codes)
     rep = lambda a: np.repeat(a.astype(np.float64), group, axis=1)[:, :k]  # noqa: E731
     assert np.array_equal(p.dequantize(), (codes - rep(zero)) * rep(scale))
+    # stored panel-major (the documented index, read independently), given back as [groups, N_pad]
+    groups = -(-k // group)
+    assert p.scale.shape == (3, groups * 16) and p.zero.shape == (3, groups * 16)
+    assert np.array_equal(per_channel_groups(p.scale, n), scale)
+    assert np.array_equal(per_channel_groups(p.zero, n), zero)
+    assert np.array_equal(p.group_scales()[:, :n], scale.T) and np.array_equal(p.group_zero_points()[:, :n], zero.T)
+    assert not p.group_scales()[:, n:].any() and (p.group_zero_points()[:, n:] == 8).all()
 
 
 @pytest.mark.parametrize("group", [32, 64, 128])
@@ -118,3 +125,10 @@ def test_extreme_codes_and_activations_stay_exact(group, sign):
         assert np.abs(ref).max() > 0
         for v in runnable_variants("INT4_ZP"):
             assert np.array_equal(kernels.linear_variant(X, p, v), ref), (v, m)
+
+
+def test_group_accessors_refuse_formats_without_group_scales():
+    p = kernels.pack(np.ones((16, 64), np.float32), "INT8")
+    with pytest.raises(ValueError, match="no group scales"):
+        p.group_scales()
+    assert kernels.pack(np.ones((16, 64), np.float32), "INT4").group_zero_points() is None
