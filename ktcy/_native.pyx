@@ -332,8 +332,8 @@ def padded_shape(int fmt, int64_t n, int64_t k, int group=0):
 
 def packed_shapes(int fmt, int64_t n, int64_t k, int group=0):
     """{"data": (bytes,), "scale": (rows, cols) or None, "colsum": (n_pad,) or None, "zero": (rows,
-    cols) or None}: the arrays a
-    packed W[n][k] consists of, by the descriptor (what every loader checks before C reads them)."""
+    cols) or None}: the arrays a packed W[n][k] consists of, by the descriptor (what every loader
+    checks before C reads them).  Group scales and zero points: (panels, groups, 16)."""
     _check_format_code(fmt)
     if n < 1 or k < 1:
         raise ValueError(f"a packed weight needs N >= 1 and K >= 1, got {n} x {k}")
@@ -344,8 +344,12 @@ def packed_shapes(int fmt, int64_t n, int64_t k, int group=0):
     ktcy_scale_shape(fmt, n, k, group, shape)
     ktcy_zero_shape(fmt, n, k, group, zshape)
     cs = ktcy_colsum_count(fmt, n)
-    return {"data": (ktcy_data_bytes(fmt, n, k, group),), "scale": (shape[0], shape[1]) if shape[0] else None,
-            "colsum": (cs,) if cs else None, "zero": (zshape[0], zshape[1]) if zshape[0] else None}
+    scale = (shape[0], shape[1]) if shape[0] else None
+    zero = (zshape[0], zshape[1]) if zshape[0] else None
+    if ktcy_format(fmt).scale == KTCY_SCALE_GROUP:
+        scale = (shape[0], shape[1] // KTCY_PANEL, KTCY_PANEL)
+        zero = zero and scale
+    return {"data": (ktcy_data_bytes(fmt, n, k, group),), "scale": scale, "colsum": (cs,) if cs else None, "zero": zero}
 
 def int8_column_sums(const int8_t[::1] data, int64_t n_pad, int64_t k_pad):
     """Sum over K of each channel's codes, read from INT8 blocks (16 rows x 16 channels x 4)."""

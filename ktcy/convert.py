@@ -128,13 +128,14 @@ def check_input_type(experts, input_type):
 
 
 def _record(meta, dims):
-    """What a packed layer file was made from: format, group size, source fingerprint."""
+    """What a packed layer file was made from: format, group size, source fingerprint, layout."""
     try:
         source = json.loads(meta.get("source", ""))
     except json.JSONDecodeError:
         source = None
     fingerprint = source.get("fingerprint") if isinstance(source, dict) else None
-    return {"weight_format": meta["weight_format"], "group_size": dims["group_size"], "source_fingerprint": fingerprint}
+    return {"weight_format": meta["weight_format"], "group_size": dims["group_size"], "source_fingerprint": fingerprint,
+            "layout_version": meta["layout_version"]}
 
 
 def _layers_on_disk(output_path):
@@ -164,6 +165,8 @@ def _difference(record, wanted, input_path):
     if record["source_fingerprint"] != wanted["source_fingerprint"]:
         parts.append(f"converted from another checkpoint (source fingerprint {record['source_fingerprint'] or 'not recorded'}"
                      f" on disk, {wanted['source_fingerprint']} for {input_path})")
+    if record["layout_version"] != wanted["layout_version"]:
+        parts.append(f"packed layout {record['layout_version']} on disk (an earlier ktcy), {wanted['layout_version']} now")
     return "; ".join(parts)
 
 
@@ -203,7 +206,8 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
         layer = ckpt.layer(L)
         fmt = asked or layer.native_format
         g = layer_group_size(layer, fmt) if group_size is None else group  # released INT4 keeps its own groups
-        return {"weight_format": fmt, "group_size": g if has_groups(fmt) else 0, "source_fingerprint": fingerprint}
+        return {"weight_format": fmt, "group_size": g if has_groups(fmt) else 0, "source_fingerprint": fingerprint,
+                "layout_version": LAYOUT_VERSION}
 
     with OutputLock(output_path):
         _refuse_foreign_config(output_path, overwrite)

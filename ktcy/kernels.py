@@ -65,7 +65,7 @@ class PackedWeight:
     shape: tuple
     data: np.ndarray          # uint8 blocks
     scale: np.ndarray         # float32 as formats.descriptor(format)["scale"] says; None when "none"
-    #                           (group scales panel-major [N_pad/16][groups * 16]: see group_scales())
+    #                           (group scales panel-major [N_pad/16][groups][16]: see group_scales())
     colsum: np.ndarray = None  # formats whose descriptor keeps colsum (INT8)
     group_size: int = 0       # formats with group scales (INT4, INT4_ZP)
     zero: np.ndarray = None   # formats with zero points (INT4_ZP): uint8, laid out like the group scales
@@ -216,7 +216,8 @@ def pack_quantized(codes: np.ndarray, scale: Optional[np.ndarray], format: str, 
                    zero_points: Optional[np.ndarray] = None) -> PackedWeight:
     """Pack codes that are already quantized: int8 [N,K] + scale [N] (INT8); int8 in [-8,7] +
     scale [K_pad/group, N_pad] or [N, K/group] (INT4); unsigned codes 0..15 [N,K] + scale and
-    zero_points 0..15, each [K_pad/group, N_pad] or [N, K/group] (INT4_ZP: w = s * (q - z));
+    zero_points 0..15, each [K_pad/group, N_pad] or [N, K/group] (INT4_ZP: w = s * (q - z); a packed
+    weight's own are group_scales() and group_zero_points(), not .scale/.zero, which are panel-major);
     E4M3 bytes or float8_e4m3fn [N,K] + scale [N] / [N,1] (FP8 per channel) or
     [ceil(N/128), ceil(K/128)] (FP8 block); bf16 bits (BF16); E2M1 codes 0..15 [N,K] + E8M0
     exponents uint8 [N, ceil(K/32)] (MXFP4, the scale 2^(e - 127) of each channel's 32 values)."""
@@ -314,14 +315,14 @@ def _e8m0_exponents(exps, codes, n, k, fmt):
 
 
 def panel_major(a):
-    """[groups, N_pad] per-(group, channel) values as the kernels read them: [N_pad/16][groups * 16],
+    """[groups, N_pad] per-(group, channel) values as the kernels read them: [N_pad/16][groups][16],
     each 16-channel panel's groups together (include/ktcy/formats.h, ktcy_group_index)."""
     groups, n_pad = a.shape
-    return np.ascontiguousarray(a.reshape(groups, n_pad // 16, 16).transpose(1, 0, 2).reshape(n_pad // 16, groups * 16))
+    return np.ascontiguousarray(a.reshape(groups, n_pad // 16, 16).transpose(1, 0, 2))
 
 
 def group_major(a, groups):
-    """The inverse of panel_major: [N_pad/16][groups * 16] (or flat) -> [groups, N_pad] (a copy)."""
+    """The inverse of panel_major: [N_pad/16][groups][16] (or flat) -> [groups, N_pad] (a copy)."""
     flat = np.asarray(a).reshape(-1)
     panels = flat.size // (groups * 16)
     return np.ascontiguousarray(flat.reshape(panels, groups, 16).transpose(1, 0, 2).reshape(groups, panels * 16))

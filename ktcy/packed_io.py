@@ -130,15 +130,21 @@ def _stacked(f, path, name, dtype, experts, shape):
     return a.reshape(flat)
 
 
-def _group_array(f, path, name, dtype, experts, shape, groups):
-    """A stacked scale or zero-point array (None when the format has none); `groups`: a layout-1
-    file's [E, groups, N_pad], rearranged panel-major as the kernels read them (a copy), else 0."""
+def _group_array(f, path, name, dtype, experts, shape, groups, wanted):
+    """A stacked scale or zero-point array (None when the format has none); with `groups`, a
+    layout-1 file's [E, groups, N_pad] (that shape exactly): the experts in `wanted` rearranged
+    panel-major as the kernels read them, {expert: copy} (a few experts copy only theirs)."""
     if not shape:
         return None
     if not groups:
         return _stacked(f, path, name, dtype, experts, shape)
-    old = _stacked(f, path, name, dtype, experts, (groups, shape[0] * 16))
-    return np.stack([panel_major(a.reshape(groups, -1)).reshape(-1) for a in old])
+    if name not in f:
+        raise CheckpointError(f"{path}: incomplete packed layer (no tensor {name!r})")
+    old = f.get(name)
+    if old.dtype != dtype or old.shape != (experts, groups, shape[0] * 16):
+        raise CheckpointError(f"{path}: {name} is {old.dtype} {old.shape}; a layout-1 file holds {np.dtype(dtype)} "
+                              f"{(experts, groups, shape[0] * 16)}")
+    return {int(e): panel_major(old[e]).reshape(-1) for e in wanted}
 
 
 @dataclass
@@ -187,9 +193,9 @@ def map_layer(path, isa=None, experts=None) -> MappedLayer:
             groups = 0
             if m["layout_version"] == "1" and DESCRIPTORS[fmt]["scale"] == "group":
                 groups = _native.padded_shape(code, *shapes[proj], group)[1] // group
-            scale = _group_array(f, path, f"{proj}.scale", np.float32, E, want["scale"], groups)
+            scale = _group_array(f, path, f"{proj}.scale", np.float32, E, want["scale"], groups, wanted)
             colsum = _stacked(f, path, f"{proj}.colsum", np.int32, E, want["colsum"]) if want["colsum"] else None
-            zero = _group_array(f, path, f"{proj}.zero", np.uint8, E, want["zero"], groups)
+            zero = _group_array(f, path, f"{proj}.zero", np.uint8, E, want["zero"], groups, wanted)
             weights[proj] = [None] * E
             for e in map(int, wanted):
                 w = PackedWeight(fmt, shapes[proj], data[e], None if scale is None else scale[e],

@@ -15,7 +15,7 @@ import ktcy
 from checkpoints import make_checkpoint
 from conftest import per_channel_groups
 from ktcy import convert as convert_mod
-from ktcy.packed_io import layer_file_name, read_metadata
+from ktcy.packed_io import layer_file_name, map_layer, read_metadata
 from ktcy.safetensors_io import CheckpointError
 
 QUIET = convert_mod.Progress(open(os.devnull, "w"))
@@ -266,7 +266,23 @@ def test_layout_1_files_keep_loading(tmp_path, method):
             a = old
         tensors[name] = a
     assert rearranged == (6 if method == "INT4_ZP" else 3)
+    v2 = {name: np.array(now.get(name)) for name in now.keys()}
+    mapped = map_layer(f, experts=[2])
+    v2_gate = mapped.weights["gate"][2]
+    os.close(mapped.fd)
     write(f, tensors, dict(now.metadata, layout_version="1"))
+    assert np.array_equal(ktcy.load_experts(out, 1).forward(x, ids, w), want)
+    one = map_layer(f, experts=[2])  # a rank that keeps one expert rearranges only its arrays
+    assert one.weights["gate"][0] is None and np.array_equal(one.weights["gate"][2].scale, v2_gate.scale)
+    os.close(one.fd)
+    write(f, v2, dict(now.metadata, layout_version="1"))  # layout-2 arrays under a layout-1 label
+    with pytest.raises(CheckpointError, match="a layout-1 file holds"):
+        ktcy.load_experts(out, 1)
+    from ktcy.output_guard import ConvertError
+    with pytest.raises(ConvertError, match="packed layout 1 on disk"):  # --resume does not keep old layers
+        convert_mod.convert(src, out, method=method, resume=True, progress=QUIET)
+    convert_mod.convert(src, out, method=method, resume=True, overwrite=True, progress=QUIET)
+    assert read_metadata(f)[1]["layout_version"] == "2"
     assert np.array_equal(ktcy.load_experts(out, 1).forward(x, ids, w), want)
 
 

@@ -78,7 +78,7 @@ def test_tampered_metadata_is_refused_before_any_kernel_runs(tmp_path, fmt, chan
 def test_scale_of_the_wrong_shape_is_refused(tmp_path):
     path = write_packed(tmp_path / "layer.safetensors", "INT4")
     header, body = read_header(path)
-    header["gate.scale"]["shape"] = [E, header["gate.scale"]["shape"][1] * header["gate.scale"]["shape"][2]]
+    header["gate.scale"]["shape"] = [E, int(np.prod(header["gate.scale"]["shape"][1:]))]
     write_header(path, header, body)
     load_layer(str(path))  # the same floats as one flat row per expert are fine
     header["gate.scale"]["shape"] = [E * 2, header["gate.scale"]["shape"][1] // 2]

@@ -23,7 +23,7 @@ def test_codes_and_zero_points_round_trip_exactly(group):
     assert np.array_equal(p.dequantize(), (codes - rep(zero)) * rep(scale))
     # stored panel-major (the documented index, read independently), given back as [groups, N_pad]
     groups = -(-k // group)
-    assert p.scale.shape == (3, groups * 16) and p.zero.shape == (3, groups * 16)
+    assert p.scale.shape == (3, groups, 16) and p.zero.shape == (3, groups, 16)
     assert np.array_equal(per_channel_groups(p.scale, n), scale)
     assert np.array_equal(per_channel_groups(p.zero, n), zero)
     assert np.array_equal(p.group_scales()[:, :n], scale.T) and np.array_equal(p.group_zero_points()[:, :n], zero.T)

@@ -98,6 +98,27 @@ def test_bad_codes_and_exponents_are_refused(case):
         kernels.pack_quantized(codes, exps, "MXFP4")
 
 
+@pytest.mark.parametrize("rows", [1, 3, 40])
+def test_blocks_of_zeros_with_any_exponent_give_zeros(rows):
+    """Packing checks exponents only where a code is non-zero; the kernels that scale block sums
+    must not turn a zero block's sum into NaN (0 x 2^128) or anything but zero."""
+    rng = np.random.default_rng(rows)
+    n, k = 32, 192
+    codes = rng.integers(1, 16, (n, k)).astype(np.uint8)
+    exps = rng.integers(120, 130, (n, k // 32)).astype(np.uint8)
+    for i, e in enumerate([255, 254, 253, 0, 1]):  # outside the checked range, on blocks of zeros
+        codes[i, 32 * i:32 * (i + 1)] = 0
+        exps[i, i] = e
+    p = kernels.pack_quantized(codes, exps, "MXFP4")
+    W = E2M1[codes] * np.exp2(np.repeat(exps.astype(np.float64), 32, axis=1) - 127)
+    W[codes == 0] = 0  # 0 x 2^(255 - 127) is 0 here, not NaN
+    X = rng.standard_normal((rows, k)).astype(np.float32)
+    ref = bf16_round(X).astype(np.float64) @ W.T
+    for v in runnable_variants("MXFP4"):
+        y = kernels.linear_variant(X, p, v)
+        assert np.isfinite(y).all() and rel_err_rows(y, ref) <= 1e-5, v
+
+
 def test_moe_on_every_isa_and_packed_file(tmp_path):
     rng = np.random.default_rng(11)
     E, k, H, I = 4, 2, 160, 96

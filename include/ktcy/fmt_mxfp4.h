@@ -5,10 +5,13 @@
  * table lookup and an add to the exponent field - and multiply bf16 activations with float
  * sums, as for BF16: no group epilogue, and the only rounding is the activations' (why bf16 and
  * not int8 activations: the weights are exact this way, and int8 activations would add their
- * ~1-3% error on top).  AVX2, and AVX-512 decode (up to 4 rows), decode the unscaled codes and
- * scale each 32-K block's float partial sums by the power of two instead: exact too, and two
- * operations fewer per 32 values (AVX-512 T=1 0.76x the time).  The sums then round in another
- * order than prefill's, as BF16's and FP8's paths may (docs/scaling.md).
+ * ~1-3% error on top).  AVX2, and AVX-512 decode with AVX512-BF16 (up to 4 rows), decode the
+ * unscaled codes and scale each 32-K block's float partial sums by the power of two instead:
+ * exact too, and two operations fewer per 32 values (AVX-512 T=1 0.85x the time).  The sums then
+ * round in another order than prefill's, as BF16's and FP8's paths may (docs/scaling.md).
+ * Packing checks the exponents of blocks holding a non-zero code only, so a block of zeros may
+ * carry any, 255 included: scaling its zero sum by 2^128 = inf would make NaN, hence the
+ * exponent is clamped to 254 where sums are scaled (no exponent in use is above 252).
  * Included by a skeleton instantiation; no include guard. */
 #define KT_ROW KTCY_ROW_MXFP4
 #define KT_FORMATS (1 << KTCY_FMT_MXFP4)
@@ -64,7 +67,7 @@ KT_AI void KT_(wrow)(const uint8_t *blk, int r, kt_w256 out[2]) {
     out[1].o = _mm256_cvtph_ps(_mm256_extracti128_si256(o, 1));
 }
 /* Every block is a group: 2^(e - 127) of 8 channels (half h of panel p, block g), exact (the
- * packing keeps e in the normal range). */
+ * packing keeps e in the normal range where a code is non-zero; clamped for blocks of zeros). */
 KT_AI int KT_(has_groups)(const ktcy_weight *w) { (void)w; return 1; }
 KT_AI int64_t KT_(group_at)(const ktcy_weight *w, int64_t kb, int r, int64_t nkb) {
     (void)w; (void)nkb;
@@ -73,7 +76,8 @@ KT_AI int64_t KT_(group_at)(const ktcy_weight *w, int64_t kb, int r, int64_t nkb
 KT_AI __m256 KT_(group_scale)(const ktcy_weight *w, int64_t p, int64_t g, int h) {
     int64_t e8;
     memcpy(&e8, w->data + (p * (w->k_pad / 32) + g) * 272 + 256 + h * 8, 8);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(e8)), 23));
+    const __m256i e = _mm256_min_epu32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(e8)), _mm256_set1_epi32(254));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
 }
 KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n0) {
     (void)acc; (void)a; (void)w; (void)m; (void)n0;
@@ -84,12 +88,13 @@ KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_
 #define KT_WKIND KT_W_BF16
 #define KT_PREDECODE 1
 #define KT_REG_DECODE KT_FAST
-typedef struct { __m512i lut; } KT_(ctx);
+typedef struct { __m512i lut, pairs; } KT_(ctx);
 KT_AI KT_(ctx) KT_(make_ctx)(void) {
     KT_(ctx) c;
-    uint16_t lut[32];
-    for (int i = 0; i < 32; ++i) lut[i] = KTCY_E2M1_TO_BF16[i & 15];
+    uint16_t lut[32], pairs[32];
+    for (int i = 0; i < 32; ++i) { lut[i] = KTCY_E2M1_TO_BF16[i & 15]; pairs[i] = (uint16_t)(i >> 1); }
     c.lut = _mm512_loadu_si512(lut);
+    c.pairs = _mm512_loadu_si512(pairs);
     return c;
 }
 /* Rows r, r+1 (r even): the two nibbles of 32 bytes, each looked up as bf16 (vpermw).  The
@@ -105,10 +110,8 @@ KT_AI void KT_(rows)(const KT_(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2
  * a 6 x 4 tile's 24 float sums go through the stack at every block end.) */
 #define KT_PRE_SCALED 1
 KT_AI void KT_(rows_scaled)(const KT_(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2]) {
-    const __m512i pairs = _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18,
-                                                             17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 1);
     const __m512i e16 = _mm512_cvtepu8_epi16(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 256))));
-    const __m512i shift = _mm512_slli_epi16(_mm512_sub_epi16(_mm512_permutexvar_epi16(pairs, e16), _mm512_set1_epi16(127)), 7);
+    const __m512i shift = _mm512_slli_epi16(_mm512_sub_epi16(_mm512_permutexvar_epi16(c->pairs, e16), _mm512_set1_epi16(127)), 7);
     KT_(rows)(c, blk, r, out);
     _Pragma("GCC unroll 2")
     for (int h = 0; h < 2; ++h)
@@ -127,7 +130,8 @@ KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const in
     _Pragma("GCC unroll 8")
     for (int p = 0; p < NP; ++p) {
         const uint8_t *e8 = w->data + ((p0 + p) * (w->k_pad / 32) + g) * 272 + 256;
-        const __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)e8)), 23));
+        const __m512i e = _mm512_min_epu32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)e8)), _mm512_set1_epi32(254));
+        const __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
         _Pragma("GCC unroll 8")
         for (int m = 0; m < MB; ++m) {
             facc[m][p] = _mm512_add_ps(facc[m][p], _mm512_mul_ps(acc[m][p], s));

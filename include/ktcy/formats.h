@@ -115,7 +115,8 @@ static inline int64_t ktcy_group_index(int64_t groups, int64_t g, int64_t n) {
 }
 
 /* The scale array a kernel reads, as [rows][cols] float32 (0 x 0 when the format has none);
- * GROUP scales as [panels][groups * 16]. */
+ * GROUP scales as [panels][groups * 16] (Python holds them as [panels][groups][16]: a shape no
+ * group-major [groups][n_pad] array can have, so one is never taken for the other). */
 static inline void ktcy_scale_shape(int format, int64_t n, int64_t k, int group, int64_t shape[2]) {
     const ktcy_format_desc *d = ktcy_format(format);
     const int64_t B = KTCY_SCALE_BLOCK;

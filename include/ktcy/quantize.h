@@ -82,7 +82,8 @@ static inline void ktcy_int4_group(const float *x, int g, int8_t *q, float *scal
     *scale = best_d;
 }
 
-/* scale is [k_pad/group][ld_scale] (group-major, so 16 channels' scales are contiguous). */
+/* scale is [k_pad/group][ld_scale], group-major as quantize() returns it (packing rearranges it
+ * panel-major for the kernels: kernels.panel_major). */
 static inline int64_t ktcy_quantize_int4_rows(const float *w, int64_t ldw, int64_t k, int group, int64_t n0,
                                               int64_t n1, int8_t *q, int64_t ldq, float *scale,
                                               int64_t ld_scale) {
