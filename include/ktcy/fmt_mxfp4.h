@@ -123,7 +123,8 @@ KT_AI int64_t KT_(group_at)(const ktcy_weight *w, int64_t kb, int r, int64_t nkb
     (void)w; (void)nkb;
     return r == 15 ? kb : -1;
 }
-/* Block g's sums times 2^(e - 127) of each channel: exact (packing keeps e in the normal range). */
+/* Block g's sums times 2^(e - 127) of each channel: exact (packing keeps e in the normal range
+ * where a code is non-zero; clamped for blocks of zeros, see the top of this file). */
 KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const int MB, const int NP,
                                const ktcy_act *a, const ktcy_weight *w, int64_t m0, int64_t p0, int64_t g) {
     (void)a; (void)m0;
