@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Side-by-side MoE forward: ktcy against a straightforward numpy float32 MoE, PyTorch CPU (bf16
-and fp32) and kt-kernel (BF16, INT8, with the classes its installed build has) when installed, interleaved in one
-run on the same weights, every call with a freshly drawn routing, printed as time ratios to ktcy.  Not part of CI; see bench/README.md for installing the peers.
+and fp32) and kt-kernel (BF16, INT8 with the classes its installed build has; RAWINT4 and MXFP4 on
+the codes ktcy packed) when installed, interleaved in one run on the same weights, every call with
+a freshly drawn routing, printed as time ratios to ktcy.  Not part of CI; see bench/README.md for
+installing the peers.
 
     python bench/compare_peers.py [--shape qwen3-30b] [--tokens 1,32,512] [--formats BF16,INT8]
 """
@@ -60,9 +62,40 @@ def kt_moe_class(module, fmt):
     return None
 
 
+# kt-kernel's classes for weights quantized beforehand, best first.  Its "AMX" KGroup classes are
+# AVX-512 code, and in 0.7.2 they take group 32 only (group 128 crashed or gave wrong numbers).
+KT_QUANT_CLASSES = {"INT4": ("AMXInt4_KGroup_MOE", "AVXVNNI256RawInt4_MOE", "AVX2RawInt4_MOE"),
+                    "MXFP4": ("AMXFP4_KGroup_MOE", "AVX2MXFP4_MOE")}
+KT_INT4_GROUP = 32
+
+
+def bf16_bits(a):
+    """float32 -> bf16 bit patterns, rounded to nearest even (ktcy's group scales as kt-kernel
+    takes them; MXFP4's powers of two are exact)."""
+    u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def kt_quantized(packed):
+    """One ktcy packed weight as kt-kernel's pre-quantized classes read it: 4-bit codes two per
+    byte, the even K element in the low nibble, [N, K/2]; bf16 scales [N, K/group].  RAWINT4
+    (compressed-tensors' symmetric INT4) stores code + 8, as ktcy's INT4 does; MXFP4 its E2M1
+    codes with each E8M0 exponent e as the bf16 bits e << 7 (2^(e - 127))."""
+    n, k = packed.shape
+    codes = packed.codes().astype(np.int16)
+    if packed.format == "INT4":
+        codes = codes + 8
+        scales = bf16_bits(packed.group_scales()[:, :n].T)
+    else:
+        scales = packed.block_exponents().astype(np.uint16) << 7
+    nibbles = codes.astype(np.uint8)
+    return np.ascontiguousarray(nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)), np.ascontiguousarray(scales)
+
+
 class KtKernelPeer:
     """kt-kernel 0.7.2 driven through its extension the way its own wrapper does: one CPUInfer
-    worker pool, MOEConfig with bf16 weight pointers, online quantization, forward_task."""
+    worker pool, MOEConfig with bf16 weight pointers (online quantization) or with the codes and
+    scales of weights quantized beforehand, forward_task."""
 
     def __init__(self, gate, up, down, threads, max_tokens):
         import kt_kernel  # noqa: F401  (loads the kt_kernel_ext build that fits this CPU)
@@ -73,6 +106,11 @@ class KtKernelPeer:
         self.pool = kt_kernel_ext.CPUInfer(config)
         self.classes = {fmt: cls for fmt in ("BF16", "INT8")
                         if (cls := kt_moe_class(kt_kernel_ext.moe, fmt)) is not None}
+        for fmt, names in KT_QUANT_CLASSES.items():
+            found = [getattr(kt_kernel_ext.moe, n) for n in names if hasattr(kt_kernel_ext.moe, n)]
+            if found:
+                self.classes[fmt] = found[0]
+        self.float_weights = (gate, up, down)
         self.weights = [torch.from_numpy(a).to(torch.bfloat16).contiguous() for a in (gate, up, down)]
         self.gpu_mask = torch.zeros(gate.shape[0], dtype=torch.bool)
         self.max_tokens = -(-max_tokens // 32) * 32  # its buffers come in 32-row steps
@@ -88,6 +126,13 @@ class KtKernelPeer:
         cfg = MOEConfig(E, top_k, H, I, self.gpu_mask.data_ptr())
         cfg.layer_idx, cfg.pool, cfg.max_len, cfg.save, cfg.load = 0, self.pool.backend_, self.max_tokens, False, False
         cfg.gate_proj, cfg.up_proj, cfg.down_proj, cfg.path = g.data_ptr(), u.data_ptr(), d.data_ptr(), tempfile.mkdtemp()
+        if fmt in KT_QUANT_CLASSES:
+            arrays = self.quantized_arrays(fmt)
+            cfg.quant_config.bits, cfg.quant_config.zero_point = 4, False
+            cfg.quant_config.group_size = KT_INT4_GROUP if fmt == "INT4" else 32
+            cfg.gate_proj, cfg.up_proj, cfg.down_proj = (arrays[p][0].ctypes.data for p in ("gate", "up", "down"))
+            cfg.gate_scale, cfg.up_scale, cfg.down_scale = (arrays[p][1].ctypes.data for p in ("gate", "up", "down"))
+            self.keep.append(arrays)
         moe = self.classes[fmt](cfg)
         expert_map = torch.arange(E, dtype=torch.int64)
         self.pool.submit(moe.load_weights_task(expert_map.data_ptr()))
@@ -104,6 +149,16 @@ class KtKernelPeer:
             self.pool.sync()
             return out
         return forward
+
+    def quantized_arrays(self, fmt):
+        """{projection: (codes [E, N, K/2], scales [E, N, K/group])} from ktcy's packing of the
+        float weights (INT4 at kt-kernel's group 32), so both libraries run the same codes."""
+        group = {"group_size": KT_INT4_GROUP} if fmt == "INT4" else {}
+        arrays = {}
+        for name, w in zip(("gate", "up", "down"), self.float_weights):
+            parts = [kt_quantized(ktcy.kernels.pack(w[e], fmt, **group)) for e in range(w.shape[0])]
+            arrays[name] = tuple(np.ascontiguousarray(np.stack(a)) for a in zip(*parts))
+        return arrays
 
 
 def median_time(fn, calls):
@@ -128,7 +183,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="qwen3-30b")
     ap.add_argument("--tokens", default="1,32,512")
-    ap.add_argument("--formats", default="BF16,INT8,FP8_PERCHANNEL,INT4")
+    ap.add_argument("--formats", default="BF16,INT8,FP8_PERCHANNEL,INT4,MXFP4")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median over all calls is kept")
     ap.add_argument("--kt-threads", type=int, default=None, help="kt-kernel worker threads (default: ktcy's)")
     args = ap.parse_args()
@@ -158,8 +213,9 @@ def main():
         missing = [f for f in ("BF16", "INT8") if f not in peer.classes]
         kt_note = (f"kt-kernel with {threads} worker threads ({', '.join(c.__name__ for c in peer.classes.values())})"
                    + (f"; its build has no {'/'.join(missing)} class: skipped" if missing else ""))
-    for fmt in args.formats.split(","):
-        layer = ktcy.MoE.from_weights(ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig(fmt)), gate, up, down)
+    for fmt in args.formats.split(","):  # INT4 at kt-kernel's group, so both run the same codes
+        quant = ktcy.QuantConfig(fmt, group_size=KT_INT4_GROUP) if fmt == "INT4" else ktcy.QuantConfig(fmt)
+        layer = ktcy.MoE.from_weights(ktcy.MoeConfig(E, k, H, I, quant), gate, up, down)
         contenders[f"ktcy {layer.format}"] = layer.forward
     print(f"{note}; {ktcy.get_num_threads()} threads; {torch_note}; {kt_note}; ktcy kernels: "
           + ", ".join(sorted({ktcy.kernel_table()[f]['variant'] for f in ktcy.FORMATS})))
