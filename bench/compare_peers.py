@@ -62,11 +62,13 @@ def kt_moe_class(module, fmt):
     return None
 
 
-# kt-kernel's classes for weights quantized beforehand, best first.  Its "AMX" KGroup classes are
-# AVX-512 code, and in 0.7.2 they take group 32 only (group 128 crashed or gave wrong numbers).
+# kt-kernel's classes for weights quantized beforehand, best first (INT4: RAWINT4, compressed-
+# tensors' layout; GPTQ_INT4: symmetric GPTQ's).  Its "AMX" KGroup classes are AVX-512 code, and
+# in 0.7.2 they take group 32 only (group 128 crashed or gave wrong numbers).
 KT_QUANT_CLASSES = {"INT4": ("AMXInt4_KGroup_MOE", "AVXVNNI256RawInt4_MOE", "AVX2RawInt4_MOE"),
+                    "GPTQ_INT4": ("AVXVNNI256GPTQInt4Packed_MOE", "AVXVNNI256GPTQInt4_MOE", "AVX2GPTQInt4_MOE"),
                     "MXFP4": ("AMXFP4_KGroup_MOE", "AVX2MXFP4_MOE")}
-KT_INT4_GROUP = 32
+KT_INT4_GROUP = 32  # MXFP4's blocks are 32 wide too
 
 
 def bf16_bits(a):
@@ -76,13 +78,19 @@ def bf16_bits(a):
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 
 
-def kt_quantized(packed):
+def kt_quantized(packed, gptq=False):
     """One ktcy packed weight as kt-kernel's pre-quantized classes read it: 4-bit codes two per
     byte, the even K element in the low nibble, [N, K/2]; bf16 scales [N, K/group].  RAWINT4
     (compressed-tensors' symmetric INT4) stores code + 8, as ktcy's INT4 does; MXFP4 its E2M1
-    codes with each E8M0 exponent e as the bf16 bits e << 7 (2^(e - 127))."""
+    codes with each E8M0 exponent e as the bf16 bits e << 7 (2^(e - 127)).  gptq: GPTQ's own
+    transposed layout instead, int32 [K/8, N] holding k = 8r + j in nibble j of row r, float32
+    scales [K/group, N]."""
     n, k = packed.shape
     codes = packed.codes().astype(np.int16)
+    if gptq:
+        nibbles = (codes + 8).astype(np.uint32).T.reshape(k // 8, 8, n)
+        words = sum(nibbles[:, j] << np.uint32(4 * j) for j in range(8))
+        return np.ascontiguousarray(words.view(np.int32)), np.ascontiguousarray(packed.group_scales()[:, :n])
     if packed.format == "INT4":
         codes = codes + 8
         scales = bf16_bits(packed.group_scales()[:, :n].T)
@@ -128,8 +136,7 @@ class KtKernelPeer:
         cfg.gate_proj, cfg.up_proj, cfg.down_proj, cfg.path = g.data_ptr(), u.data_ptr(), d.data_ptr(), tempfile.mkdtemp()
         if fmt in KT_QUANT_CLASSES:
             arrays = self.quantized_arrays(fmt)
-            cfg.quant_config.bits, cfg.quant_config.zero_point = 4, False
-            cfg.quant_config.group_size = KT_INT4_GROUP if fmt == "INT4" else 32
+            cfg.quant_config.bits, cfg.quant_config.zero_point, cfg.quant_config.group_size = 4, False, KT_INT4_GROUP
             cfg.gate_proj, cfg.up_proj, cfg.down_proj = (arrays[p][0].ctypes.data for p in ("gate", "up", "down"))
             cfg.gate_scale, cfg.up_scale, cfg.down_scale = (arrays[p][1].ctypes.data for p in ("gate", "up", "down"))
             self.keep.append(arrays)
@@ -153,10 +160,11 @@ class KtKernelPeer:
     def quantized_arrays(self, fmt):
         """{projection: (codes [E, N, K/2], scales [E, N, K/group])} from ktcy's packing of the
         float weights (INT4 at kt-kernel's group 32), so both libraries run the same codes."""
-        group = {"group_size": KT_INT4_GROUP} if fmt == "INT4" else {}
+        packing = ("MXFP4", {}) if fmt == "MXFP4" else ("INT4", {"group_size": KT_INT4_GROUP})
         arrays = {}
         for name, w in zip(("gate", "up", "down"), self.float_weights):
-            parts = [kt_quantized(ktcy.kernels.pack(w[e], fmt, **group)) for e in range(w.shape[0])]
+            parts = [kt_quantized(ktcy.kernels.pack(w[e], packing[0], **packing[1]), gptq=fmt == "GPTQ_INT4")
+                     for e in range(w.shape[0])]
             arrays[name] = tuple(np.ascontiguousarray(np.stack(a)) for a in zip(*parts))
         return arrays
 
