@@ -348,7 +348,7 @@ def packed_shapes(int fmt, int64_t n, int64_t k, int group=0):
     zero = (zshape[0], zshape[1]) if zshape[0] else None
     if ktcy_format(fmt).scale == KTCY_SCALE_GROUP:
         scale = (shape[0], shape[1] // KTCY_PANEL, KTCY_PANEL)
-        zero = zero and scale
+        zero = scale if zero else None
     return {"data": (ktcy_data_bytes(fmt, n, k, group),), "scale": scale, "colsum": (cs,) if cs else None, "zero": zero}
 
 def int8_column_sums(const int8_t[::1] data, int64_t n_pad, int64_t k_pad):

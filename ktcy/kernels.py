@@ -129,17 +129,19 @@ class PackedWeight:
         full = blocks.transpose(0, 3, 1, 2, 4).reshape(n_pad, k_pad)
         return full[:n, :k]
 
-    def group_scales(self):
-        """Group scales as [groups, N_pad] float32 (a copy; the kernels read them panel-major)."""
+    def _groups(self):
         if descriptor(self.format)["scale"] != "group":
             raise ValueError(f"{self.format} has no group scales")
-        return group_major(self.scale, self.k_pad // self.group_size)
+        return self.k_pad // self.group_size
+
+    def group_scales(self):
+        """Group scales as [groups, N_pad] float32 (a copy; the kernels read them panel-major)."""
+        return group_major(self.scale, self._groups())
 
     def group_zero_points(self):
         """Zero points as [groups, N_pad] uint8 (a copy), or None for a format without them."""
-        if descriptor(self.format)["scale"] != "group":
-            raise ValueError(f"{self.format} has no group scales")
-        return None if self.zero is None else group_major(self.zero, self.k_pad // self.group_size)
+        groups = self._groups()
+        return None if self.zero is None else group_major(self.zero, groups)
 
     def block_exponents(self):
         """MXFP4: the E8M0 scale exponents kept in the blocks, as [N, ceil(K/32)] uint8."""

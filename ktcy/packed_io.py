@@ -3,8 +3,9 @@ blocks stacked per projection ("gate.data" [E, bytes], "gate.scale" [E, ...], "g
 [E, N_pad] for INT8, "gate.zero" for zero-point formats, laid out like the group scales), with
 metadata naming the format, layout version, shapes, group size, scale kind and ktcy version.
 Layout version 1 kept group scales and zero points group-major ([E, groups, N_pad]); such files
-still load (those small arrays are rearranged on load, the blocks are the same).  Loading maps the file and wraps the stacked arrays, no copy; the
-layout is ISA-independent, so a file packed on one machine runs on any other."""
+still load (those small arrays are rearranged on load, the blocks are the same).  Loading maps
+the file and wraps the stacked arrays, no copy; the layout is ISA-independent, so a file packed
+on one machine runs on any other."""
 import os
 import weakref
 from dataclasses import dataclass
@@ -117,34 +118,32 @@ def read_metadata(path):
     return f, m, dims
 
 
-def _stacked(f, path, name, dtype, experts, shape):
-    """Tensor `name` as [experts, *shape] (or [experts, prod(shape)]) of dtype, else CheckpointError:
-    the check that comes before any kernel reads the mapped bytes."""
+def _stacked(f, path, name, dtype, experts, shape, flat_ok=True, source="the metadata implies"):
+    """Tensor `name` as [experts, *shape] (or, with flat_ok, [experts, prod(shape)]) of dtype,
+    returned as [experts, prod(shape)], else CheckpointError naming what `source` expects: the
+    check that comes before any kernel reads the mapped bytes."""
     if name not in f:
         raise CheckpointError(f"{path}: incomplete packed layer (no tensor {name!r})")
     a = f.get(name)
     flat = (experts, int(np.prod(shape)))
-    if a.dtype != dtype or a.shape not in ((experts,) + tuple(shape), flat):
-        raise CheckpointError(f"{path}: {name} is {a.dtype} {a.shape}; the metadata implies {np.dtype(dtype)} "
+    if a.dtype != dtype or a.shape not in ((experts,) + tuple(shape), flat if flat_ok else None):
+        raise CheckpointError(f"{path}: {name} is {a.dtype} {a.shape}; {source} {np.dtype(dtype)} "
                               f"{(experts,) + tuple(shape)}")
     return a.reshape(flat)
 
 
-def _group_array(f, path, name, dtype, experts, shape, groups, wanted):
-    """A stacked scale or zero-point array (None when the format has none); with `groups`, a
-    layout-1 file's [E, groups, N_pad] (that shape exactly): the experts in `wanted` rearranged
-    panel-major as the kernels read them, {expert: copy} (a few experts copy only theirs)."""
+def _group_array(f, path, name, dtype, experts, shape, layout_1, wanted):
+    """A stacked scale or zero-point array (None when the format has none); from a layout-1 file,
+    whose group arrays are [E, groups, N_pad] (that shape exactly, never flat: the element count
+    cannot tell the layouts apart), the experts in `wanted` rearranged panel-major as the kernels
+    read them, {expert: copy} (a few experts copy only theirs)."""
     if not shape:
         return None
-    if not groups:
+    if not layout_1:
         return _stacked(f, path, name, dtype, experts, shape)
-    if name not in f:
-        raise CheckpointError(f"{path}: incomplete packed layer (no tensor {name!r})")
-    old = f.get(name)
-    if old.dtype != dtype or old.shape != (experts, groups, shape[0] * 16):
-        raise CheckpointError(f"{path}: {name} is {old.dtype} {old.shape}; a layout-1 file holds {np.dtype(dtype)} "
-                              f"{(experts, groups, shape[0] * 16)}")
-    return {int(e): panel_major(old[e]).reshape(-1) for e in wanted}
+    panels, groups, _ = shape
+    old = _stacked(f, path, name, dtype, experts, (groups, panels * 16), flat_ok=False, source="a layout-1 file holds")
+    return {int(e): panel_major(old[e].reshape(groups, -1)).reshape(-1) for e in wanted}
 
 
 @dataclass
@@ -190,12 +189,10 @@ def map_layer(path, isa=None, experts=None) -> MappedLayer:
             except ValueError as e:
                 raise CheckpointError(f"{path}: {proj}: {e}") from None
             data = _stacked(f, path, f"{proj}.data", np.uint8, E, want["data"])
-            groups = 0
-            if m["layout_version"] == "1" and DESCRIPTORS[fmt]["scale"] == "group":
-                groups = _native.padded_shape(code, *shapes[proj], group)[1] // group
-            scale = _group_array(f, path, f"{proj}.scale", np.float32, E, want["scale"], groups, wanted)
+            layout_1 = m["layout_version"] == "1" and DESCRIPTORS[fmt]["scale"] == "group"
+            scale = _group_array(f, path, f"{proj}.scale", np.float32, E, want["scale"], layout_1, wanted)
             colsum = _stacked(f, path, f"{proj}.colsum", np.int32, E, want["colsum"]) if want["colsum"] else None
-            zero = _group_array(f, path, f"{proj}.zero", np.uint8, E, want["zero"], groups, wanted)
+            zero = _group_array(f, path, f"{proj}.zero", np.uint8, E, want["zero"], layout_1, wanted)
             weights[proj] = [None] * E
             for e in map(int, wanted):
                 w = PackedWeight(fmt, shapes[proj], data[e], None if scale is None else scale[e],

@@ -118,6 +118,12 @@ KT_AI __m256i KT_(dp)(__m256i acc, KT_(avec) a, kt_w256 w) {
  * T=512 0.86x the time, while one-row decode measured 2-7% slower with it. */
 #define KT_ACC16(PRE) (KT_INT_ACT && KT_WKIND == KT_W_U8 && (PRE))
 
+/* 8 outputs of one row from dst on, the first `valid` of them (fewer at the weight's last channels). */
+KT_AI void KT_(store8)(float *dst, int64_t valid, __m256 v) {
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    _mm256_maskstore_ps(dst, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(valid < 8 ? valid : 8)), lanes), v);
+}
+
 /* MB rows x NP adjacent panels (p, p + 1).  PRE: panel p was decoded to 1024-byte bf16 blocks
  * at `decoded` (NP == 1); else the packed panels are read and each row decoded in registers.
  * x: the activation rows, int8 codes (a->q) or floats widened from a->bf16, row stride k_pad. */
@@ -231,10 +237,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
             for (int h = 0; h < 2; ++h) {
                 const int64_t n0 = (p + q) * 16 + h * 8, valid = w->n - n0;
                 if (valid <= 0 || m0 + m >= a->m) continue;
-                const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-                const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(valid < 8 ? valid : 8)), lanes);
-                _mm256_maskstore_ps(y + (m0 + m) * ldy + n0, mask,
-                                    KT_(final)(acc[q][m][h], facc[q][m][h], a, w, m0 + m, n0));
+                KT_(store8)(y + (m0 + m) * ldy + n0, valid, KT_(final)(acc[q][m][h], facc[q][m][h], a, w, m0 + m, n0));
             }
     }
 }
@@ -322,10 +325,8 @@ KT_AI void KT_(f32_micro)(const int MB, const ktcy_act *a, const ktcy_weight *w,
         for (int h = 0; h < 2; ++h) {
             const int64_t n0 = p * 16 + h * 8, valid = w->n - n0;
             if (valid <= 0 || m0 + m >= a->m) continue;
-            const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-            const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(valid < 8 ? valid : 8)), lanes);
-            _mm256_maskstore_ps(y + (m0 + m) * ldy + n0, mask,
-                                KT_(final)(_mm256_castps_si256(acc[m][h]), facc[m][h], a, w, m0 + m, n0));
+            KT_(store8)(y + (m0 + m) * ldy + n0, valid,
+                        KT_(final)(_mm256_castps_si256(acc[m][h]), facc[m][h], a, w, m0 + m, n0));
         }
 }
 
