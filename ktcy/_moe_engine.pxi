@@ -4,9 +4,11 @@
 # or quantize each token's activations once and gather them into per-expert row segments (each
 # padded to 16 rows for AMX tiles), then in one OpenMP team:
 #   1. work items (expert, about 8 output panels of I, ktcy_split_panels): gate and up GEMMs over
-#      the same rows (the activations stay in cache), SwiGLU on those columns;
+#      the same rows (the activations stay in cache), SwiGLU on those columns; items are taken one
+#      ahead (worklist.h) and each GEMM is told the panels this thread multiplies next (gate ->
+#      up's same panels -> the next item's gate), which prefill tiles fetch as they finish;
 #   2. per row: quantize / convert the SwiGLU output for the down projection;
-#   3. work items (expert, 8 output panels of H): down GEMM;
+#   3. work items (expert, 8 output panels of H): down GEMM, taken one ahead likewise;
 #   4. per token: y = sum_j w[t, j] * down_out[slot(t, j)], j in order (deterministic); or, when a
 #      slot array is given, each product w[t, j] * down_out[slot(t, j)] on its own (the addends of
 #      that sum: expert parallelism adds them up after an all-reduce, in the same order).
@@ -64,12 +66,15 @@ cdef inline int64_t _round16(int64_t m) noexcept nogil:
 
 cdef inline int _expert_gemm(ktcy_gemm_fn fn, const ktcy_weight *w, float *y, int64_t ldy, int64_t p0,
                              int64_t p1, void *scratch, int64_t m, int64_t k_pad, int group, const int8_t *q,
-                             const float *scale, const int32_t *gsum, const uint16_t *bf16) noexcept nogil:
-    """One expert's rows [m] through panels [p0, p1); the descriptor is a local of this call."""
+                             const float *scale, const int32_t *gsum, const uint16_t *bf16,
+                             const ktcy_weight *next_w, int64_t next_p0, int64_t next_p1) noexcept nogil:
+    """One expert's rows [m] through panels [p0, p1); the descriptor is a local of this call.
+    next_w (or NULL): the weight whose panels [next_p0, next_p1) this thread multiplies next."""
     cdef ktcy_act act
     memset(&act, 0, sizeof(ktcy_act))
     act.m, act.m_pad, act.k_pad, act.group = m, _round16(m), k_pad, group
     act.q, act.scale, act.group_sum, act.bf16 = q, scale, gsum, bf16
+    act.next_w, act.next_pb, act.next_pe = next_w, next_p0, next_p1
     return fn(&act, w, y, ldy, p0, p1, scratch)
 
 
@@ -279,9 +284,10 @@ cdef class MoEEngine:
         cdef const float *bg = self.bias_gate
         cdef const float *bu = self.bias_up
         cdef const float *bd = self.bias_down
-        cdef int64_t cc
+        cdef int64_t cc, cn, team_slot, taken1 = 0, taken2 = 0, np0, np1
         cdef ktcy_gemm_fn fn
         cdef char *my_scratch
+        cdef const ktcy_weight *next_w
         with nogil, parallel(num_threads=nthreads):
             tid = openmp.omp_get_thread_num()
             my_scratch = scratch + tid * scratch_bytes
@@ -300,26 +306,36 @@ cdef class MoEEngine:
                         memcpy(&g1[r, 0], &xg[t, 0], gh * sizeof(int32_t))
                     else:
                         memcpy(&b1[r, 0], &xb[t, 0], kh * sizeof(uint16_t))
-            # 1. gate and up over the same rows, then SwiGLU on those columns
-            for c in prange(n_items1, schedule="dynamic"):
+            # 1. gate and up over the same rows, then SwiGLU on those columns.  Items are taken
+            # one ahead (worklist.h), so each GEMM is told what this thread multiplies next.
+            for team_slot in prange(nthreads, schedule="static", chunksize=1):
+              c = ktcy_take(&taken1)
+              while c < n_items1:
+                cn = ktcy_take(&taken1)
                 e = <int>it1[c, 0]
                 p0 = it1[c, 1]
                 p1 = p0 + per_i
                 if p1 > panels_i:
                     p1 = panels_i
+                next_w = NULL
+                np0 = np1 = 0
+                if cn < n_items1:
+                    next_w = &self.gate_w[it1[cn, 0]]
+                    np0 = it1[cn, 1]
+                    np1 = min(np0 + per_i, panels_i)
                 seg0 = segv[e]
                 m = cnt[e]
                 fn = self.big_fn if m >= self.big_min_rows else self.small_fn
                 if integer:
                     st[c] = _expert_gemm(fn, &self.gate_w[e], &hg[seg0, 0], I, p0, p1, my_scratch, m, kh, group,
-                                         &q1[seg0, 0], &s1[seg0], &g1[seg0, 0], NULL)
+                                         &q1[seg0, 0], &s1[seg0], &g1[seg0, 0], NULL, &self.up_w[e], p0, p1)
                     st[c] |= _expert_gemm(fn, &self.up_w[e], &hu[seg0, 0], I, p0, p1, my_scratch, m, kh, group,
-                                          &q1[seg0, 0], &s1[seg0], &g1[seg0, 0], NULL)
+                                          &q1[seg0, 0], &s1[seg0], &g1[seg0, 0], NULL, next_w, np0, np1)
                 else:
                     st[c] = _expert_gemm(fn, &self.gate_w[e], &hg[seg0, 0], I, p0, p1, my_scratch, m, kh, 0,
-                                         NULL, NULL, NULL, &b1[seg0, 0])
+                                         NULL, NULL, NULL, &b1[seg0, 0], &self.up_w[e], p0, p1)
                     st[c] |= _expert_gemm(fn, &self.up_w[e], &hu[seg0, 0], I, p0, p1, my_scratch, m, kh, 0,
-                                          NULL, NULL, NULL, &b1[seg0, 0])
+                                          NULL, NULL, NULL, &b1[seg0, 0], next_w, np0, np1)
                 if st[c] != KTCY_OK:
                     _take_message(st[c], <char *>&msg[tid, 0])
                 col_end = p1 * KTCY_PANEL
@@ -337,6 +353,7 @@ cdef class MoEEngine:
                         glu_clamped(&hg[r, col], &hu[r, col], col_end - col, alpha, limit)
                     else:
                         swiglu(&hg[r, col], &hu[r, col], col_end - col)
+                c = cn
             # 2. the SwiGLU rows become the down projection's activations
             for r in prange(rows, schedule="static"):
                 if rtok[r] >= 0:
@@ -345,21 +362,31 @@ cdef class MoEEngine:
                     else:
                         ktcy_convert_act_bf16(&hg[0, 0], I, I, ki, r, r + 1, &b2[0, 0])
             # 3. down
-            for c in prange(n_items2, schedule="dynamic"):
+            for team_slot in prange(nthreads, schedule="static", chunksize=1):
+              c = ktcy_take(&taken2)
+              while c < n_items2:
+                cn = ktcy_take(&taken2)
                 e = <int>it2[c, 0]
                 p0 = it2[c, 1]
                 p1 = p0 + per_h
                 if p1 > panels_h:
                     p1 = panels_h
+                next_w = NULL
+                np0 = np1 = 0
+                if cn < n_items2:
+                    next_w = &self.down_w[it2[cn, 0]]
+                    np0 = it2[cn, 1]
+                    np1 = min(np0 + per_h, panels_h)
                 seg0 = segv[e]
                 m = cnt[e]
                 fn = self.big_fn if m >= self.big_min_rows else self.small_fn
                 if integer:
                     st[n_items1 + c] = _expert_gemm(fn, &self.down_w[e], &hd[seg0, 0], H, p0, p1, my_scratch, m, ki,
-                                                    group, &q2[seg0, 0], &s2[seg0], &g2[seg0, 0], NULL)
+                                                    group, &q2[seg0, 0], &s2[seg0], &g2[seg0, 0], NULL,
+                                                    next_w, np0, np1)
                 else:
                     st[n_items1 + c] = _expert_gemm(fn, &self.down_w[e], &hd[seg0, 0], H, p0, p1, my_scratch, m, ki,
-                                                    0, NULL, NULL, NULL, &b2[seg0, 0])
+                                                    0, NULL, NULL, NULL, &b2[seg0, 0], next_w, np0, np1)
                 if st[n_items1 + c] != KTCY_OK:
                     _take_message(st[n_items1 + c], <char *>&msg[tid, 0])
                 if bd != NULL:
@@ -369,6 +396,7 @@ cdef class MoEEngine:
                     for r in range(seg0, seg0 + m):
                         for cc in range(p0 * KTCY_PANEL, col_end):
                             hd[r, cc] = hd[r, cc] + bd[e * H + cc]
+                c = cn
             # 4. weighted sum per token, experts in routing order (or the products one by one)
             for t in prange(T, schedule="static"):
                 if per_slot:

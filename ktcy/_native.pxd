@@ -53,6 +53,8 @@ cdef extern from "ktcy/ktcy.h" nogil:
         const float *scale
         const int32_t *group_sum
         int32_t group
+        const ktcy_weight *next_w
+        int64_t next_pb, next_pe
 
     ctypedef int (*ktcy_gemm_fn)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy,
                                  int64_t panel_begin, int64_t panel_end, void *scratch)
@@ -67,6 +69,11 @@ cdef extern from "ktcy/ktcy.h" nogil:
 
     int64_t ktcy_gemm_scratch_bytes(int64_t k_pad)
     int64_t ktcy_split_panels(int64_t panels, int64_t parts)
+    int64_t ktcy_take(int64_t *counter)
+    ctypedef struct ktcy_ahead:
+        const char *at
+        int64_t lines
+    ktcy_ahead ktcy_ahead_share(const uint8_t *next, int64_t bytes, int64_t tile, int64_t tiles, int64_t nkb)
 
     uint16_t ktcy_f32_to_bf16(float f)
     uint16_t ktcy_e4m3_to_bf16(uint8_t b)

@@ -606,6 +606,17 @@ cdef _raise_status(int st, char *message):
     if st != KTCY_OK:
         raise MemoryError("could not allocate GEMM scratch")
 
+def ahead_shares(int64_t nbytes, int64_t tiles, int64_t nkb):
+    """Each row tile's share of nbytes fetched ahead over nkb K blocks (prefetch.h), as
+    (first byte offset, lines per block); for tests.  Nothing is read."""
+    cdef const uint8_t *base = <const uint8_t *>(<uintptr_t>1 << 30)  # pointer arithmetic only
+    cdef ktcy_ahead s
+    shares = []
+    for t in range(tiles):
+        s = ktcy_ahead_share(base, nbytes, t, tiles, nkb)
+        shares.append((<int64_t>(s.at - <const char *>base), s.lines))
+    return shares
+
 # ---------------------------------------------------------------- emulated tile unit, instruction level
 
 def emu_reset():

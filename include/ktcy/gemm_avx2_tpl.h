@@ -128,7 +128,8 @@ KT_AI void KT_(store8)(float *dst, int64_t valid, __m256 v) {
  * at `decoded` (NP == 1); else the packed panels are read and each row decoded in registers.
  * x: the activation rows, int8 codes (a->q) or floats widened from a->bf16, row stride k_pad. */
 KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act *a, const uint8_t *x,
-                      const ktcy_weight *w, int64_t m0, int64_t p, float *y, int64_t ldy, const uint8_t *decoded) {
+                      const ktcy_weight *w, int64_t m0, int64_t p, float *y, int64_t ldy, const uint8_t *decoded,
+                      ktcy_ahead ahead) {
     const int64_t nkb = w->k_pad / KT_BK;
     const int64_t block_bytes = PRE ? 1024 : KT_BB;
     const uint8_t *panel[2];
@@ -151,6 +152,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
             }
     }
     for (int64_t kb = 0; kb < nkb; ++kb) {
+        ktcy_ahead_block(ahead, kb);
         const uint8_t *ak[4]; /* this block's activations of each row: row offsets below are immediates */
         _Pragma("GCC unroll 8")
         for (int m = 0; m < MB; ++m) ak[m] = arow[m] + kb * KT_BK * KT_XSIZE;
@@ -290,7 +292,7 @@ KT_AI void KT_(f32_rows)(const ktcy_act *a, int64_t m0, int64_t rows, float *dst
 
 /* MB rows (floats at x, row stride k_pad) x one panel (floats at wp). */
 KT_AI void KT_(f32_micro)(const int MB, const ktcy_act *a, const ktcy_weight *w, const float *wp, const float *x,
-                          int64_t m0, int64_t p, float *y, int64_t ldy) {
+                          int64_t m0, int64_t p, float *y, int64_t ldy, ktcy_ahead ahead) {
     const int64_t k_pad = w->k_pad, nkb = k_pad / KT_BK;
     const int groups = KT_(has_groups)(w);
     __m256 acc[6][2], facc[6][2];
@@ -299,6 +301,7 @@ KT_AI void KT_(f32_micro)(const int MB, const ktcy_act *a, const ktcy_weight *w,
         _Pragma("GCC unroll 2")
         for (int h = 0; h < 2; ++h) acc[m][h] = facc[m][h] = _mm256_setzero_ps();
     for (int64_t kb = 0; kb < nkb; ++kb) {
+        ktcy_ahead_block(ahead, kb);
         _Pragma("GCC unroll 4")
         for (int64_t k = kb * KT_BK; k < (kb + 1) * KT_BK; ++k) {
             const __m256 w0 = _mm256_load_ps(wp + k * 16), w1 = _mm256_load_ps(wp + k * 16 + 8);
@@ -339,14 +342,21 @@ KT_AI void KT_(f32_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int6
         KT_(f32_rows)(a, c0, (chunk + 5) / 6 * 6, rows); /* every tile below reads whole rows */
         for (int64_t p = pb; p < pe; ++p) {
             KT_(f32_panel)(w, p, panel);
-            for (int64_t i = 0; i < chunk;) {
+            /* the tiles fetch the next panel (of the next chunk's sweep, or the caller's hint) */
+            const int64_t tiles = (chunk + 5) / 6;
+            const uint8_t *next_at = 0;
+            int64_t next_bytes = 0;
+            if (tiles >= 2)
+                ktcy_next_group(a, w, p + 1 < pe || c0 + chunk >= a->m ? p + 1 : pb, pe, 1, KT_BK, KT_BB, &next_at, &next_bytes);
+            for (int64_t i = 0, tile = 0; i < chunk; ++tile) {
                 const int64_t left = chunk - i;
                 const float *x = rows + i * w->k_pad;
+                const ktcy_ahead ahead = ktcy_ahead_share(next_at, next_bytes, tile, tiles, w->k_pad / KT_BK);
                 /* 6-row tiles, but 4 + 4 for 8 rows left (and 4 + 4 for 7): a 2-row tile's 4 FMA
                  * chains run at half speed */
-                if (left >= 5 && left % 6 != 1 && left % 6 != 2) { KT_(f32_micro)(6, a, w, panel, x, c0 + i, p, y, ldy); i += 6; }
-                else if (left >= 3) { KT_(f32_micro)(4, a, w, panel, x, c0 + i, p, y, ldy); i += 4; }
-                else { KT_(f32_micro)(2, a, w, panel, x, c0 + i, p, y, ldy); i += 2; }
+                if (left >= 5 && left % 6 != 1 && left % 6 != 2) { KT_(f32_micro)(6, a, w, panel, x, c0 + i, p, y, ldy, ahead); i += 6; }
+                else if (left >= 3) { KT_(f32_micro)(4, a, w, panel, x, c0 + i, p, y, ldy, ahead); i += 4; }
+                else { KT_(f32_micro)(2, a, w, panel, x, c0 + i, p, y, ldy, ahead); i += 2; }
             }
         }
     }
@@ -355,9 +365,9 @@ KT_AI void KT_(f32_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int6
 
 #define KT_TILE(pre)                                                                    \
     do {                                                                                \
-        if (mb == 1) KT_(micro)(1, 1, pre, a, x, w, m0, p, y, ldy, decoded);            \
-        else if (mb == 2) KT_(micro)(2, 1, pre, a, x, w, m0, p, y, ldy, decoded);       \
-        else KT_(micro)(4, 1, pre, a, x, w, m0, p, y, ldy, decoded);                    \
+        if (mb == 1) KT_(micro)(1, 1, pre, a, x, w, m0, p, y, ldy, decoded, ahead);     \
+        else if (mb == 2) KT_(micro)(2, 1, pre, a, x, w, m0, p, y, ldy, decoded, ahead);\
+        else KT_(micro)(4, 1, pre, a, x, w, m0, p, y, ldy, decoded, ahead);             \
     } while (0)
 
 KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb,
@@ -389,11 +399,16 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
     for (int64_t p = pb; p < pe;) {
 #if KT_WIDE_TILE
         if (wide && pe - p >= 2) {
-            for (int64_t m0 = 0; m0 < a->m; m0 += 3) {
+            const int64_t tiles = (a->m + 2) / 3;
+            const uint8_t *next_at = 0;
+            int64_t next_bytes = 0;
+            ktcy_next_group(a, w, p + 2, pe, 2, KT_BK, KT_BB, &next_at, &next_bytes);
+            for (int64_t m0 = 0, tile = 0; m0 < a->m; m0 += 3, ++tile) {
                 const int64_t left = a->m - m0;
-                if (left >= 3) KT_(micro)(3, 2, 0, a, x, w, m0, p, y, ldy, decoded);
-                else if (left == 2) KT_(micro)(2, 2, 0, a, x, w, m0, p, y, ldy, decoded);
-                else KT_(micro)(1, 2, 0, a, x, w, m0, p, y, ldy, decoded);
+                const ktcy_ahead ahead = ktcy_ahead_share(next_at, next_bytes, tile, tiles, nkb);
+                if (left >= 3) KT_(micro)(3, 2, 0, a, x, w, m0, p, y, ldy, decoded, ahead);
+                else if (left == 2) KT_(micro)(2, 2, 0, a, x, w, m0, p, y, ldy, decoded, ahead);
+                else KT_(micro)(1, 2, 0, a, x, w, m0, p, y, ldy, decoded, ahead);
             }
             p += 2;
             continue;
@@ -404,7 +419,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
         /* one or two rows take two panels at once: the 4 (8) FMA chains hide the FMA latency,
          * which bounded one panel's 2 (4) chains below the decode's throughput */
         if (a->m == 1 && pe - p >= 2) {
-            KT_(micro)(1, 2, 0, a, x, w, 0, p, y, ldy, decoded);
+            KT_(micro)(1, 2, 0, a, x, w, 0, p, y, ldy, decoded, ktcy_no_ahead());
             p += 2;
             continue;
         }
@@ -412,9 +427,16 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #if KT_PREDECODE
         if (pre) KT_(decode_panels)(w->data + p * nkb * KT_BB, decoded, nkb);
 #endif
-        for (int64_t m0 = 0; m0 < a->m;) {
+        const int64_t tiles = (a->m + max_rows - 1) / max_rows;
+        const uint8_t *next_at = 0;
+        int64_t next_bytes = 0;
+        /* several row tiles share the panel: they fetch the next one (decode tiles gained nothing
+         * from it beside their own stream, measured) */
+        if (tiles >= 2) ktcy_next_group(a, w, p + 1, pe, 1, KT_BK, KT_BB, &next_at, &next_bytes);
+        for (int64_t m0 = 0, tile = 0; m0 < a->m; ++tile) {
             const int64_t left = a->m - m0;
             const int mb = left >= max_rows ? max_rows : left <= 1 ? 1 : left <= 2 ? 2 : 4;
+            const ktcy_ahead ahead = ktcy_ahead_share(next_at, next_bytes, tile, tiles, nkb);
 #if KT_ALWAYS_PRE
             KT_TILE(1);
 #else

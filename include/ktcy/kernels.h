@@ -11,6 +11,7 @@
 
 #include "numeric.h"
 #include "pack.h"
+#include "prefetch.h"
 #include "tile_emu.h"
 #include "types.h"
 

@@ -5,9 +5,11 @@
 #include "cpu.h"
 #include "numeric.h"
 #include "pack.h"
+#include "prefetch.h"
 #include "quantize.h"
 #include "registry.h"
 #include "roofline.h"
 #include "tile_emu.h"
 #include "types.h"
+#include "worklist.h"
 #endif

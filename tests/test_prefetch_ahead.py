@@ -1,0 +1,87 @@
+"""Prefill calls fetch the next panels while their row tiles compute (include/ktcy/prefetch.h),
+and the MoE engine's threads take work items one ahead so each GEMM knows what comes next
+(include/ktcy/worklist.h).  Fetching changes no number: forward must stay bit-identical across
+thread counts and match float64; the tile shares must cover every line of what they fetch."""
+import numpy as np
+import pytest
+
+import ktcy
+from ktcy import _native, kernels
+
+FORMATS = list(ktcy.FORMATS)
+
+
+@pytest.mark.parametrize("nbytes,tiles,nkb", [(1, 2, 1), (64, 3, 4), (65, 2, 64), (4 * 64 * 1024, 6, 64),
+                                             (272 * 48, 7, 48), (1000, 40, 2), (5 * 512 * 24, 2, 24)])
+def test_tile_shares_cover_every_line(nbytes, tiles, nkb):
+    shares = _native.ahead_shares(nbytes, tiles, nkb)
+    assert len(shares) == tiles
+    fetched = set()
+    for first, lines in shares:
+        assert lines >= 0 and first % 64 == 0
+        if lines:
+            assert first < nbytes, "a tile with lines to fetch starts inside the range"
+        fetched.update(first + (kb * lines + j) * 64 for kb in range(nkb) for j in range(lines))
+    wanted = set(range(0, nbytes, 64))
+    assert wanted <= fetched
+    # no tile fetches more than its share rounded up to whole lines per block
+    per_tile = -(-(-(-nbytes // 64)) // tiles)
+    assert all(lines <= -(-per_tile // nkb) for _, lines in shares)
+
+
+def test_nothing_to_fetch_gives_no_lines():
+    assert _native.ahead_shares(0, 4, 8) == [(0, 0)] * 4
+
+
+def _layer(fmt, isa, rng, E=7, H=200, I=136):
+    gate, up = ((rng.standard_normal((E, I, H)) * 0.05).astype(np.float32) for _ in range(2))
+    down = (rng.standard_normal((E, H, I)) * 0.05).astype(np.float32)
+    layer = ktcy.MoE.from_weights(ktcy.MoeConfig(E, 2, H, I, ktcy.QuantConfig(fmt), isa=isa), gate, up, down)
+    return layer
+
+
+def _reference(layer, x, ids, w):
+    deq = [np.stack([p.dequantize() for p in ps]).astype(np.float64) for ps in (layer.gate, layer.up, layer.down)]
+    y = np.zeros((x.shape[0], deq[2].shape[1]))
+    for e in np.unique(ids[ids >= 0]):
+        rows, slots = np.nonzero(ids == e)
+        g, u = x[rows] @ deq[0][e].T, x[rows] @ deq[1][e].T
+        y[rows] += w[rows, slots][:, None] * ((g / (1 + np.exp(-g)) * u) @ deq[2][e].T)
+    return y
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_prefill_with_lookahead_matches_threads_and_float64(fmt):
+    """Experts with 45, 13, 3 and 0 rows: several row tiles and panel groups per call (each fetching
+    the next), hints across experts and projections, the lookahead scheduler with 1 and 2 threads,
+    on every runnable ISA but real AMX (untestable here)."""
+    rng = np.random.default_rng(3)
+    T = 48
+    ids = np.full((T, 2), -1, np.int64)
+    ids[:45, 0] = 0
+    ids[:13, 1] = 1
+    ids[45:, 0] = 2
+    ids[20:26, 1] = 4
+    ids[30:33, 1] = 5  # expert 3 and 6 get no rows
+    w = rng.random((T, 2)).astype(np.float32)
+    x = rng.standard_normal((T, 200)).astype(np.float32)
+    isas = [i for i in ("avx512", "avx2", "ref", "amx_emu") if i in ktcy.available_isas()]
+    outputs = {}
+    for isa in isas:
+        layer = _layer(fmt, isa, np.random.default_rng(5))
+        old = ktcy.get_num_threads()
+        try:
+            ktcy.set_num_threads(1)
+            one = layer.forward(x, ids, w)
+            ktcy.set_num_threads(min(2, _native.usable_cpus()))
+            two = layer.forward(x, ids, w)
+        finally:
+            ktcy.set_num_threads(old)
+        assert np.array_equal(one, two), f"{fmt} on {isa}: thread counts disagree"
+        ref = _reference(layer, x.astype(np.float64), ids, w)
+        err = np.linalg.norm(one - ref) / np.linalg.norm(ref)
+        assert err < (2e-2 if kernels.descriptor(fmt)["activations"] == "int8" else 5e-3), (fmt, isa, err)
+        outputs[isa] = one
+    if kernels.descriptor(fmt)["activations"] == "int8":  # integer paths: the same bits on every ISA
+        first = next(iter(outputs.values()))
+        assert all(np.array_equal(first, o) for o in outputs.values()), fmt
