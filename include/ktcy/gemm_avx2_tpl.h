@@ -159,13 +159,13 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
         _Pragma("GCC unroll 16")
         for (int r = 0; r < 16; ++r) {
             /* tiles that read packed panels stream them from memory: fetch KT_AHEAD blocks
-             * ahead, a 16th of a block per row, so the loads find the bytes in cache (4-row
-             * tiles too: their activation loads crowd the load queue, and without it BF16 read
-             * 3-4 rows at 14 GB/s from memory against 22 with it) */
-            if (!PRE)
+             * ahead, a line per row while the block has lines left, so the loads find the bytes
+             * in cache (4-row tiles too: their activation loads crowd the load queue, and
+             * without it BF16 read 3-4 rows at 14 GB/s from memory against 22 with it) */
+            if (!PRE && r * 64 < KT_BB)
                 _Pragma("GCC unroll 2")
                 for (int q = 0; q < NP; ++q)
-                    _mm_prefetch((const char *)panel[q] + (kb + KT_AHEAD) * block_bytes + r * (KT_BB / 16), _MM_HINT_T0);
+                    _mm_prefetch((const char *)panel[q] + (kb + KT_AHEAD) * block_bytes + r * 64, _MM_HINT_T0);
             kt_w256 wv[2][2];
             _Pragma("GCC unroll 2")
             for (int q = 0; q < NP; ++q) {
