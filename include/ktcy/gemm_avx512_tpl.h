@@ -265,6 +265,9 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
             /* rows past a->m are zero padding (m_pad), so rounding a tile up to 2/4/6 rows is safe */
             int mb = max_rows;
             if (left < max_rows) mb = left <= 1 ? 1 : left <= 2 ? 2 : left <= 4 ? 4 : max_rows;
+            /* 7 or 8 rows left: 4 + 4, not 6 + a 1- or 2-row tile that reads the whole panels
+             * again for a row or two at a fraction of the dot-product rate */
+            else if (max_rows == 6 && (left == 7 || left == 8)) mb = 4;
 #if KT_ALWAYS_PRE
             KT_DISPATCH(1)
 #else
