@@ -4,9 +4,9 @@
 # or quantize each token's activations once and gather them into per-expert row segments (each
 # padded to 16 rows for AMX tiles), then in one OpenMP team:
 #   1. work items (expert, about 8 output panels of I, ktcy_split_panels): gate and up GEMMs over
-#      the same rows (the activations stay in cache), SwiGLU on those columns; items are taken one
-#      ahead (worklist.h) and each GEMM is told the panels this thread multiplies next (gate ->
-#      up's same panels -> the next item's gate), which prefill tiles fetch as they finish;
+#      the same rows (the activations stay in cache), SwiGLU on those columns; for prefill, items
+#      are taken one ahead (worklist.h) and each GEMM is told the panels this thread multiplies
+#      next (gate -> up's same panels -> the next item's gate), which its tiles fetch as they go;
 #   2. per row: quantize / convert the SwiGLU output for the down projection;
 #   3. work items (expert, 8 output panels of H): down GEMM, taken one ahead likewise;
 #   4. per token: y = sum_j w[t, j] * down_out[slot(t, j)], j in order (deterministic); or, when a
@@ -285,6 +285,12 @@ cdef class MoEEngine:
         cdef const float *bu = self.bias_up
         cdef const float *bd = self.bias_down
         cdef int64_t cc, cn, team_slot, taken1 = 0, taken2 = 0, np0, np1
+        # Taking items one ahead pays only where a GEMM uses the hint (calls with several row
+        # tiles: more than 2 rows) and costs balance where items are few per thread (a thread
+        # may hold one while another idles): decode on many cores keeps the plain schedule.
+        cdef int many_rows = counts.max() > 2
+        cdef int ahead1 = many_rows and n_items1 >= 4 * nthreads
+        cdef int ahead2 = many_rows and n_items2 >= 4 * nthreads
         cdef ktcy_gemm_fn fn
         cdef char *my_scratch
         cdef const ktcy_weight *next_w
@@ -307,53 +313,54 @@ cdef class MoEEngine:
                     else:
                         memcpy(&b1[r, 0], &xb[t, 0], kh * sizeof(uint16_t))
             # 1. gate and up over the same rows, then SwiGLU on those columns.  Items are taken
-            # one ahead (worklist.h), so each GEMM is told what this thread multiplies next.
+            # one ahead where that pays (worklist.h), so each GEMM is told what this thread
+            # multiplies next.
             for team_slot in prange(nthreads, schedule="static", chunksize=1):
-              c = ktcy_take(&taken1)
-              while c < n_items1:
-                cn = ktcy_take(&taken1)
-                e = <int>it1[c, 0]
-                p0 = it1[c, 1]
-                p1 = p0 + per_i
-                if p1 > panels_i:
-                    p1 = panels_i
-                next_w = NULL
-                np0 = np1 = 0
-                if cn < n_items1:
-                    next_w = &self.gate_w[it1[cn, 0]]
-                    np0 = it1[cn, 1]
-                    np1 = min(np0 + per_i, panels_i)
-                seg0 = segv[e]
-                m = cnt[e]
-                fn = self.big_fn if m >= self.big_min_rows else self.small_fn
-                if integer:
-                    st[c] = _expert_gemm(fn, &self.gate_w[e], &hg[seg0, 0], I, p0, p1, my_scratch, m, kh, group,
-                                         &q1[seg0, 0], &s1[seg0], &g1[seg0, 0], NULL, &self.up_w[e], p0, p1)
-                    st[c] |= _expert_gemm(fn, &self.up_w[e], &hu[seg0, 0], I, p0, p1, my_scratch, m, kh, group,
-                                          &q1[seg0, 0], &s1[seg0], &g1[seg0, 0], NULL, next_w, np0, np1)
-                else:
-                    st[c] = _expert_gemm(fn, &self.gate_w[e], &hg[seg0, 0], I, p0, p1, my_scratch, m, kh, 0,
-                                         NULL, NULL, NULL, &b1[seg0, 0], &self.up_w[e], p0, p1)
-                    st[c] |= _expert_gemm(fn, &self.up_w[e], &hu[seg0, 0], I, p0, p1, my_scratch, m, kh, 0,
-                                          NULL, NULL, NULL, &b1[seg0, 0], next_w, np0, np1)
-                if st[c] != KTCY_OK:
-                    _take_message(st[c], <char *>&msg[tid, 0])
-                col_end = p1 * KTCY_PANEL
-                if col_end > I:
-                    col_end = I
-                col = p0 * KTCY_PANEL
-                for r in range(seg0, seg0 + m):
-                    if bg != NULL:
-                        for cc in range(col, col_end):
-                            hg[r, cc] = hg[r, cc] + bg[e * I + cc]
-                    if bu != NULL:
-                        for cc in range(col, col_end):
-                            hu[r, cc] = hu[r, cc] + bu[e * I + cc]
-                    if clamped:
-                        glu_clamped(&hg[r, col], &hu[r, col], col_end - col, alpha, limit)
+                c = ktcy_take(&taken1)
+                while c < n_items1:
+                    cn = ktcy_take(&taken1) if ahead1 else n_items1  # n_items1: not taken yet
+                    e = <int>it1[c, 0]
+                    p0 = it1[c, 1]
+                    p1 = p0 + per_i
+                    if p1 > panels_i:
+                        p1 = panels_i
+                    next_w = NULL
+                    np0 = np1 = 0
+                    if cn < n_items1:
+                        next_w = &self.gate_w[it1[cn, 0]]
+                        np0 = it1[cn, 1]
+                        np1 = min(np0 + per_i, panels_i)
+                    seg0 = segv[e]
+                    m = cnt[e]
+                    fn = self.big_fn if m >= self.big_min_rows else self.small_fn
+                    if integer:
+                        st[c] = _expert_gemm(fn, &self.gate_w[e], &hg[seg0, 0], I, p0, p1, my_scratch, m, kh, group,
+                                             &q1[seg0, 0], &s1[seg0], &g1[seg0, 0], NULL, &self.up_w[e], p0, p1)
+                        st[c] |= _expert_gemm(fn, &self.up_w[e], &hu[seg0, 0], I, p0, p1, my_scratch, m, kh, group,
+                                              &q1[seg0, 0], &s1[seg0], &g1[seg0, 0], NULL, next_w, np0, np1)
                     else:
-                        swiglu(&hg[r, col], &hu[r, col], col_end - col)
-                c = cn
+                        st[c] = _expert_gemm(fn, &self.gate_w[e], &hg[seg0, 0], I, p0, p1, my_scratch, m, kh, 0,
+                                             NULL, NULL, NULL, &b1[seg0, 0], &self.up_w[e], p0, p1)
+                        st[c] |= _expert_gemm(fn, &self.up_w[e], &hu[seg0, 0], I, p0, p1, my_scratch, m, kh, 0,
+                                              NULL, NULL, NULL, &b1[seg0, 0], next_w, np0, np1)
+                    if st[c] != KTCY_OK:
+                        _take_message(st[c], <char *>&msg[tid, 0])
+                    col_end = p1 * KTCY_PANEL
+                    if col_end > I:
+                        col_end = I
+                    col = p0 * KTCY_PANEL
+                    for r in range(seg0, seg0 + m):
+                        if bg != NULL:
+                            for cc in range(col, col_end):
+                                hg[r, cc] = hg[r, cc] + bg[e * I + cc]
+                        if bu != NULL:
+                            for cc in range(col, col_end):
+                                hu[r, cc] = hu[r, cc] + bu[e * I + cc]
+                        if clamped:
+                            glu_clamped(&hg[r, col], &hu[r, col], col_end - col, alpha, limit)
+                        else:
+                            swiglu(&hg[r, col], &hu[r, col], col_end - col)
+                    c = cn if ahead1 else ktcy_take(&taken1)
             # 2. the SwiGLU rows become the down projection's activations
             for r in prange(rows, schedule="static"):
                 if rtok[r] >= 0:
@@ -363,40 +370,40 @@ cdef class MoEEngine:
                         ktcy_convert_act_bf16(&hg[0, 0], I, I, ki, r, r + 1, &b2[0, 0])
             # 3. down
             for team_slot in prange(nthreads, schedule="static", chunksize=1):
-              c = ktcy_take(&taken2)
-              while c < n_items2:
-                cn = ktcy_take(&taken2)
-                e = <int>it2[c, 0]
-                p0 = it2[c, 1]
-                p1 = p0 + per_h
-                if p1 > panels_h:
-                    p1 = panels_h
-                next_w = NULL
-                np0 = np1 = 0
-                if cn < n_items2:
-                    next_w = &self.down_w[it2[cn, 0]]
-                    np0 = it2[cn, 1]
-                    np1 = min(np0 + per_h, panels_h)
-                seg0 = segv[e]
-                m = cnt[e]
-                fn = self.big_fn if m >= self.big_min_rows else self.small_fn
-                if integer:
-                    st[n_items1 + c] = _expert_gemm(fn, &self.down_w[e], &hd[seg0, 0], H, p0, p1, my_scratch, m, ki,
-                                                    group, &q2[seg0, 0], &s2[seg0], &g2[seg0, 0], NULL,
-                                                    next_w, np0, np1)
-                else:
-                    st[n_items1 + c] = _expert_gemm(fn, &self.down_w[e], &hd[seg0, 0], H, p0, p1, my_scratch, m, ki,
-                                                    0, NULL, NULL, NULL, &b2[seg0, 0], next_w, np0, np1)
-                if st[n_items1 + c] != KTCY_OK:
-                    _take_message(st[n_items1 + c], <char *>&msg[tid, 0])
-                if bd != NULL:
-                    col_end = p1 * KTCY_PANEL
-                    if col_end > H:
-                        col_end = H
-                    for r in range(seg0, seg0 + m):
-                        for cc in range(p0 * KTCY_PANEL, col_end):
-                            hd[r, cc] = hd[r, cc] + bd[e * H + cc]
-                c = cn
+                c = ktcy_take(&taken2)
+                while c < n_items2:
+                    cn = ktcy_take(&taken2) if ahead2 else n_items2
+                    e = <int>it2[c, 0]
+                    p0 = it2[c, 1]
+                    p1 = p0 + per_h
+                    if p1 > panels_h:
+                        p1 = panels_h
+                    next_w = NULL
+                    np0 = np1 = 0
+                    if cn < n_items2:
+                        next_w = &self.down_w[it2[cn, 0]]
+                        np0 = it2[cn, 1]
+                        np1 = min(np0 + per_h, panels_h)
+                    seg0 = segv[e]
+                    m = cnt[e]
+                    fn = self.big_fn if m >= self.big_min_rows else self.small_fn
+                    if integer:
+                        st[n_items1 + c] = _expert_gemm(fn, &self.down_w[e], &hd[seg0, 0], H, p0, p1, my_scratch, m, ki,
+                                                        group, &q2[seg0, 0], &s2[seg0], &g2[seg0, 0], NULL,
+                                                        next_w, np0, np1)
+                    else:
+                        st[n_items1 + c] = _expert_gemm(fn, &self.down_w[e], &hd[seg0, 0], H, p0, p1, my_scratch, m, ki,
+                                                        0, NULL, NULL, NULL, &b2[seg0, 0], next_w, np0, np1)
+                    if st[n_items1 + c] != KTCY_OK:
+                        _take_message(st[n_items1 + c], <char *>&msg[tid, 0])
+                    if bd != NULL:
+                        col_end = p1 * KTCY_PANEL
+                        if col_end > H:
+                            col_end = H
+                        for r in range(seg0, seg0 + m):
+                            for cc in range(p0 * KTCY_PANEL, col_end):
+                                hd[r, cc] = hd[r, cc] + bd[e * H + cc]
+                    c = cn if ahead2 else ktcy_take(&taken2)
             # 4. weighted sum per token, experts in routing order (or the products one by one)
             for t in prange(T, schedule="static"):
                 if per_slot:

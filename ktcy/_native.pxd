@@ -1,5 +1,5 @@
 # C declarations of include/ktcy/*.h used by the Cython layer.
-from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uint64_t, uintptr_t
 
 cdef extern from "ktcy/ktcy.h" nogil:
     ctypedef struct ktcy_cpu:
@@ -70,10 +70,13 @@ cdef extern from "ktcy/ktcy.h" nogil:
     int64_t ktcy_gemm_scratch_bytes(int64_t k_pad)
     int64_t ktcy_split_panels(int64_t panels, int64_t parts)
     int64_t ktcy_take(int64_t *counter)
+    ctypedef struct ktcy_span:
+        const uint8_t *at
+        int64_t bytes
     ctypedef struct ktcy_ahead:
-        const char *at
+        uintptr_t at
         int64_t lines
-    ktcy_ahead ktcy_ahead_share(const uint8_t *next, int64_t bytes, int64_t tile, int64_t tiles, int64_t nkb)
+    ktcy_ahead ktcy_ahead_share(ktcy_span next, int64_t tile, int64_t tiles, int64_t nkb)
 
     uint16_t ktcy_f32_to_bf16(float f)
     uint16_t ktcy_e4m3_to_bf16(uint8_t b)

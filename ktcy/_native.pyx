@@ -609,12 +609,13 @@ cdef _raise_status(int st, char *message):
 def ahead_shares(int64_t nbytes, int64_t tiles, int64_t nkb):
     """Each row tile's share of nbytes fetched ahead over nkb K blocks (prefetch.h), as
     (first byte offset, lines per block); for tests.  Nothing is read."""
-    cdef const uint8_t *base = <const uint8_t *>(<uintptr_t>1 << 30)  # pointer arithmetic only
+    cdef ktcy_span span
     cdef ktcy_ahead s
+    span.at, span.bytes = <const uint8_t *>(<uintptr_t>1 << 30), nbytes  # never dereferenced
     shares = []
     for t in range(tiles):
-        s = ktcy_ahead_share(base, nbytes, t, tiles, nkb)
-        shares.append((<int64_t>(s.at - <const char *>base), s.lines))
+        s = ktcy_ahead_share(span, t, tiles, nkb)
+        shares.append((<int64_t>(s.at - <uintptr_t>span.at) if s.lines else 0, s.lines))
     return shares
 
 # ---------------------------------------------------------------- emulated tile unit, instruction level

@@ -342,16 +342,14 @@ KT_AI void KT_(f32_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int6
         KT_(f32_rows)(a, c0, (chunk + 5) / 6 * 6, rows); /* every tile below reads whole rows */
         for (int64_t p = pb; p < pe; ++p) {
             KT_(f32_panel)(w, p, panel);
-            /* the tiles fetch the next panel (of the next chunk's sweep, or the caller's hint) */
-            const int64_t tiles = (chunk + 5) / 6;
-            const uint8_t *next_at = 0;
-            int64_t next_bytes = 0;
-            if (tiles >= 2)
-                ktcy_next_group(a, w, p + 1 < pe || c0 + chunk >= a->m ? p + 1 : pb, pe, 1, KT_BK, KT_BB, &next_at, &next_bytes);
+            /* the tiles fetch the panel that comes next: this sweep's next one, else the next
+             * chunk's first, else the caller's hint */
+            const int64_t tiles = (chunk + 5) / 6, following = p + 1 < pe || c0 + chunk >= a->m ? p + 1 : pb;
+            const ktcy_span next = tiles >= 2 ? ktcy_next_group(a, w, following, pe, 1, KT_BK, KT_BB) : (ktcy_span){0, 0};
             for (int64_t i = 0, tile = 0; i < chunk; ++tile) {
                 const int64_t left = chunk - i;
                 const float *x = rows + i * w->k_pad;
-                const ktcy_ahead ahead = ktcy_ahead_share(next_at, next_bytes, tile, tiles, w->k_pad / KT_BK);
+                const ktcy_ahead ahead = ktcy_ahead_share(next, tile, tiles, w->k_pad / KT_BK);
                 /* 6-row tiles, but 4 + 4 for 8 rows left (and 4 + 4 for 7): a 2-row tile's 4 FMA
                  * chains run at half speed */
                 if (left >= 5 && left % 6 != 1 && left % 6 != 2) { KT_(f32_micro)(6, a, w, panel, x, c0 + i, p, y, ldy, ahead); i += 6; }
@@ -387,7 +385,6 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
     const int wide = KT_WIDE_TILE && a->m > 4 && !KT_(has_groups)(w);
     const int64_t nkb = w->k_pad / KT_BK;
     uint8_t *decoded = ktcy_align64(scratch);
-    (void)nkb;
 #if KT_INT_ACT
     const uint8_t *x = (const uint8_t *)a->q;
 #else
@@ -400,12 +397,10 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #if KT_WIDE_TILE
         if (wide && pe - p >= 2) {
             const int64_t tiles = (a->m + 2) / 3;
-            const uint8_t *next_at = 0;
-            int64_t next_bytes = 0;
-            ktcy_next_group(a, w, p + 2, pe, 2, KT_BK, KT_BB, &next_at, &next_bytes);
+            const ktcy_span next = ktcy_next_group(a, w, p + 2, pe, 2, KT_BK, KT_BB);
             for (int64_t m0 = 0, tile = 0; m0 < a->m; m0 += 3, ++tile) {
                 const int64_t left = a->m - m0;
-                const ktcy_ahead ahead = ktcy_ahead_share(next_at, next_bytes, tile, tiles, nkb);
+                const ktcy_ahead ahead = ktcy_ahead_share(next, tile, tiles, nkb);
                 if (left >= 3) KT_(micro)(3, 2, 0, a, x, w, m0, p, y, ldy, decoded, ahead);
                 else if (left == 2) KT_(micro)(2, 2, 0, a, x, w, m0, p, y, ldy, decoded, ahead);
                 else KT_(micro)(1, 2, 0, a, x, w, m0, p, y, ldy, decoded, ahead);
@@ -428,15 +423,14 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
         if (pre) KT_(decode_panels)(w->data + p * nkb * KT_BB, decoded, nkb);
 #endif
         const int64_t tiles = (a->m + max_rows - 1) / max_rows;
-        const uint8_t *next_at = 0;
-        int64_t next_bytes = 0;
+
         /* several row tiles share the panel: they fetch the next one (decode tiles gained nothing
          * from it beside their own stream, measured) */
-        if (tiles >= 2) ktcy_next_group(a, w, p + 1, pe, 1, KT_BK, KT_BB, &next_at, &next_bytes);
+        const ktcy_span next = tiles >= 2 ? ktcy_next_group(a, w, p + 1, pe, 1, KT_BK, KT_BB) : (ktcy_span){0, 0};
         for (int64_t m0 = 0, tile = 0; m0 < a->m; ++tile) {
             const int64_t left = a->m - m0;
             const int mb = left >= max_rows ? max_rows : left <= 1 ? 1 : left <= 2 ? 2 : 4;
-            const ktcy_ahead ahead = ktcy_ahead_share(next_at, next_bytes, tile, tiles, nkb);
+            const ktcy_ahead ahead = ktcy_ahead_share(next, tile, tiles, nkb);
 #if KT_ALWAYS_PRE
             KT_TILE(1);
 #else

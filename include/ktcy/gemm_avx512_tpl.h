@@ -240,7 +240,6 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
     const int max_rows = (KT_FAST && !(KT_REG_DECODE && !pre)) ? 6 : 4;
     uint8_t *pre_buf = ktcy_align64(scratch);
     const int64_t nkb = w->k_pad / KT_BK;
-    (void)nkb;
     for (int64_t p = pb; p < pe;) {
         const int np = pe - p >= 4 && a->m > KT_ONE_PANEL_ROWS ? 4 : 1;
 #if KT_PREDECODE
@@ -256,11 +255,9 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
         /* several row tiles share the group: they fetch the next one as they go (prefetch.h;
          * decode tiles gained nothing from it beside their own stream, FP8 T=4 1.4x slower) */
         const int64_t tiles = (a->m + max_rows - 1) / max_rows;
-        const uint8_t *next_at = 0;
-        int64_t next_bytes = 0;
-        if (tiles >= 2) ktcy_next_group(a, w, p + np, pe, np, KT_BK, KT_BB, &next_at, &next_bytes);
+        const ktcy_span next = tiles >= 2 ? ktcy_next_group(a, w, p + np, pe, np, KT_BK, KT_BB) : (ktcy_span){0, 0};
         for (int64_t m0 = 0, tile = 0; m0 < a->m; ++tile) {
-            const ktcy_ahead ahead = ktcy_ahead_share(next_at, next_bytes, tile, tiles, nkb);
+            const ktcy_ahead ahead = ktcy_ahead_share(next, tile, tiles, nkb);
             int64_t left = a->m - m0;
             /* rows past a->m are zero padding (m_pad), so rounding a tile up to 2/4/6 rows is safe */
             int mb = max_rows;

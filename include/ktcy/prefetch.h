@@ -13,8 +13,13 @@
 #include "types.h"
 
 typedef struct {
-    const char *at;   /* this tile's first line */
-    int64_t lines;    /* lines per K block; 0: nothing to fetch */
+    const uint8_t *at; /* packed bytes to fetch ahead; NULL: none */
+    int64_t bytes;
+} ktcy_span;
+
+typedef struct {
+    uintptr_t at;      /* this tile's first line */
+    int64_t lines;     /* lines per K block; 0: nothing to fetch */
 } ktcy_ahead;
 
 static inline ktcy_ahead ktcy_no_ahead(void) {
@@ -22,42 +27,41 @@ static inline ktcy_ahead ktcy_no_ahead(void) {
     return s;
 }
 
-/* The packed bytes that follow a group of np panels ending before panel `next` of w (panels
- * [pb, pe) are this call's): the next group of this call, else the hint's first np panels. */
-static inline void ktcy_next_group(const ktcy_act *a, const ktcy_weight *w, int64_t next, int64_t pe, int64_t np,
-                                   int64_t block_k, int64_t block_bytes, const uint8_t **at, int64_t *bytes) {
+/* The packed bytes after a group of np panels that ends before panel `next_panel` of w (this
+ * call's panels end at pe): the next group of this call, else the hint's first np panels. */
+static inline ktcy_span ktcy_next_group(const ktcy_act *a, const ktcy_weight *w, int64_t next_panel, int64_t pe,
+                                        int64_t np, int64_t block_k, int64_t block_bytes) {
+    ktcy_span none = {0, 0};
     const ktcy_weight *nw = w;
-    int64_t count = pe - next;
+    int64_t count = pe - next_panel;
     if (count <= 0) {
         nw = a->next_w;
-        if (nw == 0 || nw->format != w->format || a->next_pe <= a->next_pb) {
-            *at = 0;
-            *bytes = 0;
-            return;
-        }
-        next = a->next_pb;
+        if (nw == 0 || nw->format != w->format || a->next_pe <= a->next_pb) return none;
+        next_panel = a->next_pb;
         count = a->next_pe - a->next_pb;
     }
     const int64_t panel_bytes = nw->k_pad / block_k * block_bytes;
-    *at = nw->data + next * panel_bytes;
-    *bytes = (count < np ? count : np) * panel_bytes;
-}
-
-/* Tile `tile` of `tiles` over nkb K blocks: its share of the `bytes` at `next`. */
-static inline ktcy_ahead ktcy_ahead_share(const uint8_t *next, int64_t bytes, int64_t tile, int64_t tiles,
-                                          int64_t nkb) {
-    ktcy_ahead s = {(const char *)next, 0};
-    if (next == 0 || bytes <= 0 || tiles < 1 || nkb < 1) return s;
-    const int64_t lines = (bytes + 63) / 64, per_tile = (lines + tiles - 1) / tiles;
-    s.lines = (per_tile + nkb - 1) / nkb;
-    s.at += tile * s.lines * nkb * 64;
-    if (s.at >= (const char *)next + bytes) s.lines = 0; /* the earlier tiles covered it all */
+    ktcy_span s = {nw->data + next_panel * panel_bytes, (count < np ? count : np) * panel_bytes};
     return s;
 }
 
-/* Block kb's lines of the share (prefetches never fault, so the last share may run past the end). */
+/* Tile `tile` of `tiles` over nkb K blocks: its share of `next`.  Addresses are integers: the
+ * last share may reach past the end, which a prefetch tolerates and a C pointer may not. */
+static inline ktcy_ahead ktcy_ahead_share(ktcy_span next, int64_t tile, int64_t tiles, int64_t nkb) {
+    ktcy_ahead s = ktcy_no_ahead();
+    if (next.at == 0 || next.bytes <= 0 || tiles < 1 || nkb < 1) return s;
+    const int64_t lines = (next.bytes + 63) / 64, per_tile = (lines + tiles - 1) / tiles;
+    const int64_t per_block = (per_tile + nkb - 1) / nkb, first = tile * per_block * nkb * 64;
+    if (first >= next.bytes) return s; /* the earlier tiles covered it all */
+    s.at = (uintptr_t)next.at + (uintptr_t)first;
+    s.lines = per_block;
+    return s;
+}
+
+/* Block kb's lines of the share. */
 static inline __attribute__((always_inline)) void ktcy_ahead_block(ktcy_ahead s, int64_t kb) {
-    for (int64_t l = 0; l < s.lines; ++l) _mm_prefetch(s.at + (kb * s.lines + l) * 64, _MM_HINT_T1);
+    for (int64_t l = 0; l < s.lines; ++l)
+        _mm_prefetch((const char *)(s.at + (uintptr_t)((kb * s.lines + l) * 64)), _MM_HINT_T1);
 }
 
 #endif

@@ -35,8 +35,8 @@ typedef struct {
     const float *scale;      /* INT8 activations: per-row scale, [m_pad] */
     const int32_t *group_sum;/* GROUP formats: sum of codes per group, [m_pad][k_pad/group] */
     int32_t group;           /* group size the sums were taken over (0: none) */
-    const ktcy_weight *next_w; /* optional hint: the weight (same format) whose panels        */
-    int64_t next_pb, next_pe;  /* [next_pb, next_pe) this thread multiplies next; NULL: unknown */
+    const ktcy_weight *next_w; /* optional hint (NULL: none): the weight, same format, whose */
+    int64_t next_pb, next_pe;  /* panels [next_pb, next_pe) this thread multiplies next       */
 } ktcy_act;
 
 /* One GEMM entry point per kernel variant: Y[m][n] for every row and for the output channels
