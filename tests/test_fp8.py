@@ -141,3 +141,24 @@ def test_scale_format_detector():
         fp8_scale_kind("x.weight_scale", (7,), (200, 300))
     with pytest.raises(ValueError, match="must be"):
         fp8_scale_kind("x.weight_scale_inv", (200,), (200, 300))
+
+
+@pytest.mark.parametrize("fmt", ["FP8_PERCHANNEL", "FP8_BLOCK"])
+def test_prefill_rows_agree_whichever_tile_decodes_the_panels(fmt):
+    """A prefill group's first row tile may decode the panels itself and keep them for the other
+    tiles (AVX-512 VBMI): a row must come out with the same bits in that first tile as in a
+    later one reading the kept panels, and match float64 on the dequantized weights."""
+    rng = np.random.default_rng(11)
+    n, k = 72, 416  # 4 full panels and a partial one; K not a multiple of the 128 scale block
+    W = (rng.standard_normal((n, k)) * 0.5).astype(np.float32)
+    W[:, 128:256] *= 30.0
+    packed = kernels.pack(W, fmt)
+    # 12 rows and 4 + 12: no one-row tile anywhere (those sum even and odd rows apart)
+    X = rng.standard_normal((12, k)).astype(np.float32)
+    shifted = np.concatenate([rng.standard_normal((4, k)).astype(np.float32), X])
+    ref = bf16_round(X).astype(np.float64) @ packed.dequantize().astype(np.float64).T
+    for v in runnable_variants(fmt):
+        first = kernels.linear_variant(X, packed, v)         # X's rows 0-3 in the first tile
+        later = kernels.linear_variant(shifted, packed, v)[4:]  # the same rows in later tiles
+        assert np.array_equal(first, later), v
+        assert np.abs(first - ref).max() / np.abs(ref).max() < 1e-5, v

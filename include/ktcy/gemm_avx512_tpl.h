@@ -20,6 +20,8 @@
  *   KT_(final)(acc, facc, a, w, m, n0)            the 16 outputs of one row and panel
  * and may set KT_ONE_PANEL_ROWS r: calls of at most r rows take one panel per tile, not four;
  * KT_PRE_SCALED 1: decode_panels folds the group scales in (predecoded tiles skip the epilogue).
+ * KT_FUSED_PREDECODE 1: rows() yields decode_panels' bytes, so a group's first row tile decodes
+ *   in registers and keeps the rows for the others instead of a separate decode pass.
  *
  * Every packed block has 16 rows of 64 bytes once loaded; row r pairs with the activation dword
  * at k0 + r * KT_KPR.  A micro-tile keeps MB x NP accumulators of 16 channels in registers: large
@@ -120,12 +122,15 @@ KT_AI void KT_(merge_split)(KT_(acc_t) acc[6][4], const int NP) {
 #ifndef KT_PLAIN_ROWS
 #define KT_PLAIN_ROWS 0
 #endif
+#ifndef KT_FUSED_PREDECODE
+#define KT_FUSED_PREDECODE 0
+#endif
 
 /* MB rows from m0, NP panels from p0.  PRE: the panels were decoded to bf16 blocks beforehand,
  * starting at `decoded` (block j of panel p at decoded + (p * nkb + j) * 1024). */
-KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const KT_(ctx) *c, const ktcy_act *a,
-                      const ktcy_weight *w, int64_t m0, int64_t p0, float *y, int64_t ldy, const uint8_t *decoded,
-                      ktcy_ahead ahead) {
+KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const int KEEP, const KT_(ctx) *c,
+                      const ktcy_act *a, const ktcy_weight *w, int64_t m0, int64_t p0, float *y, int64_t ldy,
+                      uint8_t *decoded, ktcy_ahead ahead) {
     const int64_t nkb = w->k_pad / KT_BK;
     const int64_t block_bytes = PRE ? 1024 : KT_BB;
     const int groups = KT_(has_groups)(w) && !(PRE && KT_PRE_SCALED);
@@ -169,6 +174,11 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const KT_(ctx) 
 #if !KT_ALWAYS_PRE
                 else {
                     KT_(rows)(c, blk[p], r2, wv2[p]);
+                    if (KEEP) { /* the fused predecode: these rows serve the group's later tiles */
+                        uint8_t *kept = decoded + (p * nkb + kb) * 1024 + r2 * 64;
+                        _mm512_storeu_si512(kept, wv2[p][0].v0);
+                        _mm512_storeu_si512(kept + 64, wv2[p][1].v0);
+                    }
                 }
 #endif
                 wv2[p][0] = KT_(prep_w)(wv2[p][0], PRE);
@@ -211,7 +221,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const KT_(ctx) 
     }
 }
 
-#define KT_CALL(mb, np, pre) KT_(micro)(mb, np, pre, &c, a, w, m0, p, y, ldy, pre_buf, ahead)
+#define KT_CALL(mb, np, pre) KT_(micro)(mb, np, pre, 0, &c, a, w, m0, p, y, ldy, pre_buf, ahead)
 /* Tile shapes are compile-time constants in every call, so each one is fully unrolled. */
 #define KT_DISPATCH(pre)                                                                  \
     switch (mb * 8 + np) {                                                                \
@@ -240,10 +250,14 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
     const int max_rows = (KT_FAST && !(KT_REG_DECODE && !pre)) ? 6 : 4;
     uint8_t *pre_buf = ktcy_align64(scratch);
     const int64_t nkb = w->k_pad / KT_BK;
+    /* KT_FUSED_PREDECODE: a group's first row tile (4 rows) decodes in registers and keeps the
+     * decoded rows for the group's other tiles, so the decode's shuffles overlap its dot products
+     * instead of running as a pass of their own */
+    const int fused = KT_FUSED_PREDECODE && pre && KT_REG_DECODE && a->m > 4;
     for (int64_t p = pb; p < pe;) {
         const int np = pe - p >= 4 && a->m > KT_ONE_PANEL_ROWS ? 4 : 1;
 #if KT_PREDECODE
-        if (pre) { /* block by block, fetching KT_AHEAD blocks ahead: the panels come from memory */
+        if (pre && !fused) { /* block by block, fetching KT_AHEAD blocks ahead: the panels come from memory */
             const uint8_t *src = w->data + p * nkb * KT_BB;
             for (int64_t b = 0; b < np * nkb; ++b) {
                 _Pragma("GCC unroll 8")
@@ -268,7 +282,11 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #if KT_ALWAYS_PRE
             KT_DISPATCH(1)
 #else
-            if (pre) { KT_DISPATCH(1) } else { KT_DISPATCH(0) }
+            if (fused && m0 == 0) {
+                mb = 4;
+                if (np == 4) KT_(micro)(4, 4, 0, 1, &c, a, w, m0, p, y, ldy, pre_buf, ahead);
+                else KT_(micro)(4, 1, 0, 1, &c, a, w, m0, p, y, ldy, pre_buf, ahead);
+            } else if (pre) { KT_DISPATCH(1) } else { KT_DISPATCH(0) }
 #endif
             m0 += mb;
         }
@@ -285,4 +303,5 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_AHEAD
 #undef KT_ONE_PANEL_ROWS
 #undef KT_PRE_SCALED
+#undef KT_FUSED_PREDECODE
 #include "traits_end.h"
