@@ -276,14 +276,14 @@ def pack_quantized(codes: np.ndarray, scale: Optional[np.ndarray], format: str, 
         if group not in d["group_sizes"]:
             raise ValueError(f"{fmt} group_size must be one of {tuple(d['group_sizes'])}, got {group}")
         groups = _padded(fmt, n, k, group)[1] // group
-        scale = panel_major(_group_major(scale, np.float32, 0, n, k, group, groups, n_pad, f"{fmt} scale"))
+        scale = _kernel_group_array(scale, np.float32, 0, n, k, group, groups, n_pad, f"{fmt} scale")
         if d["zero_points"]:
             if zero_points is None:
                 raise ValueError(f"{fmt} needs zero points")
             z = np.asarray(zero_points)
             if not np.issubdtype(z.dtype, np.integer) or (z.size and (z.min() < 0 or z.max() > 15)):
                 raise ValueError(f"{fmt} zero points must be integers in [0, 15]")
-            zero_points = panel_major(_group_major(z, np.uint8, 8, n, k, group, groups, n_pad, f"{fmt} zero points"))
+            zero_points = _kernel_group_array(z, np.uint8, 8, n, k, group, groups, n_pad, f"{fmt} zero points")
         elif zero_points is not None:
             raise ValueError(f"{fmt} has no zero points; got some")
     else:
@@ -330,9 +330,9 @@ def group_major(a, groups):
     return np.ascontiguousarray(flat.reshape(panels, groups, 16).transpose(1, 0, 2).reshape(groups, panels * 16))
 
 
-def _group_major(a, dtype, fill, n, k, group, groups, n_pad, what):
-    """A per-(channel, group) array given as [N, ceil(K/group)] or already [groups, N_pad] as
-    [groups][N_pad], padding filled with `fill`."""
+def _kernel_group_array(a, dtype, fill, n, k, group, groups, n_pad, what):
+    """A per-(channel, group) array given as [N, ceil(K/group)] or [groups, N_pad] as the kernels
+    read it (panel_major), padding filled with `fill`."""
     a = np.asarray(a)
     if a.shape == (n, -(-k // group)):
         full = np.full((groups, n_pad), fill, dtype)
@@ -340,7 +340,7 @@ def _group_major(a, dtype, fill, n, k, group, groups, n_pad, what):
         a = full
     if a.shape != (groups, n_pad):
         raise ValueError(f"{what} must be [{groups}, {n_pad}] or [{n}, {-(-k // group)}], got {a.shape}")
-    return np.ascontiguousarray(a, dtype)
+    return panel_major(np.asarray(a, dtype))
 
 
 def _expect_dtype(a, dtype, what):

@@ -32,6 +32,7 @@ def test_tile_shares_cover_every_line(nbytes, tiles, nkb):
 
 def test_nothing_to_fetch_gives_no_lines():
     assert _native.ahead_shares(0, 4, 8) == [(0, 0)] * 4
+    assert _native.ahead_shares(4096, 1, 8) == [(0, 0)]  # one tile (decode) streams its own panels
 
 
 def _layer(fmt, isa, rng, E=7, H=200, I=136):

@@ -38,9 +38,10 @@ KT_AI int64_t KT_(group_at)(const ktcy_weight *w, int64_t kb, int r, int64_t nkb
 #define KT_WKIND KT_W_BF16
 #define KT_PREDECODE 0 /* prefill decodes each panel to floats once (the skeleton's float path) */
 #define KT_REG_DECODE 1
-/* Row r (16 channels' even and odd codes) -> floats, exactly, in units of 2^-8 (final() multiplies
- * the sums by 256: a power of two, so they round as they would at full size): with the sign at bit 15 and the 7 magnitude bits at bits 7..13, a code is the
- * fp16 worth its value x 2^-8 (fp16 subnormals cover E4M3's), and vcvtph2ps widens it exactly.
+/* Row r (16 channels' even and odd codes) -> floats, exactly, in units of 2^-8 (final()
+ * multiplies the sums by 256: a power of two, so they round as they would at full size): with
+ * the sign at bit 15 and the 7 magnitude bits at bits 7..13, a code is the fp16 worth its value
+ * x 2^-8 (fp16 subnormals cover E4M3's), and vcvtph2ps widens it exactly.
  * One 32-byte row per call: the bit moves serve both halves.  NaN codes (0x7F/0xFF) would come
  * out as +-1.875 x 2^-8: a weight holding one (w->nan_codes, found once when its descriptor is
  * made) is decoded by wrow_checked, which takes a row holding one from the table.  A per-row

@@ -345,7 +345,7 @@ KT_AI void KT_(f32_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int6
             /* the tiles fetch the panel that comes next: this sweep's next one, else the next
              * chunk's first, else the caller's hint */
             const int64_t tiles = (chunk + 5) / 6, following = p + 1 < pe || c0 + chunk >= a->m ? p + 1 : pb;
-            const ktcy_span next = tiles >= 2 ? ktcy_next_group(a, w, following, pe, 1, KT_BK, KT_BB) : (ktcy_span){0, 0};
+            const ktcy_span next = ktcy_next_group(a, w, following, pe, 1, KT_BK, KT_BB);
             for (int64_t i = 0, tile = 0; i < chunk; ++tile) {
                 const int64_t left = chunk - i;
                 const float *x = rows + i * w->k_pad;
@@ -422,11 +422,9 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #if KT_PREDECODE
         if (pre) KT_(decode_panels)(w->data + p * nkb * KT_BB, decoded, nkb);
 #endif
+        /* several row tiles share the panel: they fetch the next one (prefetch.h) */
         const int64_t tiles = (a->m + max_rows - 1) / max_rows;
-
-        /* several row tiles share the panel: they fetch the next one (decode tiles gained nothing
-         * from it beside their own stream, measured) */
-        const ktcy_span next = tiles >= 2 ? ktcy_next_group(a, w, p + 1, pe, 1, KT_BK, KT_BB) : (ktcy_span){0, 0};
+        const ktcy_span next = ktcy_next_group(a, w, p + 1, pe, 1, KT_BK, KT_BB);
         for (int64_t m0 = 0, tile = 0; m0 < a->m; ++tile) {
             const int64_t left = a->m - m0;
             const int mb = left >= max_rows ? max_rows : left <= 1 ? 1 : left <= 2 ? 2 : 4;

@@ -253,7 +253,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
     /* KT_FUSED_PREDECODE: a group's first row tile (4 rows) decodes in registers and keeps the
      * decoded rows for the group's other tiles, so the decode's shuffles overlap its dot products
      * instead of running as a pass of their own */
-    const int fused = KT_FUSED_PREDECODE && pre && KT_REG_DECODE && a->m > 4;
+    const int fused = KT_FUSED_PREDECODE && KT_REG_DECODE && pre; /* pre: more than 4 rows here */
     for (int64_t p = pb; p < pe;) {
         const int np = pe - p >= 4 && a->m > KT_ONE_PANEL_ROWS ? 4 : 1;
 #if KT_PREDECODE
@@ -266,10 +266,9 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
             }
         }
 #endif
-        /* several row tiles share the group: they fetch the next one as they go (prefetch.h;
-         * decode tiles gained nothing from it beside their own stream, FP8 T=4 1.4x slower) */
+        /* several row tiles share the group: they fetch the next one as they go (prefetch.h) */
         const int64_t tiles = (a->m + max_rows - 1) / max_rows;
-        const ktcy_span next = tiles >= 2 ? ktcy_next_group(a, w, p + np, pe, np, KT_BK, KT_BB) : (ktcy_span){0, 0};
+        const ktcy_span next = ktcy_next_group(a, w, p + np, pe, np, KT_BK, KT_BB);
         for (int64_t m0 = 0, tile = 0; m0 < a->m; ++tile) {
             const ktcy_ahead ahead = ktcy_ahead_share(next, tile, tiles, nkb);
             int64_t left = a->m - m0;
