@@ -85,6 +85,40 @@ def measure_peak(str name, int threads, double seconds=0.03, int repeats=4):
     return {"instruction": instruction, "value": best / 1e9, "unit": unit, "threads": threads,
             "single_thread": single / 1e9, "reliable": reliable, "note": note, "run_seconds": seconds}
 
+cdef int _read_kind():
+    return 2 if _satisfied & KTCY_NEED_AVX512 else (1 if _satisfied & KTCY_NEED_AVX2 else 0)
+
+cdef int64_t _read_bytes(int kind, int64_t per_thread, int threads):
+    """Bytes one pass of `threads` x per_thread actually reads (the loops skip a ragged tail)."""
+    return threads * (ktcy_read_avx512_bytes(per_thread) if kind == 2 else
+                      ktcy_read_avx2_bytes(per_thread) if kind == 1 else per_thread // 8 * 8)
+
+cdef double _read_pass(const uint8_t[::1] view, int64_t start_at, int64_t per_thread, int threads, int kind):
+    """Wall seconds of `threads` threads each streaming per_thread bytes from start_at on."""
+    cdef int t
+    cdef uint64_t sink = 0
+    start = _time.perf_counter()
+    with nogil:
+        for t in prange(threads, num_threads=threads, schedule="static"):
+            if kind == 2:
+                sink ^= ktcy_read_avx512(&view[start_at + t * per_thread], per_thread)
+            elif kind == 1:
+                sink ^= ktcy_read_avx2(&view[start_at + t * per_thread], per_thread)
+            else:
+                sink ^= ktcy_read_ref(&view[start_at + t * per_thread], per_thread)
+    return _time.perf_counter() - start
+
+def read_pass(const uint8_t[::1] buf, int64_t start_at, int64_t per_thread, int threads):
+    """Bytes per second of one streaming pass: `threads` threads each read per_thread bytes of
+    buf, side by side from start_at on (the window must lie inside buf)."""
+    if threads < 1 or per_thread < 256:
+        raise ValueError(f"need threads >= 1 and per_thread >= 256, got {threads} and {per_thread}")
+    if start_at < 0 or start_at + threads * per_thread > buf.shape[0]:
+        raise ValueError(f"window [{start_at}, {start_at + threads * per_thread}) is outside the "
+                         f"{buf.shape[0]}-byte buffer")
+    cdef int kind = _read_kind()
+    return _read_bytes(kind, per_thread, threads) / _read_pass(buf, start_at, per_thread, threads, kind)
+
 def measure_read_bandwidth(int threads, int64_t nbytes=512 * 1024 * 1024, int repeats=5,
                            int64_t window=16 * 1024 * 1024):
     """Bytes per second of streaming reads by `threads` threads at once: each timed pass reads
@@ -99,26 +133,15 @@ def measure_read_bandwidth(int threads, int64_t nbytes=512 * 1024 * 1024, int re
     cdef int64_t per_thread = min(window, nbytes // threads) // 256 * 256
     if per_thread < 256:
         raise ValueError(f"nbytes {nbytes} is too small for {threads} threads")
-    cdef int64_t span = per_thread * threads, windows = nbytes // span, start_at
+    cdef int64_t span = per_thread * threads, windows = nbytes // span
     buf = np.ones(windows * span, np.uint8)
     cdef const uint8_t[::1] view = buf
-    cdef int t, kind = 2 if _satisfied & KTCY_NEED_AVX512 else (1 if _satisfied & KTCY_NEED_AVX2 else 0)
-    cdef uint64_t sink = 0
-    read = threads * (ktcy_read_avx512_bytes(per_thread) if kind == 2 else
-                      ktcy_read_avx2_bytes(per_thread) if kind == 1 else per_thread // 8 * 8)
+    cdef int kind = _read_kind()
+    read = _read_bytes(kind, per_thread, threads)
     best = 0.0
     for sweep in range(repeats + 1):
         for w in range(windows):
-            start_at = w * span
-            start = _time.perf_counter()
-            with nogil:
-                for t in prange(threads, num_threads=threads, schedule="static"):
-                    if kind == 2:
-                        sink ^= ktcy_read_avx512(&view[start_at + t * per_thread], per_thread)
-                    elif kind == 1:
-                        sink ^= ktcy_read_avx2(&view[start_at + t * per_thread], per_thread)
-                    else:
-                        sink ^= ktcy_read_ref(&view[start_at + t * per_thread], per_thread)
+            seconds = _read_pass(view, w * span, per_thread, threads, kind)
             if sweep:
-                best = max(best, read / (_time.perf_counter() - start))
+                best = max(best, read / seconds)
     return best

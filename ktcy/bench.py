@@ -10,7 +10,8 @@ from ktcy import _native, kernels, progress
 from ktcy.config import MoeConfig, QuantConfig
 from ktcy.formats import FORMATS, canonical_format
 from ktcy.moe import MoE
-from ktcy.roofline import llc_bytes, peak_for, roofline
+from ktcy.roofline import ReadProbe, llc_bytes, peak_for, roofline
+from ktcy.threads import get_num_threads
 
 # name -> (hidden, intermediate, experts, top_k, note).  DeepSeek-V3's 256 experts do not fit
 # in 24 GiB as float32 sources; its real H, I and top-k with fewer experts keep per-token work
@@ -25,8 +26,9 @@ DISTINCT_EXPERTS = 16                  # quantized and packed; the other experts
 DEFAULT_TOKENS = (1, 32, 512)          # decode, the AMX switch-over, prefill: about a minute on 2 cores
 FULL_TOKENS = (1, 4, 32, 128, 512)     # --full
 LEGEND = ("median: per-call time over the calls shown in 'runs'; [p10-p90]: the 10th-90th percentile of those "
-          "calls; GB/s: bytes of the experts each call touched / time; GFLOP/s: 2 x 3 x H x I x T x top-k / time. "
-          "Every call draws a fresh routing.")
+          "calls; weight GB/s: bytes of the experts each call touched / time; read GB/s: the median of streaming-read "
+          "passes taken between those calls (what the memory gave in the same seconds), % read BW the ratio of the "
+          "two; GFLOP/s: 2 x 3 x H x I x T x top-k / time. Every call draws a fresh routing.")
 
 
 def parse_shape(text):
@@ -63,10 +65,10 @@ def check_isa(isa, formats):
 def memory_needed(H, I, E, k=1, max_tokens=1):
     """Bytes the bench holds at its peak: the float32 sources of the distinct experts, the largest
     packed layer (BF16) and one being built beside it, and per call the activations, the routing
-    draw and the engine's per-row scratch (a generous estimate)."""
+    draw and the engine's per-row scratch (a generous estimate), and the side-by-side read probe."""
     weights = 3 * H * I * (4 * min(E, DISTINCT_EXPERTS) + 2 * 2 * E)
     per_token = 2 * H * 4 + E * 8 + k * (2 * I + H) * 8
-    return weights + max_tokens * per_token
+    return weights + max_tokens * per_token + ReadProbe.buffer_bytes(get_num_threads())
 
 
 def available_memory():
@@ -93,10 +95,11 @@ def draw_routing(rng, T, E, k):
     return np.argpartition(rng.random((T, E)), k - 1, axis=1)[:, :k]
 
 
-def time_forward(layer, x, draw, weights, min_seconds=0.4, min_reps=5, max_reps=50):
+def time_forward(layer, x, draw, weights, min_seconds=0.4, min_reps=5, max_reps=50, between=None):
     """(per-call seconds, routings used).  Each call, the warm-up included, gets a routing that
     draw() makes fresh, so the experts a call touches come from memory, not from a cache that a
-    previous call filled; drawing is outside the timed region."""
+    previous call filled; drawing is outside the timed region, and so is between(), called
+    before every timed call (the bench takes a read-bandwidth pass there)."""
     used = [draw()]
     layer.forward(x, used[0], weights)  # warm-up: arena, page faults
     times = []
@@ -104,6 +107,8 @@ def time_forward(layer, x, draw, weights, min_seconds=0.4, min_reps=5, max_reps=
     while len(times) < max_reps:
         ids = draw()
         used.append(ids)
+        if between is not None:
+            between()
         t = time.perf_counter()
         layer.forward(x, ids, weights)
         times.append(time.perf_counter() - t)
@@ -151,6 +156,7 @@ def run(shape="qwen3-30b", formats=DEFAULT_FORMATS, tokens=DEFAULT_TOKENS, isa=N
     check_isa(isa, formats)
     check_memory(H, I, E, k, max(tokens))
     roof = roofline()
+    probe = ReadProbe()
     say = say or (lambda text: None)
     rng = np.random.default_rng(seed)
     distinct = min(E, DISTINCT_EXPERTS)
@@ -166,8 +172,11 @@ def run(shape="qwen3-30b", formats=DEFAULT_FORMATS, tokens=DEFAULT_TOKENS, isa=N
         for T in tokens:
             x = rng.standard_normal((T, H), np.float32)
             w = rng.random((T, k), np.float32)
-            times, used = time_forward(layer, x, lambda: draw_routing(rng, T, E, k), w)
+            passes = []
+            times, used = time_forward(layer, x, lambda: draw_routing(rng, T, E, k), w,
+                                       between=lambda: passes.append(probe.pass_gbs()))
             med = float(np.median(times))
+            read_bw = float(np.median(passes))
             active = float(np.mean([len(np.unique(r)) for r in used[1:]]))
             gbs = active * per_expert / med / 1e9
             gflops = 2 * 3 * H * I * T * k / med / 1e9
@@ -180,7 +189,8 @@ def run(shape="qwen3-30b", formats=DEFAULT_FORMATS, tokens=DEFAULT_TOKENS, isa=N
                 "distinct_routings": distinct_routings(used), "routings": len(used),
                 "active_experts": active, "bytes_per_call": active * per_expert,
                 "layer_bytes": layer.nbytes, "tokens_per_s": T / med, "weight_gbs": gbs,
-                "bandwidth_pct": 100 * gbs / roof["read_bandwidth_gbs"],
+                "read_bw_gbs": read_bw, "bandwidth_pct": 100 * gbs / read_bw,
+                "bandwidth_pct_of_startup_probe": 100 * gbs / roof["read_bandwidth_gbs"],
                 "gflops": gflops, "peak": peak["name"] if peak else None,
                 "peak_value": peak["value"] if peak else None,
                 "peak_pct": 100 * gflops / peak["value"] if peak else None,
@@ -190,7 +200,7 @@ def run(shape="qwen3-30b", formats=DEFAULT_FORMATS, tokens=DEFAULT_TOKENS, isa=N
 
 
 HEADER = (f"{'format':15s} {'ISA':8s} {'T':>4s} {'median ms':>10s} {'[p10-p90] ms':>17s} {'tokens/s':>10s} "
-          f"{'weight GB/s':>11s} {'% read BW':>9s} {'GFLOP/s':>8s}  % of peak")
+          f"{'weight GB/s':>11s} {'read GB/s':>9s} {'% read BW':>9s} {'GFLOP/s':>8s}  % of peak")
 
 
 def format_row(r):
@@ -198,12 +208,14 @@ def format_row(r):
             if r["peak"] else "  -   (no peak for this ISA)")
     spread = f"[{r['p10_ms']:.2f}-{r['p90_ms']:.2f}]"
     return (f"{r['format']:15s} {r['isa']:8s} {r['tokens']:4d} {r['median_ms']:10.2f} {spread:>17s} "
-            f"{r['tokens_per_s']:10.1f} {r['weight_gbs']:11.1f} {r['bandwidth_pct']:8.1f}% {r['gflops']:8.1f}  {peak}")
+            f"{r['tokens_per_s']:10.1f} {r['weight_gbs']:11.1f} {r['read_bw_gbs']:9.1f} {r['bandwidth_pct']:8.1f}% "
+            f"{r['gflops']:8.1f}  {peak}")
 
 
 def format_roofline(roof):
     lines = [f"Roofline ({roof['threads']} threads): read bandwidth {roof['read_bandwidth_gbs']:.1f} GB/s "
-             f"(best 16 MiB-per-thread pass over {roof.get('probe_mib', 512)} MiB)"]
+             f"(best 16 MiB-per-thread pass over {roof.get('probe_mib', 512)} MiB at start-up; the rows' % read BW "
+             f"is against passes taken between their calls)"]
     for name, p in roof["peaks"].items():
         flag = "" if p.get("reliable", True) else (
             f"  UNRELIABLE: {roof['threads']} threads gave {p['value'] / p['single_thread']:.2f}x the one-thread "
@@ -213,32 +225,21 @@ def format_roofline(roof):
     return "\n".join(lines)
 
 
-def settle_bandwidth(rows, roof, remeasure):
-    """When a row read weights faster than the start-up bandwidth probe, probe again and keep the
-    larger figure (on a shared machine the first probe may have run in a busy moment); the rows'
-    bandwidth_pct are recomputed against it.  Returns (GB/s, note or None)."""
-    start = roof["read_bandwidth_gbs"]
+def over_bandwidth_note(rows):
+    """A closing note for rows that read weights faster than the read passes taken beside them,
+    or None."""
     over = [r for r in rows if r["bandwidth_pct"] > 100]
     if not over:
-        return start, None
-    again = remeasure()
-    best = max(start, again)
-    for r in rows:
-        r["bandwidth_pct"] = 100 * r["weight_gbs"] / best
-    still = [r for r in rows if r["bandwidth_pct"] > 100]
-    note = (f"{len(over)} row(s) read weights faster than the start-up bandwidth probe ({start:.1f} GB/s); "
-            f"probed again: {again:.1f} GB/s, and the summary and JSON use {best:.1f} GB/s.")
-    if still:
-        llc = llc_bytes()
-        cached = [r for r in still if llc and r["layer_bytes"] < 4 * llc]
-        note += (f" {len(still)} still above 100%: the probe is one streaming-read pattern while the kernels "
-                 f"stream several weight panels per thread, and on a shared machine any one probe can be low")
-        note += (f"; the layer ({cached[0]['layer_bytes'] / 2**20:.0f} MiB) is small enough that the "
-                 f"{llc / 2**20:.0f} MiB last-level cache holds part of it across calls" if cached else "")
-        note += ". Read those as 'at the memory limit'."
+        return None
+    llc = llc_bytes()
+    cached = [r for r in over if llc and r["layer_bytes"] < 4 * llc]
+    note = f"{len(over)} row(s) read weights faster than the read passes taken beside them"
+    if cached:
+        note += (f": the layer ({cached[0]['layer_bytes'] / 2**20:.0f} MiB) is small enough that the "
+                 f"{llc / 2**20:.0f} MiB last-level cache holds part of it across calls")
     else:
-        note += " The start-up probe ran while the machine was busy."
-    return best, note
+        note += ": the probe is one streaming pattern (four streams per thread), the kernels' another"
+    return note + ". Read those as 'at the memory limit'."
 
 
 def summary(rows):
@@ -251,8 +252,9 @@ def summary(rows):
     decode = [r for r in rows if r["tokens"] == small]
     best = min(decode, key=lambda r: r["median_ms"])
     top_bw = max(decode, key=lambda r: r["bandwidth_pct"])
-    lines.append(f"Decode (T={small}) reads weights at up to {top_bw['bandwidth_pct']:.0f}% of this machine's "
-                 f"read bandwidth ({top_bw['format']}, {top_bw['weight_gbs']:.1f} GB/s).")
+    lines.append(f"Decode (T={small}) reads weights at up to {top_bw['bandwidth_pct']:.0f}% of the read bandwidth "
+                 f"measured beside it ({top_bw['format']}, {top_bw['weight_gbs']:.1f} of {top_bw['read_bw_gbs']:.1f} "
+                 f"GB/s).")
     if large != small:
         prefill = [r for r in rows if r["tokens"] == large]
         with_peak = [r for r in prefill if r["peak_pct"] is not None]
@@ -269,7 +271,7 @@ def summary(rows):
     return lines
 
 
-def save_plot(rows, roof, path, title):
+def save_plot(rows, path, title):
     """Median time vs T per format (log-log) with each format's roofline bound, as a PNG."""
     try:
         import matplotlib
@@ -279,7 +281,6 @@ def save_plot(rows, roof, path, title):
     except ImportError:
         raise ValueError("--plot needs matplotlib: pip install 'ktcy[plot]' (or pip install matplotlib)") from None
     fig, ax = plt.subplots(figsize=(8, 5.5))
-    bw = roof["read_bandwidth_gbs"] * 1e9
     for i, fmt in enumerate(dict.fromkeys(r["format"] for r in rows)):
         mine = sorted((r for r in rows if r["format"] == fmt), key=lambda r: r["tokens"])
         color = f"C{i}"
@@ -289,7 +290,7 @@ def save_plot(rows, roof, path, title):
         for r in mine:
             flops = r["gflops"] * r["median_ms"] * 1e6  # GFLOP/s x ms -> FLOP
             compute = flops / (r["peak_value"] * 1e9) if r["peak_value"] else 0.0
-            bound.append(max(r["bytes_per_call"] / bw, compute) * 1e3)
+            bound.append(max(r["bytes_per_call"] / (r["read_bw_gbs"] * 1e9), compute) * 1e3)
         ax.plot(T, bound, "--", color=color, alpha=0.6, label=f"{fmt} roofline bound")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")

@@ -138,16 +138,16 @@ def cmd_bench(args):
         rows.append(row)
         if not args.json:
             print(bench.format_row(row), flush=True)
-    bandwidth, bw_note = bench.settle_bandwidth(rows, roof, roofline.read_bandwidth)
+    bw_note = bench.over_bandwidth_note(rows)
     closing = bench.summary(rows) + ([f"Note: {bw_note}"] if bw_note else [])
     if args.json:
         print(json.dumps({"shape": {"name": args.shape, "hidden": H, "intermediate": I, "experts": E, "top_k": k,
-                                    "note": note}, "roofline": roof, "read_bandwidth_gbs_used": bandwidth,
+                                    "note": note}, "roofline": roof,
                           "rows": rows, "summary": closing}, indent=2))
     else:
         print("\n" + "\n".join(closing))
     if args.plot:
-        bench.save_plot(rows, dict(roof, read_bandwidth_gbs=bandwidth), args.plot, f"ktcy bench: {note}, {get_num_threads()} threads")
+        bench.save_plot(rows, args.plot, f"ktcy bench: {note}, {get_num_threads()} threads")
         say(f"plot written to {args.plot}")
     return 0
 

@@ -3,6 +3,8 @@ once per process and thread count."""
 import functools
 import os
 
+import numpy as np
+
 from ktcy import _native
 from ktcy.formats import descriptor
 from ktcy.threads import get_num_threads
@@ -46,6 +48,38 @@ def read_bandwidth(threads=None, repeats=5):
     per thread each) over a buffer of probe_bytes(), swept `repeats` times."""
     threads = threads or get_num_threads()
     return _native.measure_read_bandwidth(threads, max(probe_bytes(), 4 * threads * 16 * 2**20), repeats) / 1e9
+
+
+class ReadProbe:
+    """Streaming-read passes taken one at a time, between a kernel's timed calls, so that a call's
+    GB/s is set against what the memory delivered in the same seconds: on a shared machine the
+    bandwidth moves by up to 2x within a minute, and a figure probed at start-up (read_bandwidth)
+    is then a different moment's.  Each pass reads one 16 MiB window per thread; the windows
+    cycle through a buffer of four times the last-level cache (at least four windows), so a
+    window comes from memory, not from the cache its previous pass filled."""
+
+    WINDOW = 16 * 2**20
+
+    def __init__(self, threads=None):
+        self.threads = threads or get_num_threads()
+        self.windows = self.buffer_bytes(self.threads) // (self.threads * self.WINDOW)
+        self._buf = np.ones(self.windows * self.threads * self.WINDOW, np.uint8)
+        self._next = 0
+
+    @classmethod
+    def buffer_bytes(cls, threads):
+        span = threads * cls.WINDOW
+        return max(4, -(-4 * (llc_bytes() or 64 * 2**20) // span)) * span
+
+    @property
+    def nbytes(self):
+        return self._buf.nbytes
+
+    def pass_gbs(self):
+        """GB/s of the next window's pass."""
+        start = self._next * self.threads * self.WINDOW
+        self._next = (self._next + 1) % self.windows
+        return _native.read_pass(self._buf, start, self.WINDOW, self.threads) / 1e9
 
 
 @functools.lru_cache(maxsize=None)

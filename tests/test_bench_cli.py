@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from ktcy import _native, bench
+from ktcy import _native, bench, roofline
 
 
 def run_ktcy(*args):
@@ -83,19 +83,38 @@ def test_default_and_full_token_counts():
     assert set(bench.DEFAULT_TOKENS) < set(bench.FULL_TOKENS)
 
 
-def test_summary_and_bandwidth_settling():
+def test_summary_and_the_note_on_rows_over_the_bandwidth():
     rows = [dict(format="INT8", isa="avx512", tokens=1, median_ms=1.0, tokens_per_s=1000.0, weight_gbs=30.0,
-                 bandwidth_pct=150.0, gflops=10.0, peak="avx512_vnni", peak_pct=1.0, layer_bytes=2**40),
+                 read_bw_gbs=40.0, bandwidth_pct=75.0, gflops=10.0, peak="avx512_vnni", peak_pct=1.0,
+                 layer_bytes=2**40),
             dict(format="BF16", isa="avx512", tokens=1, median_ms=2.0, tokens_per_s=500.0, weight_gbs=20.0,
-                 bandwidth_pct=100.0, gflops=5.0, peak="avx512_bf16", peak_pct=0.5, layer_bytes=2**40)]
-    best, note = bench.settle_bandwidth(rows, {"read_bandwidth_gbs": 20.0}, lambda: 40.0)
-    assert best == 40.0 and rows[0]["bandwidth_pct"] == pytest.approx(75.0)
-    assert "probed again: 40.0 GB/s" in note and "still above" not in note
-    best, note = bench.settle_bandwidth(rows, {"read_bandwidth_gbs": 40.0}, lambda: 10.0)
-    assert best == 40.0 and note is None
+                 read_bw_gbs=40.0, bandwidth_pct=50.0, gflops=5.0, peak="avx512_bf16", peak_pct=0.5,
+                 layer_bytes=2**40)]
+    assert bench.over_bandwidth_note(rows) is None
     text = bench.summary(rows)
-    assert text[0].startswith("Decode (T=1) reads weights at up to 75%")
+    assert text[0] == ("Decode (T=1) reads weights at up to 75% of the read bandwidth measured beside it "
+                       "(INT8, 30.0 of 40.0 GB/s).")
     assert text[-1].startswith("Best format for decode here: INT8")
+    rows[1].update(bandwidth_pct=120.0, layer_bytes=2**20)  # a layer the cache holds
+    note = bench.over_bandwidth_note(rows)
+    assert note.startswith("1 row(s) read weights faster") and ("cache holds part of it" in note
+                                                               or not roofline.llc_bytes())
+
+
+def test_rows_are_set_against_passes_taken_between_their_calls():
+    rng = np.random.default_rng(2)
+    layer, order = _Recorder(), []
+    layer.forward = lambda x, ids, w: order.append("call")
+    times, used = bench.time_forward(layer, None, lambda: bench.draw_routing(rng, 1, 8, 2), None,
+                                     min_seconds=0, min_reps=6, max_reps=6, between=lambda: order.append("pass"))
+    assert order == ["call"] + ["pass", "call"] * 6  # the warm-up call, then a pass before every timed one
+    data = json.loads(run_ktcy("bench", "--shape", "256,128,4,2", "--formats", "BF16", "--tokens", "1",
+                               "--threads", "1", "--json").stdout)
+    (row,) = data["rows"]
+    assert row["read_bw_gbs"] > 0.1
+    assert row["bandwidth_pct"] == pytest.approx(100 * row["weight_gbs"] / row["read_bw_gbs"])
+    assert row["bandwidth_pct_of_startup_probe"] == pytest.approx(
+        100 * row["weight_gbs"] / data["roofline"]["read_bandwidth_gbs"])
 
 
 def test_plot_is_written(tmp_path):

@@ -1,6 +1,7 @@
 """Roofline probes on the host that runs the tests: every peak this CPU can measure (the AVX2
 probes run wherever AVX2 does, so AVX-512 hosts check them too) is either within
 RELIABLE_SCALING of threads x its one-thread figure or flagged unreliable with a note."""
+import numpy as np
 import pytest
 
 from ktcy import _native, roofline
@@ -59,6 +60,13 @@ def test_bad_probe_arguments():
         _native.measure_peak("avx1024_fma", 1)
     with pytest.raises(ValueError, match="threads"):
         _native.measure_read_bandwidth(0)
+    buf = np.ones(4096, np.uint8)
+    with pytest.raises(ValueError, match="outside"):
+        _native.read_pass(buf, 1024, 2048, 2)  # the second thread's window would run past the end
+    with pytest.raises(ValueError, match="outside"):
+        _native.read_pass(buf, -256, 256, 1)
+    with pytest.raises(ValueError, match="threads"):
+        _native.read_pass(buf, 0, 256, 0)
 
 
 def test_read_bandwidth_and_probe_size():
@@ -67,3 +75,15 @@ def test_read_bandwidth_and_probe_size():
     if llc:
         assert roofline.probe_bytes() >= 4 * llc
     assert _native.measure_read_bandwidth(THREADS, 64 * 2**20, 2) > 1e8
+
+
+def test_side_by_side_probe_cycles_through_a_buffer_larger_than_the_cache():
+    probe = roofline.ReadProbe(THREADS)
+    llc = roofline.llc_bytes()
+    assert probe.windows >= 4 and probe.nbytes == probe.windows * THREADS * probe.WINDOW
+    if llc:
+        assert probe.nbytes >= 4 * llc  # a window's previous pass has left the cache
+    assert probe.nbytes == roofline.ReadProbe.buffer_bytes(THREADS)
+    figures = [probe.pass_gbs() for _ in range(probe.windows + 1)]
+    assert all(0.1 < g < 1e4 for g in figures)
+    assert probe._next == 1  # wrapped around
