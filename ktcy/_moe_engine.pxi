@@ -4,9 +4,10 @@
 # or quantize each token's activations once and gather them into per-expert row segments (each
 # padded to 16 rows for AMX tiles), then in one OpenMP team:
 #   1. work items (expert, about 8 output panels of I, ktcy_split_panels): gate and up GEMMs over
-#      the same rows (the activations stay in cache), SwiGLU on those columns; for prefill, items
-#      are taken one ahead (worklist.h) and each GEMM is told the panels this thread multiplies
-#      next (gate -> up's same panels -> the next item's gate), which its tiles fetch as they go;
+#      the same rows (the activations stay in cache), SwiGLU on those columns; items are taken
+#      one ahead (worklist.h) and each GEMM is told the panels this thread multiplies next
+#      (gate -> up's same panels -> the next item's gate), which prefill's tiles fetch as they go
+#      and decode's streams run on into;
 #   2. per row: quantize / convert the SwiGLU output for the down projection;
 #   3. work items (expert, 8 output panels of H): down GEMM, taken one ahead likewise;
 #   4. per token: y = sum_j w[t, j] * down_out[slot(t, j)], j in order (deterministic); or, when a
@@ -285,12 +286,10 @@ cdef class MoEEngine:
         cdef const float *bu = self.bias_up
         cdef const float *bd = self.bias_down
         cdef int64_t cc, cn, team_slot, taken1 = 0, taken2 = 0, np0, np1
-        # Taking items one ahead pays only where a GEMM uses the hint (calls with several row
-        # tiles: more than 2 rows) and costs balance where items are few per thread (a thread
-        # may hold one while another idles): decode on many cores keeps the plain schedule.
-        cdef int many_rows = counts.max() > 2
-        cdef int ahead1 = many_rows and n_items1 >= 4 * nthreads
-        cdef int ahead2 = many_rows and n_items2 >= 4 * nthreads
+        # Taking items one ahead costs balance where items are few per thread (a thread may hold
+        # one while another idles): decode on many cores keeps the plain schedule.
+        cdef int ahead1 = n_items1 >= 4 * nthreads
+        cdef int ahead2 = n_items2 >= 4 * nthreads
         cdef ktcy_gemm_fn fn
         cdef char *my_scratch
         cdef const ktcy_weight *next_w

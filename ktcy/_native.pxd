@@ -73,10 +73,13 @@ cdef extern from "ktcy/ktcy.h" nogil:
     ctypedef struct ktcy_span:
         const uint8_t *at
         int64_t bytes
+        int64_t panel_bytes
     ctypedef struct ktcy_ahead:
         uintptr_t at
         int64_t lines
     ktcy_ahead ktcy_ahead_share(ktcy_span next, int64_t tile, int64_t tiles, int64_t nkb)
+    uintptr_t ktcy_stream_ahead(ktcy_span cont, int slot, const uint8_t *panel, int64_t kb, int64_t nkb,
+                                int64_t ahead, int64_t block_bytes)
 
     uint16_t ktcy_f32_to_bf16(float f)
     uint16_t ktcy_e4m3_to_bf16(uint8_t b)

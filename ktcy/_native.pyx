@@ -611,12 +611,24 @@ def ahead_shares(int64_t nbytes, int64_t tiles, int64_t nkb):
     (first byte offset, lines per block); for tests.  Nothing is read."""
     cdef ktcy_span span
     cdef ktcy_ahead s
-    span.at, span.bytes = <const uint8_t *>(<uintptr_t>1 << 30), nbytes  # never dereferenced
+    span.at, span.bytes, span.panel_bytes = <const uint8_t *>(<uintptr_t>1 << 30), nbytes, 0  # never dereferenced
     shares = []
     for t in range(tiles):
         s = ktcy_ahead_share(span, t, tiles, nkb)
         shares.append((<int64_t>(s.at - <uintptr_t>span.at) if s.lines else 0, s.lines))
     return shares
+
+def stream_ahead(int64_t next_offset, int64_t next_bytes, int64_t next_panel_bytes, int slot, int64_t panel_offset,
+                 int64_t kb, int64_t nkb, int64_t ahead, int64_t block_bytes):
+    """The byte offset (from an arbitrary base) a streaming tile prefetches for block kb of panel
+    slot `slot`, its panel at panel_offset and the next panels (next_bytes of them, none if 0) at
+    next_offset (prefetch.h); for tests.  Nothing is read."""
+    cdef uintptr_t base = <uintptr_t>1 << 40  # never dereferenced
+    cdef ktcy_span cont
+    cont.at = <const uint8_t *>(base + next_offset) if next_bytes else NULL
+    cont.bytes, cont.panel_bytes = next_bytes, next_panel_bytes
+    return <int64_t>(ktcy_stream_ahead(cont, slot, <const uint8_t *>(base + panel_offset), kb, nkb, ahead,
+                                       block_bytes) - base)
 
 # ---------------------------------------------------------------- emulated tile unit, instruction level
 

@@ -1,7 +1,9 @@
-"""Prefill calls fetch the next panels while their row tiles compute (include/ktcy/prefetch.h),
-and the MoE engine's threads take work items one ahead so each GEMM knows what comes next
-(include/ktcy/worklist.h).  Fetching changes no number: forward must stay bit-identical across
-thread counts and match float64; the tile shares must cover every line of what they fetch."""
+"""Prefill calls fetch the next panels while their row tiles compute, decode tiles' streams run
+on into the panels they read next (include/ktcy/prefetch.h), and the MoE engine's threads take
+work items one ahead so each GEMM knows what comes next (include/ktcy/worklist.h).  Fetching
+changes no number: forward must stay bit-identical across thread counts and match float64; the
+tile shares must cover every line of what they fetch, and a stream's prefetches every block of
+its panel and the first blocks of the next."""
 import numpy as np
 import pytest
 
@@ -33,6 +35,26 @@ def test_tile_shares_cover_every_line(nbytes, tiles, nkb):
 def test_nothing_to_fetch_gives_no_lines():
     assert _native.ahead_shares(0, 4, 8) == [(0, 0)] * 4
     assert _native.ahead_shares(4096, 1, 8) == [(0, 0)]  # one tile (decode) streams its own panels
+
+
+@pytest.mark.parametrize("nkb,ahead,block,slots,next_slots", [(10, 8, 1024, 4, 4), (3, 8, 272, 4, 4),
+                                                            (64, 8, 512, 4, 1), (24, 8, 512, 2, 2), (9, 8, 1024, 1, 0)])
+def test_a_stream_runs_on_into_the_panel_its_slot_reads_next(nkb, ahead, block, slots, next_slots):
+    """Over a pass through its panel, slot s fetches the blocks `ahead` on in the concatenation
+    of its panel and the next group's panel s: none skipped, none twice; a slot with no next
+    panel runs past its panel's end (harmless for a prefetch) as before."""
+    panel_bytes = nkb * block
+    here, there = 10**6, 5 * 10**6  # offsets of this group's first panel and the next group's
+    for slot in range(slots):
+        mine = here + slot * panel_bytes
+        got = [_native.stream_ahead(there, next_slots * panel_bytes, panel_bytes, slot, mine, kb, nkb, ahead, block)
+               for kb in range(nkb)]
+        if slot < next_slots:
+            stream = [mine + b * block for b in range(nkb)] + [there + slot * panel_bytes + b * block
+                                                                for b in range(ahead)]
+            assert got == stream[ahead:ahead + nkb]
+        else:
+            assert got == [mine + (kb + ahead) * block for kb in range(nkb)]
 
 
 def _layer(fmt, isa, rng, E=7, H=200, I=136):
@@ -86,5 +108,36 @@ def test_prefill_with_lookahead_matches_threads_and_float64(fmt):
         assert err < (2e-2 if kernels.descriptor(fmt)["activations"] == "int8" else 5e-3), (fmt, isa, err)
         outputs[isa] = one
     if kernels.descriptor(fmt)["activations"] == "int8":  # integer paths: the same bits on every ISA
+        first = next(iter(outputs.values()))
+        assert all(np.array_equal(first, o) for o in outputs.values()), fmt
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_decode_streams_and_lookahead_match_threads_and_float64(fmt):
+    """Decode: experts with 1 or 2 rows (one tile per call, streaming), 14 work items per phase
+    for 2 threads, so items are taken one ahead and each stream runs on into the next item's
+    panels (and, inside an item, into the next group's)."""
+    rng = np.random.default_rng(4)
+    T = 5
+    ids = np.array([[0, 1], [2, 3], [4, 5], [6, 0], [1, 2]], np.int64)  # every expert, 1 or 2 rows
+    w = rng.random((T, 2)).astype(np.float32)
+    x = rng.standard_normal((T, 200)).astype(np.float32)
+    outputs = {}
+    for isa in [i for i in ("avx512", "avx2", "ref", "amx_emu") if i in ktcy.available_isas()]:
+        layer = _layer(fmt, isa, np.random.default_rng(6))
+        old = ktcy.get_num_threads()
+        try:
+            ktcy.set_num_threads(min(2, _native.usable_cpus()))
+            two = layer.forward(x, ids, w)
+            ktcy.set_num_threads(1)
+            one = layer.forward(x, ids, w)
+        finally:
+            ktcy.set_num_threads(old)
+        assert np.array_equal(one, two), f"{fmt} on {isa}: thread counts disagree"
+        ref = _reference(layer, x.astype(np.float64), ids, w)
+        err = np.linalg.norm(one - ref) / np.linalg.norm(ref)
+        assert err < (2e-2 if kernels.descriptor(fmt)["activations"] == "int8" else 5e-3), (fmt, isa, err)
+        outputs[isa] = one
+    if kernels.descriptor(fmt)["activations"] == "int8":
         first = next(iter(outputs.values()))
         assert all(np.array_equal(first, o) for o in outputs.values()), fmt

@@ -129,7 +129,7 @@ KT_AI void KT_(store8)(float *dst, int64_t valid, __m256 v) {
  * x: the activation rows, int8 codes (a->q) or floats widened from a->bf16, row stride k_pad. */
 KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act *a, const uint8_t *x,
                       const ktcy_weight *w, int64_t m0, int64_t p, float *y, int64_t ldy, const uint8_t *decoded,
-                      ktcy_ahead ahead) {
+                      ktcy_ahead ahead, ktcy_span cont) {
     const int64_t nkb = w->k_pad / KT_BK;
     const int64_t block_bytes = PRE ? 1024 : KT_BB;
     const uint8_t *panel[2];
@@ -156,6 +156,9 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
         const uint8_t *ak[4]; /* this block's activations of each row: row offsets below are immediates */
         _Pragma("GCC unroll 8")
         for (int m = 0; m < MB; ++m) ak[m] = arow[m] + kb * KT_BK * KT_XSIZE;
+        uintptr_t fetch[2]; /* a streaming tile's prefetch address per panel (prefetch.h) */
+        _Pragma("GCC unroll 2")
+        for (int q = 0; q < NP; ++q) fetch[q] = ktcy_stream_ahead(cont, q, panel[q], kb, nkb, KT_AHEAD, block_bytes);
         _Pragma("GCC unroll 16")
         for (int r = 0; r < 16; ++r) {
             /* tiles that read packed panels stream them from memory: fetch KT_AHEAD blocks
@@ -165,7 +168,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
             if (!PRE && r * 64 < KT_BB)
                 _Pragma("GCC unroll 2")
                 for (int q = 0; q < NP; ++q)
-                    _mm_prefetch((const char *)panel[q] + (kb + KT_AHEAD) * block_bytes + r * 64, _MM_HINT_T0);
+                    _mm_prefetch((const char *)(fetch[q] + (uintptr_t)(r * 64)), _MM_HINT_T0);
             kt_w256 wv[2][2];
             _Pragma("GCC unroll 2")
             for (int q = 0; q < NP; ++q) {
@@ -363,9 +366,9 @@ KT_AI void KT_(f32_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int6
 
 #define KT_TILE(pre)                                                                    \
     do {                                                                                \
-        if (mb == 1) KT_(micro)(1, 1, pre, a, x, w, m0, p, y, ldy, decoded, ahead);     \
-        else if (mb == 2) KT_(micro)(2, 1, pre, a, x, w, m0, p, y, ldy, decoded, ahead);\
-        else KT_(micro)(4, 1, pre, a, x, w, m0, p, y, ldy, decoded, ahead);             \
+        if (mb == 1) KT_(micro)(1, 1, pre, a, x, w, m0, p, y, ldy, decoded, ahead, next);       \
+        else if (mb == 2) KT_(micro)(2, 1, pre, a, x, w, m0, p, y, ldy, decoded, ahead, next);  \
+        else KT_(micro)(4, 1, pre, a, x, w, m0, p, y, ldy, decoded, ahead, next);               \
     } while (0)
 
 KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb,
@@ -401,9 +404,9 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
             for (int64_t m0 = 0, tile = 0; m0 < a->m; m0 += 3, ++tile) {
                 const int64_t left = a->m - m0;
                 const ktcy_ahead ahead = ktcy_ahead_share(next, tile, tiles, nkb);
-                if (left >= 3) KT_(micro)(3, 2, 0, a, x, w, m0, p, y, ldy, decoded, ahead);
-                else if (left == 2) KT_(micro)(2, 2, 0, a, x, w, m0, p, y, ldy, decoded, ahead);
-                else KT_(micro)(1, 2, 0, a, x, w, m0, p, y, ldy, decoded, ahead);
+                if (left >= 3) KT_(micro)(3, 2, 0, a, x, w, m0, p, y, ldy, decoded, ahead, next);
+                else if (left == 2) KT_(micro)(2, 2, 0, a, x, w, m0, p, y, ldy, decoded, ahead, next);
+                else KT_(micro)(1, 2, 0, a, x, w, m0, p, y, ldy, decoded, ahead, next);
             }
             p += 2;
             continue;
@@ -414,7 +417,8 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
         /* one or two rows take two panels at once: the 4 (8) FMA chains hide the FMA latency,
          * which bounded one panel's 2 (4) chains below the decode's throughput */
         if (a->m == 1 && pe - p >= 2) {
-            KT_(micro)(1, 2, 0, a, x, w, 0, p, y, ldy, decoded, ktcy_no_ahead());
+            KT_(micro)(1, 2, 0, a, x, w, 0, p, y, ldy, decoded, ktcy_no_ahead(),
+                       ktcy_next_group(a, w, p + 2, pe, 2, KT_BK, KT_BB));
             p += 2;
             continue;
         }

@@ -130,7 +130,7 @@ KT_AI void KT_(merge_split)(KT_(acc_t) acc[6][4], const int NP) {
  * starting at `decoded` (block j of panel p at decoded + (p * nkb + j) * 1024). */
 KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const int KEEP, const KT_(ctx) *c,
                       const ktcy_act *a, const ktcy_weight *w, int64_t m0, int64_t p0, float *y, int64_t ldy,
-                      uint8_t *decoded, ktcy_ahead ahead) {
+                      uint8_t *decoded, ktcy_ahead ahead, ktcy_span cont) {
     const int64_t nkb = w->k_pad / KT_BK;
     const int64_t block_bytes = PRE ? 1024 : KT_BB;
     const int groups = KT_(has_groups)(w) && !(PRE && KT_PRE_SCALED);
@@ -153,6 +153,9 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const int KEEP,
         const uint8_t *blk[4];
         _Pragma("GCC unroll 8")
         for (int p = 0; p < NP; ++p) blk[p] = panel[p] + kb * block_bytes;
+        uintptr_t fetch[4]; /* a decode stream's prefetch address per panel (prefetch.h) */
+        _Pragma("GCC unroll 8")
+        for (int p = 0; p < NP; ++p) fetch[p] = ktcy_stream_ahead(cont, p, panel[p], kb, nkb, KT_AHEAD, block_bytes);
         const uint8_t *ak[6]; /* this block's activations of each row: row offsets below are immediates */
         _Pragma("GCC unroll 8")
         for (int m = 0; m < MB; ++m) ak[m] = arow[m] + kb * KT_BK * KT_ASIZE;
@@ -163,7 +166,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const int KEEP,
             if (!PRE && MB <= 2 && !KT_PLAIN_ROWS) /* plain rows: the hardware prefetcher keeps up */
                 _Pragma("GCC unroll 8")
                 for (int p = 0; p < NP; ++p)
-                    _mm_prefetch((const char *)blk[p] + KT_AHEAD * block_bytes + r2 * (KT_BB / 16), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(fetch[p] + (uintptr_t)(r2 * (KT_BB / 16))), _MM_HINT_T0);
             kt_vec2 wv2[4][2];
             _Pragma("GCC unroll 8")
             for (int p = 0; p < NP; ++p) {
@@ -221,7 +224,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const int KEEP,
     }
 }
 
-#define KT_CALL(mb, np, pre) KT_(micro)(mb, np, pre, 0, &c, a, w, m0, p, y, ldy, pre_buf, ahead)
+#define KT_CALL(mb, np, pre) KT_(micro)(mb, np, pre, 0, &c, a, w, m0, p, y, ldy, pre_buf, ahead, next)
 /* Tile shapes are compile-time constants in every call, so each one is fully unrolled. */
 #define KT_DISPATCH(pre)                                                                  \
     switch (mb * 8 + np) {                                                                \
@@ -283,8 +286,8 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #else
             if (fused && m0 == 0) {
                 mb = 4;
-                if (np == 4) KT_(micro)(4, 4, 0, 1, &c, a, w, m0, p, y, ldy, pre_buf, ahead);
-                else KT_(micro)(4, 1, 0, 1, &c, a, w, m0, p, y, ldy, pre_buf, ahead);
+                if (np == 4) KT_(micro)(4, 4, 0, 1, &c, a, w, m0, p, y, ldy, pre_buf, ahead, next);
+                else KT_(micro)(4, 1, 0, 1, &c, a, w, m0, p, y, ldy, pre_buf, ahead, next);
             } else if (pre) { KT_DISPATCH(1) } else { KT_DISPATCH(0) }
 #endif
             m0 += mb;
