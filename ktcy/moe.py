@@ -206,17 +206,19 @@ class MoE:
         ids = np.asarray(topk_ids)
         if ids.ndim != 2 or ids.shape[0] != T:
             raise ValueError(f"topk_ids must be [T={T}, k], got shape {ids.shape}")
-        if not np.issubdtype(ids.dtype, np.integer):
+        if ids.dtype.kind not in "iu":
             raise TypeError(f"topk_ids must hold integers, got {ids.dtype}")
-        if ids.size and (ids.min() < -1 or ids.max() >= c.num_experts):
-            bad = ids[(ids < -1) | (ids >= c.num_experts)][0]
+        # The engine checks every id as it counts them (the same message); only ids that would
+        # not survive the cast to int64 are checked here, where they still have their value.
+        if ids.dtype.kind == "u" and ids.dtype.itemsize == 8 and ids.size and ids.max() >= c.num_experts:
+            bad = ids[ids >= c.num_experts][0]
             raise ValueError(f"topk_ids holds expert id {bad}, outside [0, {c.num_experts}) (-1 skips a slot)")
         if ids.shape[1] != c.top_k:
             raise ValueError(f"topk_ids has {ids.shape[1]} experts per token; this layer routes top_k = {c.top_k}")
         w = np.asarray(topk_weights)
         if w.shape != ids.shape:
             raise ValueError(f"topk_weights must have the shape of topk_ids {ids.shape}, got {w.shape}")
-        if not (np.issubdtype(w.dtype, np.floating) or w.dtype == ml_dtypes.bfloat16):
+        if not (w.dtype.kind == "f" or w.dtype == ml_dtypes.bfloat16):
             raise TypeError(f"topk_weights must be floating point, got {w.dtype}")
         shape = (T, c.top_k, c.hidden_size) if per_slot else (T, c.hidden_size)
         target = None

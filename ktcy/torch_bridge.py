@@ -10,6 +10,8 @@ import numpy as np
 
 def is_tensor(a):
     """True for a torch.Tensor, decided without importing torch."""
+    if isinstance(a, np.ndarray):  # the common case, decided in a fraction of the MRO walk's time
+        return False
     return any(c.__module__ == "torch" and c.__name__ == "Tensor" for c in type(a).__mro__)
 
 

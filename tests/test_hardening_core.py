@@ -176,6 +176,23 @@ def test_large_batch_arena_is_released(monkeypatch):
     assert layer._engine.arena_bytes() == small
 
 
+@pytest.mark.parametrize("dtype,bad", [(np.int64, E), (np.int64, -2), (np.int32, 2**31 - 1), (np.uint64, 2**64 - 1),
+                                       (np.uint64, 2**63), (np.uint8, 255)])
+def test_expert_ids_out_of_range_raise_before_anything_is_written(dtype, bad):
+    """The engine checks each id as it counts them (no separate numpy pass per call); a uint64
+    id that the cast to int64 would turn into -1 (a skipped slot) or another valid-looking
+    number is refused first, with its own value."""
+    layer = small_layer("INT8")
+    ids = np.array([[0, 1], [2, 0], [1, 2]], dtype)
+    ids[1, 1] = bad
+    out = np.full((3, H), 7.0, np.float32)
+    with pytest.raises(ValueError, match=f"topk_ids holds expert id {bad}, outside \\[0, {E}\\)"):
+        layer.forward(np.ones((3, H), np.float32), ids, np.full((3, K_TOP), 0.5, np.float32), out=out)
+    assert (out == 7.0).all()
+    good = forward(layer, 3)  # the layer's kept buffers are intact after the refusal
+    assert np.array_equal(good, forward(small_layer("INT8"), 3))
+
+
 def test_repr_names_format_and_shapes():
     layer = small_layer("INT4")
     text = repr(layer)
