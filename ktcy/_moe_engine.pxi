@@ -3,13 +3,14 @@
 # forward(x, ids, weights): group the T*k (token, expert) pairs by expert (counting sort), convert
 # or quantize each token's activations once and gather them into per-expert row segments (each
 # padded to 16 rows for AMX tiles), then in one OpenMP team:
-#   1. work items (expert, about 8 output panels of I, ktcy_split_panels): gate and up GEMMs over
-#      the same rows (the activations stay in cache), SwiGLU on those columns; items are taken
-#      one ahead (worklist.h) and each GEMM is told the panels this thread multiplies next
-#      (gate -> up's same panels -> the next item's gate), which prefill's tiles fetch as they go
-#      and decode's streams run on into;
+#   1. work items (expert, about 8 output panels of I, 16 at decode; ktcy_split_panels): gate and
+#      up GEMMs over the same rows (the activations stay in cache), SwiGLU on those columns;
+#      items are taken one ahead (worklist.h) and each GEMM is told the panels this thread
+#      multiplies next (gate -> up's same panels -> the next item's gate), which prefill's tiles
+#      fetch as they go and decode's streams run on into;
 #   2. per row: quantize / convert the SwiGLU output for the down projection;
-#   3. work items (expert, 8 output panels of H): down GEMM, taken one ahead likewise;
+#   3. work items (expert, about 8 output panels of H, 16 at decode): down GEMM, taken one
+#      ahead likewise;
 #   4. per token: y = sum_j w[t, j] * down_out[slot(t, j)], j in order (deterministic); or, when a
 #      slot array is given, each product w[t, j] * down_out[slot(t, j)] on its own (the addends of
 #      that sum: expert parallelism adds them up after an all-reduce, in the same order).
@@ -27,6 +28,7 @@ from cython.parallel cimport parallel
 
 cdef enum:
     MOE_ITEM_PANELS = 8   # about this many output panels (x16 channels) per work item
+    MOE_DECODE_ITEM_PANELS = 16  # the same where no expert has more than 2 rows (decode)
 
 ARENA_KEEP_BYTES = 256 << 20
 
@@ -108,7 +110,7 @@ cdef class MoEEngine:
     cdef int64_t[::1] a_row_token, a_slot
     cdef uint8_t[:, ::1] a_messages
     # the routing's bookkeeping, sized by the expert count once: a call allocates nothing
-    cdef int64_t per_i, per_h, items_i, items_h
+    cdef int64_t per_i, per_h, items_i, items_h, dec_per_i, dec_per_h
     cdef int64_t[::1] counts, seg, fill
     cdef int64_t[:, ::1] items1, items2
     cdef int[::1] status
@@ -169,11 +171,16 @@ cdef class MoEEngine:
         self.kpad_h = g.view.k_pad
         self.kpad_i = (<Weight>down[0]).view.k_pad
         self._drop_arena()
-        # one work partition for the GEMM driver and the engine: about MOE_ITEM_PANELS per item
+        # work items split each expert's panels evenly (ktcy_split_panels, as the GEMM driver
+        # does): about MOE_ITEM_PANELS per item, twice that for decode, where an item's fixed
+        # costs (two GEMM calls, their set-up) weigh on a single row (T=1 0.90-0.97x the time;
+        # with a few rows per expert, T=32, the larger items were up to 1.1x slower)
         panels_i, panels_h = ktcy_n_pad(self.inter) // KTCY_PANEL, ktcy_n_pad(self.hidden) // KTCY_PANEL
         self.per_i = ktcy_split_panels(panels_i, (panels_i + MOE_ITEM_PANELS - 1) // MOE_ITEM_PANELS)
         self.per_h = ktcy_split_panels(panels_h, (panels_h + MOE_ITEM_PANELS - 1) // MOE_ITEM_PANELS)
-        self.items_i = (panels_i + self.per_i - 1) // self.per_i
+        self.dec_per_i = ktcy_split_panels(panels_i, (panels_i + MOE_DECODE_ITEM_PANELS - 1) // MOE_DECODE_ITEM_PANELS)
+        self.dec_per_h = ktcy_split_panels(panels_h, (panels_h + MOE_DECODE_ITEM_PANELS - 1) // MOE_DECODE_ITEM_PANELS)
+        self.items_i = (panels_i + self.per_i - 1) // self.per_i  # the larger counts: buffers fit both
         self.items_h = (panels_h + self.per_h - 1) // self.per_h
         self.counts, self.seg, self.fill = np.zeros(E, np.int64), np.zeros(E + 1, np.int64), np.zeros(E, np.int64)
         self.items1 = np.zeros((E * self.items_i, 2), np.int64)
@@ -246,7 +253,7 @@ cdef class MoEEngine:
         cdef int64_t gh = kh // self.group if self.group else 1
         cdef int64_t gi = ki // self.group if self.group else 1
         cdef int64_t panels_i = ktcy_n_pad(I) // KTCY_PANEL, panels_h = ktcy_n_pad(H) // KTCY_PANEL
-        cdef int64_t per_i = self.per_i, per_h = self.per_h
+        cdef int64_t per_i = self.per_i, per_h = self.per_h, most = 0
         if T == 0:
             return
         cdef int per_slot = slots is not None
@@ -269,12 +276,17 @@ cdef class MoEEngine:
                     raise ValueError(f"topk_ids holds expert id {eid}, outside [0, {E}) (-1 skips a slot)")
                 if eid >= 0:
                     cnt[eid] += 1
+        for e in range(E):
+            if cnt[e] > most:
+                most = cnt[e]
+        if most <= 2:
+            per_i, per_h = self.dec_per_i, self.dec_per_h
         segv[0] = 0
         for e in range(E):
             segv[e + 1] = segv[e] + _round16(cnt[e])
             if cnt[e] > 0:
-                n_items1 += self.items_i
-                n_items2 += self.items_h
+                n_items1 += (panels_i + per_i - 1) // per_i
+                n_items2 += (panels_h + per_h - 1) // per_h
         rows = segv[E]
         if rows == 0:  # every slot is -1: nothing routed here
             if per_slot:

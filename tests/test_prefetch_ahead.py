@@ -114,17 +114,18 @@ def test_prefill_with_lookahead_matches_threads_and_float64(fmt):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_decode_streams_and_lookahead_match_threads_and_float64(fmt):
-    """Decode: experts with 1 or 2 rows (one tile per call, streaming), 14 work items per phase
-    for 2 threads, so items are taken one ahead and each stream runs on into the next item's
-    panels (and, inside an item, into the next group's)."""
+    """Decode: experts with 1 or 2 rows (one tile per call, streaming; decode-sized work items of
+    about 16 panels), 21 and 14 items in the two phases for 2 threads, so items are taken one
+    ahead and each stream runs on into the next item's panels (and, inside an item, into the
+    next group's)."""
     rng = np.random.default_rng(4)
     T = 5
     ids = np.array([[0, 1], [2, 3], [4, 5], [6, 0], [1, 2]], np.int64)  # every expert, 1 or 2 rows
     w = rng.random((T, 2)).astype(np.float32)
-    x = rng.standard_normal((T, 200)).astype(np.float32)
+    x = rng.standard_normal((T, 264)).astype(np.float32)
     outputs = {}
     for isa in [i for i in ("avx512", "avx2", "ref", "amx_emu") if i in ktcy.available_isas()]:
-        layer = _layer(fmt, isa, np.random.default_rng(6))
+        layer = _layer(fmt, isa, np.random.default_rng(6), H=264, I=520)  # 3 + 2 decode items per expert
         old = ktcy.get_num_threads()
         try:
             ktcy.set_num_threads(min(2, _native.usable_cpus()))
