@@ -74,26 +74,14 @@ def _reference(layer, x, ids, w):
     return y
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_prefill_with_lookahead_matches_threads_and_float64(fmt):
-    """Experts with 45, 13, 6, 3, 3 and 0 rows: several row tiles and panel groups per call (each
-    fetching the next), hints across experts and projections, the lookahead scheduler with 2 and
-    1 threads, on every runnable ISA but real AMX (untestable here).  The 2-thread call comes
-    first, into a fresh buffer arena, so an item it skipped could not hide behind stale rows."""
-    rng = np.random.default_rng(3)
-    T = 48
-    ids = np.full((T, 2), -1, np.int64)
-    ids[:45, 0] = 0
-    ids[:13, 1] = 1
-    ids[45:, 0] = 2
-    ids[20:26, 1] = 4
-    ids[30:33, 1] = 5  # expert 3 and 6 get no rows
-    w = rng.random((T, 2)).astype(np.float32)
-    x = rng.standard_normal((T, 200)).astype(np.float32)
-    isas = [i for i in ("avx512", "avx2", "ref", "amx_emu") if i in ktcy.available_isas()]
+def _agree_across_threads_isas_and_float64(fmt, x, ids, w, seed, **shape):
+    """The layer on every runnable ISA but real AMX (untestable here): 2 threads, then 1, give the
+    same bits (the 2-thread call first, into a fresh buffer arena, so an item it skipped could not
+    hide behind stale rows), within the activations' error of float64, and the integer formats
+    the same bits on every ISA."""
     outputs = {}
-    for isa in isas:
-        layer = _layer(fmt, isa, np.random.default_rng(5))
+    for isa in [i for i in ("avx512", "avx2", "ref", "amx_emu") if i in ktcy.available_isas()]:
+        layer = _layer(fmt, isa, np.random.default_rng(seed), **shape)
         old = ktcy.get_num_threads()
         try:
             ktcy.set_num_threads(min(2, _native.usable_cpus()))
@@ -113,6 +101,23 @@ def test_prefill_with_lookahead_matches_threads_and_float64(fmt):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+def test_prefill_with_lookahead_matches_threads_and_float64(fmt):
+    """Experts with 45, 13, 6, 3, 3 and 0 rows: several row tiles and panel groups per call (each
+    fetching the next), hints across experts and projections, the lookahead scheduler."""
+    rng = np.random.default_rng(3)
+    T = 48
+    ids = np.full((T, 2), -1, np.int64)
+    ids[:45, 0] = 0
+    ids[:13, 1] = 1
+    ids[45:, 0] = 2
+    ids[20:26, 1] = 4
+    ids[30:33, 1] = 5  # expert 3 and 6 get no rows
+    w = rng.random((T, 2)).astype(np.float32)
+    x = rng.standard_normal((T, 200)).astype(np.float32)
+    _agree_across_threads_isas_and_float64(fmt, x, ids, w, seed=5)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_decode_streams_and_lookahead_match_threads_and_float64(fmt):
     """Decode: experts with 1 or 2 rows (one tile per call, streaming; decode-sized work items of
     about 16 panels), 21 and 14 items in the two phases for 2 threads, so items are taken one
@@ -123,22 +128,4 @@ def test_decode_streams_and_lookahead_match_threads_and_float64(fmt):
     ids = np.array([[0, 1], [2, 3], [4, 5], [6, 0], [1, 2]], np.int64)  # every expert, 1 or 2 rows
     w = rng.random((T, 2)).astype(np.float32)
     x = rng.standard_normal((T, 264)).astype(np.float32)
-    outputs = {}
-    for isa in [i for i in ("avx512", "avx2", "ref", "amx_emu") if i in ktcy.available_isas()]:
-        layer = _layer(fmt, isa, np.random.default_rng(6), H=264, I=520)  # 3 + 2 decode items per expert
-        old = ktcy.get_num_threads()
-        try:
-            ktcy.set_num_threads(min(2, _native.usable_cpus()))
-            two = layer.forward(x, ids, w)
-            ktcy.set_num_threads(1)
-            one = layer.forward(x, ids, w)
-        finally:
-            ktcy.set_num_threads(old)
-        assert np.array_equal(one, two), f"{fmt} on {isa}: thread counts disagree"
-        ref = _reference(layer, x.astype(np.float64), ids, w)
-        err = np.linalg.norm(one - ref) / np.linalg.norm(ref)
-        assert err < (2e-2 if kernels.descriptor(fmt)["activations"] == "int8" else 5e-3), (fmt, isa, err)
-        outputs[isa] = one
-    if kernels.descriptor(fmt)["activations"] == "int8":
-        first = next(iter(outputs.values()))
-        assert all(np.array_equal(first, o) for o in outputs.values()), fmt
+    _agree_across_threads_isas_and_float64(fmt, x, ids, w, seed=6, H=264, I=520)  # 3 + 2 items per expert
