@@ -27,10 +27,17 @@ static inline int ktcy_row_finite(const float *x, int64_t k) {
     return finite;
 }
 
+/* The largest |x[i]|, for finite rows (every caller checks them, and ignores this otherwise).
+ * Taken on the bits: |x| of a finite float orders as its bit pattern does, and an integer max
+ * vectorizes where a float one (fmaxf's NaN rule, or a compare whose signed zeros the
+ * compiler must respect) does not; every MoE call's activation rows come through here. */
 static inline float ktcy_row_amax(const float *x, int64_t k) {
-    float amax = 0.0f;
-    for (int64_t i = 0; i < k; ++i) amax = fmaxf(amax, fabsf(x[i]));
-    return amax;
+    int32_t amax = 0;
+    for (int64_t i = 0; i < k; ++i) {
+        const int32_t a = (int32_t)(ktcy_f32_bits(x[i]) & 0x7FFFFFFFu);
+        amax = a > amax ? a : amax;
+    }
+    return ktcy_bits_f32((uint32_t)amax);
 }
 
 /* INT8 per output channel: scale = amax/127, q = rint(w/scale) (half to even), saturated.
