@@ -111,6 +111,7 @@ cdef class MoEEngine:
     cdef uint8_t[:, ::1] a_messages
     # the routing's bookkeeping, sized by the expert count once: a call allocates nothing
     cdef int64_t per_i, per_h, items_i, items_h, dec_per_i, dec_per_h
+    cdef int ready  # __init__ finished: the buffers above exist
     cdef int64_t[::1] counts, seg, fill
     cdef int64_t[:, ::1] items1, items2
     cdef int[::1] status
@@ -186,6 +187,7 @@ cdef class MoEEngine:
         self.items1 = np.zeros((E * self.items_i, 2), np.int64)
         self.items2 = np.zeros((E * self.items_h, 2), np.int64)
         self.status = np.zeros(E * (self.items_i + self.items_h) + 1, np.int32)
+        self.ready = 1
 
     cdef _drop_arena(self):
         self.arena, self.arena_nbytes = {}, 0
@@ -244,6 +246,8 @@ cdef class MoEEngine:
 
     def forward(self, const float[:, ::1] x, const int64_t[:, ::1] ids, const float[:, ::1] rw, float[:, ::1] out,
                 int nthreads, float[:, :, ::1] slots=None):
+        if not self.ready:
+            raise RuntimeError("MoEEngine.forward before __init__")
         cdef int64_t T = ids.shape[0], k = ids.shape[1], S = T * k
         cdef int E = self.num_experts, e
         cdef int64_t t, j, r, s, i, c, rows = 0, n_items1 = 0, n_items2 = 0, eid

@@ -111,11 +111,11 @@ cdef double _read_pass(const uint8_t[::1] view, int64_t start_at, int64_t per_th
 def read_pass(const uint8_t[::1] buf, int64_t start_at, int64_t per_thread, int threads):
     """Bytes per second of one streaming pass: `threads` threads each read per_thread bytes of
     buf, side by side from start_at on (the window must lie inside buf)."""
-    if threads < 1 or per_thread < 256:
-        raise ValueError(f"need threads >= 1 and per_thread >= 256, got {threads} and {per_thread}")
-    if start_at < 0 or start_at + threads * per_thread > buf.shape[0]:
-        raise ValueError(f"window [{start_at}, {start_at + threads * per_thread}) is outside the "
-                         f"{buf.shape[0]}-byte buffer")
+    if threads < 1 or per_thread < 512:  # the vector loops read whole 512-byte strides
+        raise ValueError(f"need threads >= 1 and per_thread >= 512, got {threads} and {per_thread}")
+    if start_at < 0 or start_at > buf.shape[0] or per_thread > (buf.shape[0] - start_at) // threads:
+        raise ValueError(f"a window of {threads} x {per_thread} bytes at {start_at} is outside the "
+                         f"{buf.shape[0]}-byte buffer")  # compared without a product that could wrap
     cdef int kind = _read_kind()
     return _read_bytes(kind, per_thread, threads) / _read_pass(buf, start_at, per_thread, threads, kind)
 

@@ -218,7 +218,7 @@ class MoE:
         w = np.asarray(topk_weights)
         if w.shape != ids.shape:
             raise ValueError(f"topk_weights must have the shape of topk_ids {ids.shape}, got {w.shape}")
-        if not (w.dtype.kind == "f" or w.dtype == ml_dtypes.bfloat16):
+        if not (np.issubdtype(w.dtype, np.floating) or w.dtype == ml_dtypes.bfloat16):  # not the fp8 types
             raise TypeError(f"topk_weights must be floating point, got {w.dtype}")
         shape = (T, c.top_k, c.hidden_size) if per_slot else (T, c.hidden_size)
         target = None

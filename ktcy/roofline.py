@@ -54,21 +54,25 @@ class ReadProbe:
     """Streaming-read passes taken one at a time, between a kernel's timed calls, so that a call's
     GB/s is set against what the memory delivered in the same seconds: on a shared machine the
     bandwidth moves by up to 2x within a minute, and a figure probed at start-up (read_bandwidth)
-    is then a different moment's.  Each pass reads one 16 MiB window per thread; the windows
-    cycle through a buffer of four times the last-level cache (at least four windows), so a
-    window comes from memory, not from the cache its previous pass filled."""
-
-    WINDOW = 16 * 2**20
+    is then a different moment's.  Each pass reads one window per thread (16 MiB, less on a host
+    with more than 16 threads: a pass stays at 256 MiB); the windows cycle through a buffer of
+    four times the last-level cache (at least four windows), so a window comes from memory, not
+    from the cache its previous pass filled."""
 
     def __init__(self, threads=None):
         self.threads = threads or get_num_threads()
-        self.windows = self.buffer_bytes(self.threads) // (self.threads * self.WINDOW)
-        self._buf = np.ones(self.windows * self.threads * self.WINDOW, np.uint8)
+        self.window = self.window_bytes(self.threads)
+        self.windows = self.buffer_bytes(self.threads) // (self.threads * self.window)
+        self._buf = np.ones(self.windows * self.threads * self.window, np.uint8)
         self._next = 0
+
+    @staticmethod
+    def window_bytes(threads):
+        return min(16 * 2**20, max(2**20, 256 * 2**20 // threads))
 
     @classmethod
     def buffer_bytes(cls, threads):
-        span = threads * cls.WINDOW
+        span = threads * cls.window_bytes(threads)
         return max(4, -(-4 * (llc_bytes() or 64 * 2**20) // span)) * span
 
     @property
@@ -77,9 +81,9 @@ class ReadProbe:
 
     def pass_gbs(self):
         """GB/s of the next window's pass."""
-        start = self._next * self.threads * self.WINDOW
+        start = self._next * self.threads * self.window
         self._next = (self._next + 1) % self.windows
-        return _native.read_pass(self._buf, start, self.WINDOW, self.threads) / 1e9
+        return _native.read_pass(self._buf, start, self.window, self.threads) / 1e9
 
 
 @functools.lru_cache(maxsize=None)

@@ -193,6 +193,17 @@ def test_expert_ids_out_of_range_raise_before_anything_is_written(dtype, bad):
     assert np.array_equal(good, forward(small_layer("INT8"), 3))
 
 
+def test_fp8_routing_weights_and_an_engine_without_init_are_refused():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    layer = small_layer("INT8")
+    ids = np.array([[0, 1]], np.int64)
+    with pytest.raises(TypeError, match="topk_weights must be floating point"):
+        layer.forward(np.ones((1, H), np.float32), ids, np.full((1, K_TOP), 0.5, ml_dtypes.float8_e5m2))
+    engine = _native.MoEEngine.__new__(_native.MoEEngine)  # no public path does this; it must not crash
+    with pytest.raises(RuntimeError, match="before __init__"):
+        engine.forward(np.ones((1, H), np.float32), ids, np.ones((1, 2), np.float32), np.zeros((1, H), np.float32), 1)
+
+
 def test_repr_names_format_and_shapes():
     layer = small_layer("INT4")
     text = repr(layer)

@@ -64,9 +64,14 @@ def test_bad_probe_arguments():
     with pytest.raises(ValueError, match="outside"):
         _native.read_pass(buf, 1024, 2048, 2)  # the second thread's window would run past the end
     with pytest.raises(ValueError, match="outside"):
-        _native.read_pass(buf, -256, 256, 1)
+        _native.read_pass(buf, -512, 512, 1)
+    for start, per_thread, threads in ((0, 2**62, 4), (2**63 - 4096, 4096, 1)):  # products that wrap
+        with pytest.raises(ValueError, match="outside"):
+            _native.read_pass(buf, start, per_thread, threads)
     with pytest.raises(ValueError, match="threads"):
-        _native.read_pass(buf, 0, 256, 0)
+        _native.read_pass(buf, 0, 512, 0)
+    with pytest.raises(ValueError, match="per_thread >= 512"):
+        _native.read_pass(buf, 0, 256, 1)  # a pass that would read nothing
 
 
 def test_read_bandwidth_and_probe_size():
@@ -80,10 +85,13 @@ def test_read_bandwidth_and_probe_size():
 def test_side_by_side_probe_cycles_through_a_buffer_larger_than_the_cache():
     probe = roofline.ReadProbe(THREADS)
     llc = roofline.llc_bytes()
-    assert probe.windows >= 4 and probe.nbytes == probe.windows * THREADS * probe.WINDOW
+    assert probe.windows >= 4 and probe.nbytes == probe.windows * THREADS * probe.window
     if llc:
         assert probe.nbytes >= 4 * llc  # a window's previous pass has left the cache
     assert probe.nbytes == roofline.ReadProbe.buffer_bytes(THREADS)
     figures = [probe.pass_gbs() for _ in range(probe.windows + 1)]
     assert all(0.1 < g < 1e4 for g in figures)
     assert probe._next == 1  # wrapped around
+    # a pass stays at 256 MiB however many threads take part (16 MiB each up to 16 threads)
+    assert [roofline.ReadProbe.window_bytes(t) for t in (1, 2, 16, 64, 1024)] == [
+        16 * 2**20, 16 * 2**20, 16 * 2**20, 4 * 2**20, 2**20]
