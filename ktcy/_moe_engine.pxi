@@ -98,9 +98,9 @@ cdef class MoEEngine:
     cdef object biases
     cdef public int64_t big_min_rows
     cdef object keep
-    cdef dict arena
     cdef int64_t arena_rows, arena_tokens, arena_slots, arena_threads, arena_nbytes
-    # typed views of the arena's arrays, taken when it is built rather than on every call
+    # the arena: typed views of its arrays (they keep them alive), taken when it is built rather
+    # than on every call
     cdef int8_t[:, ::1] a_xq, a_q1, a_q2
     cdef float[::1] a_xs, a_s1, a_s2
     cdef int32_t[:, ::1] a_xg, a_g1, a_g2
@@ -190,7 +190,7 @@ cdef class MoEEngine:
         self.ready = 1
 
     cdef _drop_arena(self):
-        self.arena, self.arena_nbytes = {}, 0
+        self.arena_nbytes = 0
         self.arena_rows = self.arena_tokens = self.arena_slots = self.arena_threads = -1
         self.a_xq = self.a_q1 = self.a_q2 = None
         self.a_xs = self.a_s1 = self.a_s2 = None
@@ -226,7 +226,7 @@ cdef class MoEEngine:
         a["row_token"], a["slot"] = np.empty(rows, np.int64), np.empty(slots, np.int64)
         a["messages"] = np.zeros((threads, 160), np.uint8)  # one per thread: no shared buffer
         self._drop_arena()
-        self.arena, self.arena_tokens, self.arena_rows, self.arena_slots = a, tokens, rows, slots
+        self.arena_tokens, self.arena_rows, self.arena_slots = tokens, rows, slots
         self.arena_threads, self.arena_nbytes = threads, sum(v.nbytes for v in a.values())
         if self.integer:
             self.a_xq, self.a_xs, self.a_xg = a["xq"], a["xs"], a["xg"]
@@ -235,7 +235,8 @@ cdef class MoEEngine:
         else:
             self.a_xb, self.a_b1, self.a_b2 = a["xb"], a["b1"], a["b2"]
         self.a_gate, self.a_up, self.a_down = a["gate"], a["up"], a["down"]
-        self.a_scratch, self.a_row_token, self.a_slot, self.a_messages = a["scratch"], a["row_token"], a["slot"], a["messages"]
+        self.a_scratch, self.a_messages = a["scratch"], a["messages"]
+        self.a_row_token, self.a_slot = a["row_token"], a["slot"]
 
     def arena_bytes(self):
         return self.arena_nbytes
@@ -280,9 +281,7 @@ cdef class MoEEngine:
                     raise ValueError(f"topk_ids holds expert id {eid}, outside [0, {E}) (-1 skips a slot)")
                 if eid >= 0:
                     cnt[eid] += 1
-        for e in range(E):
-            if cnt[e] > most:
-                most = cnt[e]
+                    most = cnt[eid] if cnt[eid] > most else most
         if most <= 2:
             per_i, per_h = self.dec_per_i, self.dec_per_h
         segv[0] = 0

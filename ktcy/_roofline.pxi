@@ -130,8 +130,8 @@ def measure_read_bandwidth(int threads, int64_t nbytes=512 * 1024 * 1024, int re
     over the whole buffer almost never does and underestimated the bandwidth by up to 2x."""
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    cdef int64_t per_thread = min(window, nbytes // threads) // 256 * 256
-    if per_thread < 256:
+    cdef int64_t per_thread = min(window, nbytes // threads) // 512 * 512  # whole strides (read_pass)
+    if per_thread < 512:
         raise ValueError(f"nbytes {nbytes} is too small for {threads} threads")
     cdef int64_t span = per_thread * threads, windows = nbytes // span
     buf = np.ones(windows * span, np.uint8)

@@ -50,8 +50,9 @@ static inline ktcy_span ktcy_next_group(const ktcy_act *a, const ktcy_weight *w,
 
 /* Tile `tile` of `tiles` over nkb K blocks: its share of `next`; nothing for a single tile (a
  * decode tile streams its panels and runs on into the next ones at its own pace,
- * ktcy_stream_ahead: fetching the next group apart from that stream made FP8 T=4 1.4x slower).  Addresses are integers: the last share may reach past the end, which a prefetch
- * tolerates and a C pointer may not. */
+ * ktcy_stream_ahead: fetching the next group apart from that stream made FP8 T=4 1.4x slower).
+ * Addresses are integers: the last share may reach past the end, which a prefetch tolerates and
+ * a C pointer may not. */
 static inline ktcy_ahead ktcy_ahead_share(ktcy_span next, int64_t tile, int64_t tiles, int64_t nkb) {
     ktcy_ahead s = ktcy_no_ahead();
     if (next.at == 0 || next.bytes <= 0 || tiles < 2 || nkb < 1) return s;
@@ -67,7 +68,7 @@ static inline ktcy_ahead ktcy_ahead_share(ktcy_span next, int64_t tile, int64_t 
  * block kb of panel slot `slot` (which starts at `panel`), `ahead` blocks on: inside the panel,
  * or in its last blocks the first blocks of the panel this slot streams next (`cont`: the next
  * group of the call, or the caller's hint), so the streams run on across groups and calls
- * instead of each group starting cold (MoE T=1 MXFP4 0.82x, FP8 0.92x the time on AVX-512).
+ * instead of each group starting cold (MoE T=1 AVX-512 MXFP4 0.80-0.94x, FP8 0.90-0.98x the time).
  * With no next panel for the slot the address runs past the panel's end, as it always did. */
 static inline uintptr_t ktcy_stream_ahead(ktcy_span cont, int slot, const uint8_t *panel, int64_t kb,
                                           int64_t nkb, int64_t ahead, int64_t block_bytes) {
