@@ -109,16 +109,16 @@ def test_moe_and_packed_file(tmp_path):
 @pytest.mark.parametrize("sign", [1, -1])
 def test_extreme_codes_and_activations_stay_exact(group, sign):
     """Codes 15 (and 0) against activations that quantize to +-127 everywhere: the largest sums a
-    row of products can reach, where the AVX2 prefill adds 8 rows of vpmaddubsw pairs in int16
-    (2 x 15 x 127 x 8 = 30480) before widening.  Every variant must still equal the integer
-    reference, at decode and prefill row counts."""
+    row of products can reach, where AVX2 tiles of 2 or more rows add 8 rows of vpmaddubsw pairs
+    in int16 (2 x 15 x 127 x 8 = 30480) before widening.  Every variant must still equal the
+    integer reference, at every decode tile height and prefill row counts."""
     n, k = 48, 256
     codes = np.full((n, k), 15, np.uint8)
     codes[::3] = 0
     scale = np.ones((n, k // group), np.float32)
     zero = np.zeros((n, k // group), np.uint8)
     p = kernels.pack_quantized(codes, scale, "INT4_ZP", group_size=group, zero_points=zero)
-    for m in (1, 4, 8, 37):
+    for m in (1, 2, 3, 4, 8, 37):
         X = np.full((m, k), 3.0 * sign, np.float32)
         X[1::2] *= -1
         ref = int4_exact_reference(X, p)

@@ -114,9 +114,10 @@ KT_AI __m256i KT_(dp)(__m256i acc, KT_(avec) a, kt_w256 w) {
 
 /* Unsigned 4-bit codes x int8 activations: a vpmaddubsw pair is at most 2 x 15 x 127, so 8 rows
  * of pairs add up in int16 (at most 30480) and one vpmaddwd per 8 rows widens them, instead of
- * one per row.  The integer sums are the same.  Prefill tiles (predecoded panels) only: INT4
- * T=512 0.86x the time, while one-row decode measured 2-7% slower with it. */
-#define KT_ACC16(PRE) (KT_INT_ACT && KT_WKIND == KT_W_U8 && (PRE))
+ * one per row.  The integer sums are the same.  Tiles of 2 or more rows: with it prefill's INT4
+ * T=512 took 0.86x the time and 2-4 row decode tiles 0.90x (single GEMM), while one-row decode
+ * measured 2-7% slower with it. */
+#define KT_ACC16(PRE) (KT_INT_ACT && KT_WKIND == KT_W_U8 && ((PRE) || MB >= 2))
 
 /* 8 outputs of one row from dst on, the first `valid` of them (fewer at the weight's last channels). */
 KT_AI void KT_(store8)(float *dst, int64_t valid, __m256 v) {
@@ -381,7 +382,10 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
         return KTCY_OK;
     }
 #endif
-    const int max_rows = KT_(has_groups)(w) && KT_INT_ACT ? 2 : 4;
+    /* 4-row tiles for the group formats too: their float sums are touched only at group ends
+     * and wait in the stack frame, while the int16 sums (KT_ACC16) keep the inner loop short
+     * (INT4 M=4 0.88x the time of two 2-row tiles) */
+    const int max_rows = 4;
     /* decode a panel once into scratch when several row tiles share it (or the format has no
      * in-register decode); a few rows decode each weight row in registers as they stream by */
     const int pre = KT_PREDECODE && (a->m > 4 || !KT_REG_DECODE);
