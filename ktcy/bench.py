@@ -242,20 +242,27 @@ def over_bandwidth_note(rows):
     return note + ". Read those as 'at the memory limit'."
 
 
+DECODE_MAX_TOKENS = 32  # token counts the summary calls decode (bound by reading the weights)
+
+
 def summary(rows):
-    """The closing lines: how close decode gets to the bandwidth, prefill to the peak, and the
-    fastest format for each."""
+    """The closing lines: how close decode (the smallest T, if at most DECODE_MAX_TOKENS) gets
+    to the bandwidth, prefill (the largest T, if above it) to the peak, and the fastest format
+    for each."""
     if not rows:
         return []
-    lines = []
+    lines, best_lines = [], []
     small, large = min(r["tokens"] for r in rows), max(r["tokens"] for r in rows)
-    decode = [r for r in rows if r["tokens"] == small]
-    best = min(decode, key=lambda r: r["median_ms"])
-    top_bw = max(decode, key=lambda r: r["bandwidth_pct"])
-    lines.append(f"Decode (T={small}) reads weights at up to {top_bw['bandwidth_pct']:.0f}% of the read bandwidth "
-                 f"measured beside it ({top_bw['format']}, {top_bw['weight_gbs']:.1f} of {top_bw['read_bw_gbs']:.1f} "
-                 f"GB/s).")
-    if large != small:
+    if small <= DECODE_MAX_TOKENS:
+        decode = [r for r in rows if r["tokens"] == small]
+        best = min(decode, key=lambda r: r["median_ms"])
+        top_bw = max(decode, key=lambda r: r["bandwidth_pct"])
+        lines.append(f"Decode (T={small}) reads weights at up to {top_bw['bandwidth_pct']:.0f}% of the read "
+                     f"bandwidth measured beside it ({top_bw['format']}, {top_bw['weight_gbs']:.1f} of "
+                     f"{top_bw['read_bw_gbs']:.1f} GB/s).")
+        best_lines.append(f"{best['format']} ({best['median_ms']:.2f} ms per layer call"
+                          + (f", {best['tokens_per_s']:.0f} tokens/s)" if large > DECODE_MAX_TOKENS else ")"))
+    if large > DECODE_MAX_TOKENS:
         prefill = [r for r in rows if r["tokens"] == large]
         with_peak = [r for r in prefill if r["peak_pct"] is not None]
         if with_peak:
@@ -263,11 +270,12 @@ def summary(rows):
             lines.append(f"Prefill (T={large}) reaches up to {top['peak_pct']:.0f}% of the multiply-add peak "
                          f"({top['format']}: {top['gflops']:.0f} GFLOP/s against {top['peak']}).")
         fast = min(prefill, key=lambda r: r["median_ms"])
-        lines.append(f"Best format for decode here: {best['format']} ({best['median_ms']:.2f} ms per layer call, "
-                     f"{best['tokens_per_s']:.0f} tokens/s); for prefill: {fast['format']} "
-                     f"({fast['tokens_per_s']:.0f} tokens/s).")
+        best_lines.append(f"{fast['format']} ({fast['tokens_per_s']:.0f} tokens/s)")
+    if len(best_lines) == 2:
+        lines.append(f"Best format for decode here: {best_lines[0]}; for prefill: {best_lines[1]}.")
     else:
-        lines.append(f"Best format for decode here: {best['format']} ({best['median_ms']:.2f} ms per layer call).")
+        kind = "decode" if small <= DECODE_MAX_TOKENS else "prefill"
+        lines.append(f"Best format for {kind} here: {best_lines[0]}.")
     return lines
 
 

@@ -95,6 +95,13 @@ def test_summary_and_the_note_on_rows_over_the_bandwidth():
     assert text[0] == ("Decode (T=1) reads weights at up to 75% of the read bandwidth measured beside it "
                        "(INT8, 30.0 of 40.0 GB/s).")
     assert text[-1].startswith("Best format for decode here: INT8")
+    prefill = [dict(r, tokens=512, peak_pct=60.0 - i, gflops=900.0, median_ms=10.0 + i) for i, r in enumerate(rows)]
+    text = bench.summary(rows + prefill)
+    assert text[1] == "Prefill (T=512) reaches up to 60% of the multiply-add peak (INT8: 900 GFLOP/s against avx512_vnni)."
+    assert text[2] == ("Best format for decode here: INT8 (1.00 ms per layer call, 1000 tokens/s); "
+                       "for prefill: INT8 (1000 tokens/s).")
+    text = bench.summary(prefill)  # a prefill run alone is not called decode
+    assert len(text) == 2 and text[0].startswith("Prefill (T=512)") and text[1].startswith("Best format for prefill")
     rows[1].update(bandwidth_pct=120.0, layer_bytes=2**20)  # a layer the cache holds
     note = bench.over_bandwidth_note(rows)
     assert note.startswith("1 row(s) read weights faster") and ("cache holds part of it" in note
