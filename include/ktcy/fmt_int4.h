@@ -14,6 +14,16 @@
 #define KT_INT4_GROUPS(w) ((w)->k_pad >> __builtin_ctz((unsigned)(w)->group))
 #define KT_INT4_AT(w, g, n) ktcy_group_index(KT_INT4_GROUPS(w), (g), (n))
 #define KT_INT4_ZERO(w, g, n) ((w)->zero ? (int32_t)(w)->zero[KT_INT4_AT(w, g, n)] : 8)
+/* How far ahead the scale and zero-point streams are fetched, in groups.  Panel-major rows
+ * follow each other, so past a panel's last group this is the next panel's first: the one a
+ * decode tile's slot usually reads next.  Addresses are integers: past the arrays' end a
+ * prefetch is harmless, a C pointer is not. */
+#define KT_INT4_AHEAD 16
+#define KT_INT4_FETCH_SIDE(w, at)                                                                            \
+    do {                                                                                                     \
+        _mm_prefetch((const char *)((uintptr_t)((w)->scale + (at)) + KT_INT4_AHEAD * 16 * sizeof(float)), _MM_HINT_T0); \
+        if ((w)->zero) _mm_prefetch((const char *)((uintptr_t)((w)->zero + (at)) + KT_INT4_AHEAD * 16), _MM_HINT_T0); \
+    } while (0)
 
 #if KT_SKEL == KT_SKEL_REF
 KT_AI int32_t KT_(code)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) {
@@ -63,11 +73,8 @@ KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int M
     __m256i zero[2];
     const int64_t at = KT_INT4_AT(w, g, p * 16);
     /* a slow stream (a line per group, or per four) that the decode stream would outrun: ask
-     * for the scales (and zero points) 8 groups ahead */
-    if (MB <= 2 && g + 8 < KT_INT4_GROUPS(w)) {
-        _mm_prefetch((const char *)(w->scale + at + 8 * 16), _MM_HINT_T0);
-        if (w->zero) _mm_prefetch((const char *)(w->zero + at + 8 * 16), _MM_HINT_T0);
-    }
+     * for the scales (and zero points) ahead */
+    if (MB <= 2) KT_INT4_FETCH_SIDE(w, at);
     _Pragma("GCC unroll 2")
     for (int h = 0; h < 2; ++h)
         zero[h] = w->zero ? _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w->zero + at + h * 8)))
@@ -118,12 +125,8 @@ KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const in
     for (int p = 0; p < NP; ++p) at[p] = at0 + p * groups * 16; /* the next panel's row */
     /* slow streams (see the AVX2 epilogue); many-row tiles too: the panels' scale rows lie a
      * row of groups apart, and without it their loads missed L1 (INT4 M=512 +8%) */
-    if (g + 8 < groups)
-        _Pragma("GCC unroll 8")
-        for (int p = 0; p < NP; ++p) {
-            _mm_prefetch((const char *)(w->scale + at[p] + 8 * 16), _MM_HINT_T0);
-            if (w->zero) _mm_prefetch((const char *)(w->zero + at[p] + 8 * 16), _MM_HINT_T0);
-        }
+    _Pragma("GCC unroll 8")
+    for (int p = 0; p < NP; ++p) KT_INT4_FETCH_SIDE(w, at[p]);
     _Pragma("GCC unroll 8")
     for (int p = 0; p < NP; ++p)
         zero[p] = w->zero ? _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w->zero + at[p])))
@@ -177,5 +180,7 @@ KT_AI float KT_(tile_final)(float acc, const ktcy_act *a, const ktcy_weight *w, 
 #endif
 
 #undef KT_INT4_ZERO
+#undef KT_INT4_AHEAD
+#undef KT_INT4_FETCH_SIDE
 #undef KT_INT4_AT
 #undef KT_INT4_GROUPS
