@@ -74,7 +74,7 @@ KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int M
     const int64_t at = KT_INT4_AT(w, g, p * 16);
     /* a slow stream (a line per group, or per four) that the decode stream would outrun: ask
      * for the scales (and zero points) ahead */
-    if (MB <= 2) KT_INT4_FETCH_SIDE(w, at);
+    KT_INT4_FETCH_SIDE(w, at);
     _Pragma("GCC unroll 2")
     for (int h = 0; h < 2; ++h)
         zero[h] = w->zero ? _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w->zero + at + h * 8)))
