@@ -20,7 +20,9 @@
  *   KT_(group_epilogue)(acc[4][2], facc[4][2], MB, a, w, m0, p, g)   integer formats with groups
  *   KT_(final)(acc, facc, a, w, m, n0)                       8 outputs of one row
  * and may set KT_WIDE_TILE 1: prefill tiles (more than 4 rows) of 3 rows x 2 panels, 12 integer
- * accumulators sharing each activation broadcast (formats without groups only).
+ * accumulators sharing each activation broadcast (formats without groups only); KT_LANE_SPLIT 1:
+ * the halves of a decoded row (and group_scale's h) hold channels 0-3, 8-11 and 4-7, 12-15, as
+ * in-lane unpacks leave them; the outputs are put in order when stored (store16).
  */
 
 #define KT_CAT_(a, b) a##_##b
@@ -40,6 +42,9 @@
 #endif
 #ifndef KT_PLAIN_ROWS
 #define KT_PLAIN_ROWS 0
+#endif
+#ifndef KT_LANE_SPLIT
+#define KT_LANE_SPLIT 0
 #endif
 
 /* An empty asm on an integer accumulator: GCC would otherwise re-associate the unrolled
@@ -123,6 +128,19 @@ KT_AI __m256i KT_(dp)(__m256i acc, KT_(avec) a, kt_w256 w) {
 KT_AI void KT_(store8)(float *dst, int64_t valid, __m256 v) {
     const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     _mm256_maskstore_ps(dst, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(valid < 8 ? valid : 8)), lanes), v);
+}
+
+/* The 16 outputs of one row and panel, v[h] from final() of half h, stored in channel order.
+ * KT_LANE_SPLIT: the traits' halves hold channels 0-3, 8-11 and 4-7, 12-15 (what in-lane byte
+ * unpacks give), put back in order here, once per output. */
+KT_AI void KT_(store16)(float *dst, int64_t valid, __m256 v[2]) {
+    if (KT_LANE_SPLIT) {
+        const __m256 lo = v[0], hi = v[1];
+        v[0] = _mm256_permute2f128_ps(lo, hi, 0x20);
+        v[1] = _mm256_permute2f128_ps(lo, hi, 0x31);
+    }
+    KT_(store8)(dst, valid, v[0]);
+    if (valid > 8) KT_(store8)(dst + 8, valid - 8, v[1]);
 }
 
 /* MB rows x NP adjacent panels (p, p + 1).  PRE: panel p was decoded to 1024-byte bf16 blocks
@@ -238,13 +256,14 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
     _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m) {
         _Pragma("GCC unroll 2")
-        for (int q = 0; q < NP; ++q)
-            _Pragma("GCC unroll 8")
-            for (int h = 0; h < 2; ++h) {
-                const int64_t n0 = (p + q) * 16 + h * 8, valid = w->n - n0;
-                if (valid <= 0 || m0 + m >= a->m) continue;
-                KT_(store8)(y + (m0 + m) * ldy + n0, valid, KT_(final)(acc[q][m][h], facc[q][m][h], a, w, m0 + m, n0));
-            }
+        for (int q = 0; q < NP; ++q) {
+            const int64_t n0 = (p + q) * 16, valid = w->n - n0;
+            if (valid <= 0 || m0 + m >= a->m) continue;
+            __m256 v[2];
+            _Pragma("GCC unroll 2")
+            for (int h = 0; h < 2; ++h) v[h] = KT_(final)(acc[q][m][h], facc[q][m][h], a, w, m0 + m, n0 + 8 * h);
+            KT_(store16)(y + (m0 + m) * ldy + n0, valid, v);
+        }
     }
 }
 
@@ -327,14 +346,14 @@ KT_AI void KT_(f32_micro)(const int MB, const ktcy_act *a, const ktcy_weight *w,
                 }
     }
     _Pragma("GCC unroll 8")
-    for (int m = 0; m < MB; ++m) /* constant trip counts: see micro */
+    for (int m = 0; m < MB; ++m) { /* constant trip counts: see micro */
+        const int64_t n0 = p * 16, valid = w->n - n0;
+        if (valid <= 0 || m0 + m >= a->m) continue;
+        __m256 v[2];
         _Pragma("GCC unroll 2")
-        for (int h = 0; h < 2; ++h) {
-            const int64_t n0 = p * 16 + h * 8, valid = w->n - n0;
-            if (valid <= 0 || m0 + m >= a->m) continue;
-            KT_(store8)(y + (m0 + m) * ldy + n0, valid,
-                        KT_(final)(_mm256_castps_si256(acc[m][h]), facc[m][h], a, w, m0 + m, n0));
-        }
+        for (int h = 0; h < 2; ++h) v[h] = KT_(final)(_mm256_castps_si256(acc[m][h]), facc[m][h], a, w, m0 + m, n0 + 8 * h);
+        KT_(store16)(y + (m0 + m) * ldy + n0, valid, v);
+    }
 }
 
 KT_AI void KT_(f32_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb, int64_t pe,
@@ -456,6 +475,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_CHECKED_ROWS
 #undef KT_ALWAYS_PRE
 #undef KT_WIDE_TILE
+#undef KT_LANE_SPLIT
 #undef KT_KEEP
 #undef KT_AHEAD
 #include "traits_end.h"
