@@ -296,7 +296,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
              * a call's only tile, and a fused group's first tile where at most one tile follows
              * (with more, the others fetch this group ahead of time and the prefetches only cost:
              * FP8 T=128 1.04x the time).  Plain rows need none: the hardware prefetcher keeps up.
-             * MoE T=32 (3-6 rows an expert) FP8/MXFP4/INT4 0.82-0.90x the time with them. */
+             * MoE T=32 (3-6 rows an expert) FP8/MXFP4/INT4 0.79-0.90x the time with them. */
             if (fused && m0 == 0) {
                 mb = 4;
                 if (a->m <= 4 + max_rows) KT_FUSED(1); else KT_FUSED(0);
