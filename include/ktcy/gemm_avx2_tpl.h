@@ -122,7 +122,7 @@ KT_AI __m256i KT_(dp)(__m256i acc, KT_(avec) a, kt_w256 w) {
  * one per row.  The integer sums are the same.  Tiles of 2 or more rows: with it prefill's INT4
  * T=512 took 0.86x the time and 2-4 row decode tiles 0.90x (single GEMM), while one-row decode
  * measured 2-7% slower with it. */
-#define KT_ACC16(PRE) (KT_INT_ACT && KT_WKIND == KT_W_U8 && ((PRE) || MB >= 2))
+#define KT_ACC16(PRE, MB) (KT_INT_ACT && KT_WKIND == KT_W_U8 && ((PRE) || (MB) >= 2))
 
 /* 8 outputs of one row from dst on, the first `valid` of them (fewer at the weight's last channels). */
 KT_AI void KT_(store8)(float *dst, int64_t valid, __m256 v) {
@@ -209,7 +209,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
                 for (int q = 0; q < NP; ++q)
                     _Pragma("GCC unroll 2")
                     for (int h = 0; h < 2; ++h) {
-                        if (KT_ACC16(PRE)) {
+                        if (KT_ACC16(PRE, MB)) {
                             acc16[q][m][h] = _mm256_add_epi16(acc16[q][m][h], _mm256_maddubs_epi16(wv[q][h].i, av.i));
                             KT_KEEP(acc16[q][m][h]);
                         } else {
@@ -218,7 +218,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
                         }
                     }
             }
-            if (KT_ACC16(PRE) && (r == 7 || r == 15)) /* before any group epilogue: groups end there */
+            if (KT_ACC16(PRE, MB) && (r == 7 || r == 15)) /* before any group epilogue: groups end there */
                 _Pragma("GCC unroll 2")
                 for (int q = 0; q < NP; ++q)
                     _Pragma("GCC unroll 8")
