@@ -102,13 +102,14 @@ KT_AI KT_(ctx) KT_(make_ctx)(void) {
     c.pairs = _mm512_loadu_si512(pairs);
     return c;
 }
-/* Rows r, r+1 (r even): the two nibbles of 32 bytes, each looked up as bf16 (vpermw).  The
- * channel's power-of-two scale multiplies each block's partial sums (group_epilogue). */
+/* Rows r, r+1 (r even): 32 bytes widened to words once, each nibble looked up as bf16 by
+ * vpermw, which reads only an index's low 5 bits: the 32-entry table repeats the 16 values, so
+ * the low nibble needs no mask and the high one only the word shift.  The channel's
+ * power-of-two scale multiplies each block's partial sums (group_epilogue). */
 KT_AI void KT_(rows)(const KT_(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2]) {
-    const __m256i bytes = _mm256_loadu_si256((const __m256i *)(blk + (r >> 1) * 32));
-    const __m256i nib = _mm256_set1_epi8(0x0F);
-    out[0].v0 = _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(_mm256_and_si256(bytes, nib)), c->lut);
-    out[1].v0 = _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), nib)), c->lut);
+    const __m512i words = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + (r >> 1) * 32)));
+    out[0].v0 = _mm512_permutexvar_epi16(words, c->lut);
+    out[1].v0 = _mm512_permutexvar_epi16(_mm512_srli_epi16(words, 4), c->lut);
 }
 /* Prefill's predecoded blocks carry the scales instead: each channel's exponent added to the
  * exponent field of its non-zero values.  (Per-block scaling there cost T=512 1.15x the time:
