@@ -28,7 +28,8 @@ from cython.parallel cimport parallel
 
 cdef enum:
     MOE_ITEM_PANELS = 8   # about this many output panels (x16 channels) per work item
-    MOE_DECODE_ITEM_PANELS = 16  # the same where no expert has more than 2 rows (decode)
+    MOE_DECODE_ITEM_PANELS = 48  # the same where no expert has more than 2 rows (decode)
+    MOE_DECODE_ITEMS_PER_THREAD = 4  # decode items are smaller where a phase would give fewer
 
 ARENA_KEEP_BYTES = 256 << 20
 
@@ -66,6 +67,17 @@ cdef const float *_bias_rows(object a, int rows, int64_t cols, str what) except?
 
 cdef inline int64_t _round16(int64_t m) noexcept nogil:
     return (m + 15) // 16 * 16
+
+cdef inline int64_t _decode_per(int64_t panels, int64_t active, int nthreads, int64_t most_parts) noexcept nogil:
+    """Panels per decode item of a matrix with `panels` panels, `active` experts routed to."""
+    cdef int64_t parts = (panels + MOE_DECODE_ITEM_PANELS - 1) // MOE_DECODE_ITEM_PANELS
+    cdef int64_t balanced = (MOE_DECODE_ITEMS_PER_THREAD * nthreads + active - 1) // max(active, 1)
+    if balanced > parts:
+        parts = balanced
+    if parts > most_parts:  # the item buffers hold the prefill split's count
+        parts = most_parts
+    return ktcy_split_panels(panels, parts)
+
 
 cdef inline int _expert_gemm(ktcy_gemm_fn fn, const ktcy_weight *w, float *y, int64_t ldy, int64_t p0,
                              int64_t p1, void *scratch, int64_t m, int64_t k_pad, int group, const int8_t *q,
@@ -110,7 +122,7 @@ cdef class MoEEngine:
     cdef int64_t[::1] a_row_token, a_slot
     cdef uint8_t[:, ::1] a_messages
     # the routing's bookkeeping, sized by the expert count once: a call allocates nothing
-    cdef int64_t per_i, per_h, items_i, items_h, dec_per_i, dec_per_h
+    cdef int64_t per_i, per_h, items_i, items_h
     cdef int ready  # __init__ finished: the buffers above exist
     cdef int64_t[::1] counts, seg, fill
     cdef int64_t[:, ::1] items1, items2
@@ -173,14 +185,12 @@ cdef class MoEEngine:
         self.kpad_i = (<Weight>down[0]).view.k_pad
         self._drop_arena()
         # work items split each expert's panels evenly (ktcy_split_panels, as the GEMM driver
-        # does): about MOE_ITEM_PANELS per item, twice that for decode, where an item's fixed
-        # costs (two GEMM calls, their set-up) weigh on a single row (T=1 0.90-0.97x the time;
-        # with a few rows per expert, T=32, the larger items were up to 1.1x slower)
+        # does): about MOE_ITEM_PANELS per item; decode's are larger (_decode_per), where an
+        # item's fixed costs (two GEMM calls, their set-up, the streams' switch) weigh on a
+        # single row (with a few rows per expert, T=32, larger items were up to 1.1x slower)
         panels_i, panels_h = ktcy_n_pad(self.inter) // KTCY_PANEL, ktcy_n_pad(self.hidden) // KTCY_PANEL
         self.per_i = ktcy_split_panels(panels_i, (panels_i + MOE_ITEM_PANELS - 1) // MOE_ITEM_PANELS)
         self.per_h = ktcy_split_panels(panels_h, (panels_h + MOE_ITEM_PANELS - 1) // MOE_ITEM_PANELS)
-        self.dec_per_i = ktcy_split_panels(panels_i, (panels_i + MOE_DECODE_ITEM_PANELS - 1) // MOE_DECODE_ITEM_PANELS)
-        self.dec_per_h = ktcy_split_panels(panels_h, (panels_h + MOE_DECODE_ITEM_PANELS - 1) // MOE_DECODE_ITEM_PANELS)
         self.items_i = (panels_i + self.per_i - 1) // self.per_i  # the larger counts: buffers fit both
         self.items_h = (panels_h + self.per_h - 1) // self.per_h
         self.counts, self.seg, self.fill = np.zeros(E, np.int64), np.zeros(E + 1, np.int64), np.zeros(E, np.int64)
@@ -258,7 +268,7 @@ cdef class MoEEngine:
         cdef int64_t gh = kh // self.group if self.group else 1
         cdef int64_t gi = ki // self.group if self.group else 1
         cdef int64_t panels_i = ktcy_n_pad(I) // KTCY_PANEL, panels_h = ktcy_n_pad(H) // KTCY_PANEL
-        cdef int64_t per_i = self.per_i, per_h = self.per_h, most = 0
+        cdef int64_t per_i = self.per_i, per_h = self.per_h, most = 0, active = 0
         if T == 0:
             return
         cdef int per_slot = slots is not None
@@ -282,8 +292,13 @@ cdef class MoEEngine:
                 if eid >= 0:
                     cnt[eid] += 1
                     most = cnt[eid] if cnt[eid] > most else most
+        for e in range(E):
+            active += cnt[e] > 0
         if most <= 2:
-            per_i, per_h = self.dec_per_i, self.dec_per_h
+            # Decode: whole matrices per item (16-panel items took 1.02-1.09x the time of 48-panel
+            # ones at T=1-2, 2 threads) unless a thread would get fewer than a few items
+            per_i = _decode_per(panels_i, active, nthreads, self.items_i)
+            per_h = _decode_per(panels_h, active, nthreads, self.items_h)
         segv[0] = 0
         for e in range(E):
             segv[e + 1] = segv[e] + _round16(cnt[e])

@@ -119,13 +119,13 @@ def test_prefill_with_lookahead_matches_threads_and_float64(fmt):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_decode_streams_and_lookahead_match_threads_and_float64(fmt):
-    """Decode: experts with 1 or 2 rows (one tile per call, streaming; decode-sized work items of
-    about 16 panels), 21 and 14 items in the two phases for 2 threads, so items are taken one
-    ahead and each stream runs on into the next item's panels (and, inside an item, into the
-    next group's)."""
+    """Decode: experts with 1 or 2 rows (one tile per call, streaming; decode-sized work items,
+    split so that each thread gets a few): 14 items in each phase for 2 threads, 7 for 1, so items
+    are taken one ahead and each stream runs on into the next item's panels (and, inside an
+    item, into the next group's)."""
     rng = np.random.default_rng(4)
     T = 5
     ids = np.array([[0, 1], [2, 3], [4, 5], [6, 0], [1, 2]], np.int64)  # every expert, 1 or 2 rows
     w = rng.random((T, 2)).astype(np.float32)
     x = rng.standard_normal((T, 264)).astype(np.float32)
-    _agree_across_threads_isas_and_float64(fmt, x, ids, w, seed=6, H=264, I=520)  # 3 + 2 items per expert
+    _agree_across_threads_isas_and_float64(fmt, x, ids, w, seed=6, H=264, I=520)  # 2 + 2 items per expert
