@@ -1,6 +1,5 @@
 """`ktcy bench`: MoE forward timings on a model-shaped layer with random weights and routing,
 set against the measured roofline (read bandwidth, per-ISA multiply-add peak)."""
-import dataclasses
 import hashlib
 import time
 
@@ -8,6 +7,7 @@ import numpy as np
 
 from ktcy import _native, kernels, progress
 from ktcy.config import MoeConfig, QuantConfig
+from ktcy.expert_arena import ExpertArena
 from ktcy.formats import FORMATS, canonical_format
 from ktcy.moe import MoE
 from ktcy.roofline import ReadProbe, llc_bytes, peak_for, roofline
@@ -121,15 +121,9 @@ def distinct_routings(routes):
     return len({hashlib.sha1(np.ascontiguousarray(r).tobytes()).digest() for r in routes})
 
 
-def _clone(weight):
-    """The same packed bytes in fresh memory: a stand-in expert that costs a copy, not a packing."""
-    arrays = {name: getattr(weight, name) for name in ("data", "scale", "colsum", "zero")}
-    return dataclasses.replace(weight, _view=None, **{k: None if a is None else a.copy() for k, a in arrays.items()})
-
-
 def build_layer(config, sources, say_progress):
     """An E-expert layer from len(sources["gate"]) distinct random experts: those are quantized and
-    packed, the rest are copies of them in their own memory.  Timing does not depend on the
+    packed, the rest are copies of them in their own slots of the layer's buffer.  Timing does not depend on the
     values, and every expert's bytes still come from DRAM; packing all of them (INT4's scale
     search is slow) would cost most of a run."""
     fmt, group = config.weight_format, config.quant_config.group_size
@@ -139,11 +133,15 @@ def build_layer(config, sources, say_progress):
         for name, ws in packed.items():
             ws.append(kernels.pack(sources[name][e], fmt, group_size=group))
         say_progress(e + 1, config.num_experts)
-    for e in range(distinct, config.num_experts):
-        for ws in packed.values():
-            ws.append(_clone(ws[e % distinct]))
-        say_progress(e + 1, config.num_experts)
-    return MoE(config, packed["gate"], packed["up"], packed["down"])
+    # every expert in its own slot of one buffer, as MoE.from_weights lays a layer out
+    arena = ExpertArena({name: ws[0] for name, ws in packed.items()}, config.num_experts)
+    placed = {name: [] for name in packed}
+    for e in range(config.num_experts):
+        for name, ws in placed.items():
+            ws.append(arena.place(e, name, packed[name][e % distinct]))
+        if e >= distinct:
+            say_progress(e + 1, config.num_experts)
+    return MoE(config, placed["gate"], placed["up"], placed["down"])
 
 
 def run(shape="qwen3-30b", formats=DEFAULT_FORMATS, tokens=DEFAULT_TOKENS, isa=None, seed=0, say=None):

@@ -18,6 +18,7 @@ from ktcy import progress as _progress
 from ktcy.log import warn_once
 from ktcy.config import MoeConfig
 from ktcy.errors import UnsupportedISAError
+from ktcy.expert_arena import ExpertArena
 from ktcy.safetensors_io import CheckpointError
 
 log = logging.getLogger("ktcy")
@@ -123,10 +124,15 @@ class MoE:
         bar = None
         if progress is None and E * 3 * config.hidden_size * config.intermediate_size >= _PROGRESS_MIN_WEIGHTS:
             bar = progress = _progress.reporter(f"packing {fmt}", E, "expert")
+        arena = None  # one buffer for all experts: huge pages for the kernels' streams
         try:
             for e in range(E):
-                for name, (w, scale) in expert(e).items():
-                    packed[name].append(pack_expert_weight(w, scale, fmt, group, f"{name}[{e}]"))
+                parts = {name: pack_expert_weight(w, scale, fmt, group, f"{name}[{e}]")
+                         for name, (w, scale) in expert(e).items()}
+                if arena is None:
+                    arena = ExpertArena(parts, E)
+                for name, w in parts.items():
+                    packed[name].append(arena.place(e, name, w))
                 if progress is not None:
                     progress(e + 1, E)
         finally:
