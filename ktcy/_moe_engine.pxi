@@ -30,6 +30,7 @@ cdef enum:
     MOE_ITEM_PANELS = 8   # about this many output panels (x16 channels) per work item
     MOE_DECODE_ITEM_PANELS = 48  # the same where no expert has more than 2 rows (decode)
     MOE_DECODE_ITEMS_PER_THREAD = 4  # decode items are smaller where a phase would give fewer
+    MOE_STREAM_ROWS = 4   # experts with at most this many rows take decode-sized items
 
 ARENA_KEEP_BYTES = 256 << 20
 
@@ -194,8 +195,8 @@ cdef class MoEEngine:
         self.items_i = (panels_i + self.per_i - 1) // self.per_i  # the larger counts: buffers fit both
         self.items_h = (panels_h + self.per_h - 1) // self.per_h
         self.counts, self.seg, self.fill = np.zeros(E, np.int64), np.zeros(E + 1, np.int64), np.zeros(E, np.int64)
-        self.items1 = np.zeros((E * self.items_i, 2), np.int64)
-        self.items2 = np.zeros((E * self.items_h, 2), np.int64)
+        self.items1 = np.zeros((E * self.items_i, 3), np.int64)
+        self.items2 = np.zeros((E * self.items_h, 3), np.int64)
         self.status = np.zeros(E * (self.items_i + self.items_h) + 1, np.int32)
         self.ready = 1
 
@@ -268,7 +269,7 @@ cdef class MoEEngine:
         cdef int64_t gh = kh // self.group if self.group else 1
         cdef int64_t gi = ki // self.group if self.group else 1
         cdef int64_t panels_i = ktcy_n_pad(I) // KTCY_PANEL, panels_h = ktcy_n_pad(H) // KTCY_PANEL
-        cdef int64_t per_i = self.per_i, per_h = self.per_h, most = 0, active = 0
+        cdef int64_t per_i = self.per_i, per_h = self.per_h, most = 0, active = 0, small_i, small_h, pe_i, pe_h
         if T == 0:
             return
         cdef int per_slot = slots is not None
@@ -294,17 +295,19 @@ cdef class MoEEngine:
                     most = cnt[eid] if cnt[eid] > most else most
         for e in range(E):
             active += cnt[e] > 0
-        if most <= 2:
-            # Decode: whole matrices per item (16-panel items took 1.02-1.09x the time of 48-panel
-            # ones at T=1-2, 2 threads) unless a thread would get fewer than a few items
-            per_i = _decode_per(panels_i, active, nthreads, self.items_i)
-            per_h = _decode_per(panels_h, active, nthreads, self.items_h)
+        # Experts of a few rows (all of them in decode) stream their panels once per call: whole
+        # matrices per item (16-panel items took 1.02-1.09x the time of 48-panel ones at T=1-2,
+        # 2 threads) unless a thread would get fewer than a few items
+        small_i = _decode_per(panels_i, active, nthreads, self.items_i)
+        small_h = _decode_per(panels_h, active, nthreads, self.items_h)
         segv[0] = 0
         for e in range(E):
             segv[e + 1] = segv[e] + _round16(cnt[e])
             if cnt[e] > 0:
-                n_items1 += (panels_i + per_i - 1) // per_i
-                n_items2 += (panels_h + per_h - 1) // per_h
+                pe_i = small_i if cnt[e] <= MOE_STREAM_ROWS else per_i
+                pe_h = small_h if cnt[e] <= MOE_STREAM_ROWS else per_h
+                n_items1 += (panels_i + pe_i - 1) // pe_i
+                n_items2 += (panels_h + pe_h - 1) // pe_h
         rows = segv[E]
         if rows == 0:  # every slot is -1: nothing routed here
             if per_slot:
@@ -327,18 +330,20 @@ cdef class MoEEngine:
                 slotv[t * k + j] = fillv[e]
                 rtok[fillv[e]] = t
                 fillv[e] += 1
-        # work items: (expert, first panel) for both GEMM phases
+        # work items: (expert, first panel, end panel) for both GEMM phases
         cdef int64_t[:, ::1] it1 = self.items1, it2 = self.items2
         c = 0
         s = 0
         for e in range(E):
             if cnt[e] == 0:
                 continue
-            for i in range(0, panels_i, per_i):
-                it1[c, 0], it1[c, 1] = e, i
+            pe_i = small_i if cnt[e] <= MOE_STREAM_ROWS else per_i
+            pe_h = small_h if cnt[e] <= MOE_STREAM_ROWS else per_h
+            for i in range(0, panels_i, pe_i):
+                it1[c, 0], it1[c, 1], it1[c, 2] = e, i, min(i + pe_i, panels_i)
                 c += 1
-            for i in range(0, panels_h, per_h):
-                it2[s, 0], it2[s, 1] = e, i
+            for i in range(0, panels_h, pe_h):
+                it2[s, 0], it2[s, 1], it2[s, 2] = e, i, min(i + pe_h, panels_h)
                 s += 1
         cdef int8_t[:, ::1] xq, q1, q2
         cdef float[::1] xs, s1, s2
@@ -402,15 +407,13 @@ cdef class MoEEngine:
                     cn = ktcy_take(&taken1) if ahead1 else n_items1  # n_items1: not taken yet
                     e = <int>it1[c, 0]
                     p0 = it1[c, 1]
-                    p1 = p0 + per_i
-                    if p1 > panels_i:
-                        p1 = panels_i
+                    p1 = it1[c, 2]
                     next_w = NULL
                     np0 = np1 = 0
                     if cn < n_items1:
                         next_w = &self.gate_w[it1[cn, 0]]
                         np0 = it1[cn, 1]
-                        np1 = min(np0 + per_i, panels_i)
+                        np1 = it1[cn, 2]
                     seg0 = segv[e]
                     m = cnt[e]
                     fn = self.big_fn if m >= self.big_min_rows else self.small_fn
@@ -456,15 +459,13 @@ cdef class MoEEngine:
                     cn = ktcy_take(&taken2) if ahead2 else n_items2
                     e = <int>it2[c, 0]
                     p0 = it2[c, 1]
-                    p1 = p0 + per_h
-                    if p1 > panels_h:
-                        p1 = panels_h
+                    p1 = it2[c, 2]
                     next_w = NULL
                     np0 = np1 = 0
                     if cn < n_items2:
                         next_w = &self.down_w[it2[cn, 0]]
                         np0 = it2[cn, 1]
-                        np1 = min(np0 + per_h, panels_h)
+                        np1 = it2[cn, 2]
                     seg0 = segv[e]
                     m = cnt[e]
                     fn = self.big_fn if m >= self.big_min_rows else self.small_fn

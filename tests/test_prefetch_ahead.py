@@ -103,7 +103,8 @@ def _agree_across_threads_isas_and_float64(fmt, x, ids, w, seed, **shape):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_prefill_with_lookahead_matches_threads_and_float64(fmt):
     """Experts with 45, 13, 6, 3, 3 and 0 rows: several row tiles and panel groups per call (each
-    fetching the next), hints across experts and projections, the lookahead scheduler."""
+    fetching the next), hints across experts and projections, the lookahead scheduler, and work
+    items of two sizes in one call (the 3-row experts take decode-sized ones)."""
     rng = np.random.default_rng(3)
     T = 48
     ids = np.full((T, 2), -1, np.int64)
