@@ -28,7 +28,8 @@ from cython.parallel cimport parallel
 
 cdef enum:
     MOE_ITEM_PANELS = 8   # about this many output panels (x16 channels) per work item
-    MOE_DECODE_ITEM_PANELS = 48  # the same where no expert has more than 2 rows (decode)
+    MOE_DECODE_ITEM_PANELS = 48  # the same for experts of a few rows (decode)...
+    MOE_DECODE_ITEM_BYTES = 1536 * 1024  # ...but no more packed bytes than this, nor under 16 panels
     MOE_DECODE_ITEMS_PER_THREAD = 4  # decode items are smaller where a phase would give fewer
     MOE_STREAM_ROWS = 4   # experts with at most this many rows take decode-sized items
 
@@ -69,9 +70,12 @@ cdef const float *_bias_rows(object a, int rows, int64_t cols, str what) except?
 cdef inline int64_t _round16(int64_t m) noexcept nogil:
     return (m + 15) // 16 * 16
 
-cdef inline int64_t _decode_per(int64_t panels, int64_t active, int nthreads, int64_t most_parts) noexcept nogil:
-    """Panels per decode item of a matrix with `panels` panels, `active` experts routed to."""
-    cdef int64_t parts = (panels + MOE_DECODE_ITEM_PANELS - 1) // MOE_DECODE_ITEM_PANELS
+cdef inline int64_t _decode_per(int64_t panels, int64_t panel_bytes, int64_t active, int nthreads,
+                                int64_t most_parts) noexcept nogil:
+    """Panels per decode item of a matrix with `panels` panels of `panel_bytes` packed bytes each,
+    `active` experts routed to."""
+    cdef int64_t target = min(MOE_DECODE_ITEM_PANELS, max(16, MOE_DECODE_ITEM_BYTES // max(panel_bytes, 1)))
+    cdef int64_t parts = (panels + target - 1) // target
     cdef int64_t balanced = (MOE_DECODE_ITEMS_PER_THREAD * nthreads + active - 1) // max(active, 1)
     if balanced > parts:
         parts = balanced
@@ -298,8 +302,9 @@ cdef class MoEEngine:
         # Experts of a few rows (all of them in decode) stream their panels once per call: whole
         # matrices per item (16-panel items took 1.02-1.09x the time of 48-panel ones at T=1-2,
         # 2 threads) unless a thread would get fewer than a few items
-        small_i = _decode_per(panels_i, active, nthreads, self.items_i)
-        small_h = _decode_per(panels_h, active, nthreads, self.items_h)
+        cdef const ktcy_format_desc *desc = ktcy_format(self.fmt)
+        small_i = _decode_per(panels_i, kh // desc.block_k * desc.block_bytes, active, nthreads, self.items_i)
+        small_h = _decode_per(panels_h, ki // desc.block_k * desc.block_bytes, active, nthreads, self.items_h)
         segv[0] = 0
         for e in range(E):
             segv[e + 1] = segv[e] + _round16(cnt[e])
