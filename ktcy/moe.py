@@ -118,23 +118,12 @@ class MoE:
         {"format": "INT4" | "INT4_ZP", "scale": [N, K/g], "zero_points": [N, K/g], "group_size": g}
         or {"format": "MXFP4", "exponents": uint8 [N, ceil(K/32)]}; such codes are packed as
         stored when the layer's format is theirs, else dequantized exactly and quantized again."""
-        fmt, group = config.weight_format, config.quant_config.group_size
-        packed = {"gate": [], "up": [], "down": []}
         E = config.num_experts
         bar = None
         if progress is None and E * 3 * config.hidden_size * config.intermediate_size >= _PROGRESS_MIN_WEIGHTS:
-            bar = progress = _progress.reporter(f"packing {fmt}", E, "expert")
-        arena = None  # one buffer for all experts: huge pages for the kernels' streams
+            bar = progress = _progress.reporter(f"packing {config.weight_format}", E, "expert")
         try:
-            for e in range(E):
-                parts = {name: pack_expert_weight(w, scale, fmt, group, f"{name}[{e}]")
-                         for name, (w, scale) in expert(e).items()}
-                if arena is None:
-                    arena = ExpertArena(parts, E)
-                for name, w in parts.items():
-                    packed[name].append(arena.place(e, name, w))
-                if progress is not None:
-                    progress(e + 1, E)
+            packed = pack_experts(config, expert, range(E), progress)
         finally:
             if bar is not None:
                 bar.close()
@@ -325,6 +314,24 @@ def _pack_released(w, spec, fmt, group, what):
         return kernels.pack_quantized(packed.codes().astype(np.int16) + 8, scales, "INT4_ZP",
                                       group_size=group, zero_points=np.full(scales.shape, 8, np.uint8))
     return kernels.pack(packed.dequantize(np.float32), fmt, group_size=group)
+
+
+def pack_experts(config, expert, ids, progress=None):
+    """{"gate"|"up"|"down": [PackedWeight]} of experts `ids` in that order (expert(e) as
+    MoE.from_experts takes it), all in one ExpertArena: the kernels then stream them from huge
+    pages.  progress(done, len(ids)) after each expert."""
+    fmt, group = config.weight_format, config.quant_config.group_size
+    packed = {"gate": [], "up": [], "down": []}
+    arena = None
+    for i, e in enumerate(ids):
+        parts = {name: pack_expert_weight(w, scale, fmt, group, f"{name}[{e}]") for name, (w, scale) in expert(e).items()}
+        if arena is None:
+            arena = ExpertArena(parts, len(ids))
+        for name, w in parts.items():
+            packed[name].append(arena.place(i, name, w))
+        if progress is not None:
+            progress(i + 1, len(ids))
+    return packed
 
 
 def pack_expert_weight(w, scale, fmt, group, what):

@@ -94,3 +94,19 @@ def test_place_keeps_a_weight_that_does_not_fit_its_slot():
     placed = arena.place(1, "gate", first["gate"])
     assert placed is not first["gate"] and np.shares_memory(placed.data, arena.buffer)
     assert np.array_equal(placed.data, first["gate"].data) and np.array_equal(placed.scale, first["gate"].scale)
+
+
+def test_pack_experts_takes_the_listed_experts_in_order_into_one_buffer():
+    """The expert-parallel layer packs only its rank's experts: pack_experts(ids) gives those, in
+    the order listed, in one buffer."""
+    from ktcy.moe import pack_experts, stacked_experts
+    gate, up, down = _sources(4)
+    config = _config("INT4_ZP")
+    packed = pack_experts(config, stacked_experts(config, gate, up, down), [3, 1])
+    for name, src in (("gate", gate), ("up", up), ("down", down)):
+        assert len(packed[name]) == 2
+        for w, e in zip(packed[name], (3, 1)):
+            fresh = kernels.pack(src[e], "INT4_ZP", group_size=32)
+            assert all(np.array_equal(getattr(w, n), getattr(fresh, n)) for n in ("data", "scale", "zero"))
+    roots = {id(_root(getattr(w, n))) for ws in packed.values() for w in ws for n in ("data", "scale", "zero")}
+    assert len(roots) == 1

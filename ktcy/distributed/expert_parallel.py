@@ -34,7 +34,7 @@ from ktcy.distributed.placement import Placement
 from ktcy.formats import canonical_format
 from ktcy.kernels import as_float32_matrix
 from ktcy.loading import block_settings, converted_layer_file, is_converted, layer_group_size
-from ktcy.moe import MoE, pack_expert_weight, stacked_experts
+from ktcy.moe import MoE, pack_experts, stacked_experts
 from ktcy.packed_io import map_layer
 from ktcy.paths import resolve_model_path
 from ktcy.safetensors_io import CheckpointError
@@ -74,13 +74,7 @@ class ExpertParallelMoE:
         placement = placement or Placement.contiguous(config.num_experts, g.world_size)
         _check_placement(placement, config, g)
         local_ids = placement.local_experts(g.rank)
-        fmt, group_size = config.weight_format, config.quant_config.group_size
-        packed = {"gate": [], "up": [], "down": []}
-        for i, e in enumerate(local_ids):
-            for name, (w, scale) in expert(e).items():
-                packed[name].append(pack_expert_weight(w, scale, fmt, group_size, f"{name}[{e}]"))
-            if progress is not None:
-                progress(i + 1, len(local_ids))
+        packed = pack_experts(config, expert, local_ids, progress)
         local = _local_moe(config, local_ids, packed, bias)
         return cls(config, local, placement, g, **options)
 
