@@ -19,6 +19,10 @@
  *                                                            (the skeleton scales their float sums)
  *   KT_(group_epilogue)(acc[4][2], facc[4][2], MB, a, w, m0, p, g)   integer formats with groups
  *   KT_(final)(acc, facc, a, w, m, n0)                       8 outputs of one row
+ *   with KT_I16_ROWS 1 (bf16-activation formats whose codes are small integers: MXFP4), also
+ *   KT_(wrow_i16)(blk, r, out[2]) (the codes of row r as int16 pairs, channels in order) and
+ *   KT_(i16_scale)(w, p, g, h) (their block multipliers): activations go on a 16-bit block grid
+ *   (i16_row) and decode tiles multiply integers
  * and may set KT_WIDE_TILE 1: prefill tiles (more than 4 rows) of 3 rows x 2 panels, 12 integer
  * accumulators sharing each activation broadcast (formats without groups only); KT_LANE_SPLIT 1:
  * the halves of a decoded row (and group_scale's h) hold channels 0-3, 8-11 and 4-7, 12-15, as
@@ -45,6 +49,9 @@
 #endif
 #ifndef KT_LANE_SPLIT
 #define KT_LANE_SPLIT 0
+#endif
+#ifndef KT_I16_ROWS
+#define KT_I16_ROWS 0
 #endif
 
 /* An empty asm on an integer accumulator: GCC would otherwise re-associate the unrolled
@@ -267,6 +274,74 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
     }
 }
 
+#if KT_I16_ROWS
+/* One activation row in 16-bit block fixed point (KT_I16_ROWS formats): each 32-value block
+ * becomes integers q = a x 2^(141 - E), E the block's largest bf16 exponent field, with scale
+ * xs = 2^(E - 141).  A bf16 value holds 8 significant bits, so every value within 2^7 of the
+ * block's largest is exact; smaller ones round at 2^-15 of it (bf16 itself rounds at 2^-9 of
+ * each value); |q| <= 255 x 128, and subnormal blocks are exact too.  Out go q as int16 with xs
+ * per block (the decode tiles' vpmaddwd operands) or, AS_FLOAT, q x xs as floats (the float
+ * prefill's: with E2M1 weights every product and partial sum of a block is then exact, xs x an
+ * integer sum / 2 below 2^23, so its block sum is the decode tiles' integer sum x xs, and a row
+ * of a prefill equals the row alone).  0: a value is inf or NaN. */
+KT_AI int KT_(i16_row)(const int AS_FLOAT, const uint16_t *src, int64_t k_pad, void *dst, float *xs) {
+    for (int64_t kb = 0; kb < k_pad / 32; ++kb) {
+        const __m256i v0 = _mm256_loadu_si256((const __m256i *)(src + kb * 32));
+        const __m256i v1 = _mm256_loadu_si256((const __m256i *)(src + kb * 32 + 16));
+        const __m256i ff = _mm256_set1_epi16(0xFF);
+        __m256i e = _mm256_max_epu16(_mm256_and_si256(_mm256_srli_epi16(v0, 7), ff),
+                                     _mm256_and_si256(_mm256_srli_epi16(v1, 7), ff));
+        e = _mm256_max_epu16(e, _mm256_permute2x128_si256(e, e, 1));
+        e = _mm256_max_epu16(e, _mm256_srli_si256(e, 8));
+        e = _mm256_max_epu16(e, _mm256_srli_si256(e, 4));
+        e = _mm256_max_epu16(e, _mm256_srli_si256(e, 2));
+        const int big = _mm_extract_epi16(_mm256_castsi256_si128(e), 0);
+        if (big == 255) return 0;
+        /* 2^(141 - E), in two exact factors where one would overflow a float (E < 14: tiny
+         * values; the second factor is 1 otherwise) */
+        const int d = 141 - big, d1 = d > 127 ? d / 2 : d, d2 = d - d1;
+        const __m256 f1 = _mm256_castsi256_ps(_mm256_set1_epi32((d1 + 127) << 23));
+        const __m256 f2 = _mm256_castsi256_ps(_mm256_set1_epi32((d2 + 127) << 23));
+        /* 2^(E - 141) by its bits: a normal float from E = 15, else a subnormal one */
+        const uint32_t bits = big >= 15 ? (uint32_t)(big - 14) << 23 : 1u << (big + 8);
+        float scale;
+        memcpy(&scale, &bits, 4);
+        /* AS_FLOAT: a + C - C with C = 1.5 x 2^(E - 118) rounds a to the nearest multiple of xs
+         * (even on ties, as vcvtps2dq): q x xs in two adds; for E > 245 C would overflow */
+        const uint32_t magic_bits = (uint32_t)(big + 9) << 23 | 0x400000;
+        float magic;
+        memcpy(&magic, &magic_bits, 4);
+        const int by_magic = AS_FLOAT && big <= 245;
+        __m256i q[4];
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < 4; ++j) {
+            const __m128i h = _mm_loadu_si128((const __m128i *)(src + kb * 32 + 8 * j));
+            const __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+            if (by_magic) {
+                const __m256 c = _mm256_set1_ps(magic);
+                _mm256_storeu_ps((float *)dst + kb * 32 + 8 * j, _mm256_sub_ps(_mm256_add_ps(a, c), c));
+                continue;
+            }
+            __m256 f = _mm256_mul_ps(a, f1);
+            if (d2) f = _mm256_mul_ps(f, f2);
+            if (AS_FLOAT) /* rounded to the nearest integer (even on ties), times xs */
+                _mm256_storeu_ps((float *)dst + kb * 32 + 8 * j,
+                                 _mm256_mul_ps(_mm256_round_ps(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), _mm256_set1_ps(scale)));
+            else
+                q[j] = _mm256_cvtps_epi32(f);
+        }
+        if (!AS_FLOAT) { /* packs work per 128-bit lane: the qword permute puts the values back in order */
+            int16_t *out = (int16_t *)dst + kb * 32;
+            _mm256_storeu_si256((__m256i *)out, _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8));
+            _mm256_storeu_si256((__m256i *)(out + 16), _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8));
+        }
+        if (!AS_FLOAT) xs[kb] = scale;
+    }
+    return 1;
+}
+#endif
+
+
 #if !KT_INT_ACT
 /* Prefill (more than 4 rows) of the bf16-activation formats is a float GEMM: each panel is
  * decoded once to floats [k][16 channels], the rows' activations are widened to floats
@@ -299,18 +374,27 @@ KT_AI void KT_(f32_panel)(const ktcy_weight *w, int64_t p, float *dst) {
 }
 
 /* Rows [m0, m0 + rows) of the bf16 activations as floats; rows past the buffer are zeros. */
-KT_AI void KT_(f32_rows)(const ktcy_act *a, int64_t m0, int64_t rows, float *dst) {
+/* 0 (I16 only): a row holds inf or NaN, and the caller takes the float route instead. */
+KT_AI int KT_(f32_rows)(const int I16, const ktcy_act *a, int64_t m0, int64_t rows, float *dst) {
+    (void)I16;
     for (int64_t i = 0; i < rows; ++i, dst += a->k_pad) {
         if (m0 + i >= a->m_pad) {
             memset(dst, 0, (size_t)a->k_pad * sizeof(float));
             continue;
         }
+#if KT_I16_ROWS
+        if (I16) { /* on the blocks' fixed-point grid (i16_row) */
+            if (!KT_(i16_row)(1, a->bf16 + (m0 + i) * a->k_pad, a->k_pad, dst, NULL)) return 0;
+            continue;
+        }
+#endif
         const uint16_t *src = a->bf16 + (m0 + i) * a->k_pad;
         for (int64_t k = 0; k < a->k_pad; k += 8) {
             const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + k)));
             _mm256_store_ps(dst + k, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
         }
     }
+    return 1;
 }
 
 /* MB rows (floats at x, row stride k_pad) x one panel (floats at wp). */
@@ -356,13 +440,14 @@ KT_AI void KT_(f32_micro)(const int MB, const ktcy_act *a, const ktcy_weight *w,
     }
 }
 
-KT_AI void KT_(f32_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb, int64_t pe,
-                         void *scratch) {
+/* 0 (I16 only): inf or NaN met in the rows; the outputs written so far are to be overwritten. */
+KT_AI int KT_(f32_gemm)(const int I16, const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb,
+                        int64_t pe, void *scratch) {
     float *panel = (float *)ktcy_align64(scratch);
     float *rows = panel + KTCY_PANEL * w->k_pad;
     for (int64_t c0 = 0; c0 < a->m; c0 += KTCY_AVX2_F32_ROWS) {
         const int64_t chunk = a->m - c0 < KTCY_AVX2_F32_ROWS ? a->m - c0 : KTCY_AVX2_F32_ROWS;
-        KT_(f32_rows)(a, c0, (chunk + 5) / 6 * 6, rows); /* every tile below reads whole rows */
+        if (!KT_(f32_rows)(I16, a, c0, (chunk + 5) / 6 * 6, rows)) return 0; /* every tile below reads whole rows */
         for (int64_t p = pb; p < pe; ++p) {
             KT_(f32_panel)(w, p, panel);
             /* the tiles fetch the panel that comes next: this sweep's next one, else the next
@@ -381,6 +466,96 @@ KT_AI void KT_(f32_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int6
             }
         }
     }
+    return 1;
+}
+#endif
+
+#if KT_I16_ROWS
+/* MB rows x NP panels of the integer route: vpmaddwd of the codes' int16 pairs (wrow_i16) with
+ * the rows' int16 pairs into exact int32 block sums, then per block (float path's order) the
+ * rows' scale and the channels' 2^(e - 128).  Streams its panels as the decode micro does. */
+KT_AI void KT_(i16_micro)(const int MB, const int NP, const ktcy_act *a, const int16_t *x16, const float *xs,
+                          const ktcy_weight *w, int64_t m0, int64_t p, float *y, int64_t ldy, ktcy_span cont) {
+    const int64_t nkb = w->k_pad / KT_BK;
+    const uint8_t *panel[2] = {w->data + p * nkb * KT_BB, w->data + (p + 1) * nkb * KT_BB}; /* [1]: NP == 2 only */
+    __m256 facc[2][4][2];
+    _Pragma("GCC unroll 2")
+    for (int q = 0; q < NP; ++q)
+        _Pragma("GCC unroll 8")
+        for (int m = 0; m < MB; ++m) facc[q][m][0] = facc[q][m][1] = _mm256_setzero_ps();
+    for (int64_t kb = 0; kb < nkb; ++kb) {
+        uintptr_t fetch[2];
+        _Pragma("GCC unroll 2")
+        for (int q = 0; q < NP; ++q) fetch[q] = ktcy_stream_ahead(cont, q, panel[q], kb, nkb, KT_AHEAD, KT_BB);
+        __m256i acc[2][4][2];
+        _Pragma("GCC unroll 2")
+        for (int q = 0; q < NP; ++q)
+            _Pragma("GCC unroll 8")
+            for (int m = 0; m < MB; ++m) acc[q][m][0] = acc[q][m][1] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 16")
+        for (int r = 0; r < 16; ++r) {
+            if (r * 64 < KT_BB)
+                _Pragma("GCC unroll 2")
+                for (int q = 0; q < NP; ++q) _mm_prefetch((const char *)(fetch[q] + (uintptr_t)(r * 64)), _MM_HINT_T0);
+            __m256i wv[2][2];
+            _Pragma("GCC unroll 2")
+            for (int q = 0; q < NP; ++q) KT_(wrow_i16)(panel[q] + kb * KT_BB, r, wv[q]);
+            _Pragma("GCC unroll 8")
+            for (int m = 0; m < MB; ++m) {
+                int32_t pair;
+                memcpy(&pair, x16 + (m0 + m) * a->k_pad + kb * 32 + 2 * r, 4);
+                const __m256i av = _mm256_set1_epi32(pair);
+                _Pragma("GCC unroll 2")
+                for (int q = 0; q < NP; ++q)
+                    _Pragma("GCC unroll 2")
+                    for (int h = 0; h < 2; ++h) {
+                        acc[q][m][h] = _mm256_add_epi32(acc[q][m][h], _mm256_madd_epi16(wv[q][h], av));
+                        KT_KEEP(acc[q][m][h]);
+                    }
+            }
+        }
+        _Pragma("GCC unroll 2")
+        for (int q = 0; q < NP; ++q)
+            _Pragma("GCC unroll 2")
+            for (int h = 0; h < 2; ++h) {
+                const __m256 s = KT_(i16_scale)(w, p + q, kb, h);
+                _Pragma("GCC unroll 8")
+                for (int m = 0; m < MB; ++m) {
+                    const __m256 part = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[q][m][h]), _mm256_set1_ps(xs[(m0 + m) * nkb + kb]));
+                    facc[q][m][h] = _mm256_fmadd_ps(part, s, facc[q][m][h]);
+                }
+            }
+    }
+    _Pragma("GCC unroll 8")
+    for (int m = 0; m < MB; ++m)
+        _Pragma("GCC unroll 2")
+        for (int q = 0; q < NP; ++q) {
+            const int64_t n0 = (p + q) * 16, valid = w->n - n0;
+            if (valid <= 0) continue;
+            KT_(store8)(y + (m0 + m) * ldy + n0, valid, facc[q][m][0]); /* channel order: no lane split */
+            if (valid > 8) KT_(store8)(y + (m0 + m) * ldy + n0 + 8, valid - 8, facc[q][m][1]);
+        }
+}
+
+/* Panels [pb, pe) for a->m <= 4 rows by the integer route; 0 (nothing written): a row holds inf
+ * or NaN. */
+KT_AI int KT_(i16_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb, int64_t pe,
+                        void *scratch) {
+    int16_t *x16 = (int16_t *)ktcy_align64(scratch);
+    float *xs = (float *)(x16 + 4 * a->k_pad);
+    for (int64_t m = 0; m < a->m; ++m)
+        if (!KT_(i16_row)(0, a->bf16 + m * a->k_pad, a->k_pad, x16 + m * a->k_pad, xs + m * (a->k_pad / 32))) return 0;
+    for (int64_t p = pb; p < pe;) {
+        const int np = a->m == 1 && pe - p >= 2 ? 2 : 1; /* one row: two panels' chains, as the float decode */
+        const ktcy_span next = ktcy_next_group(a, w, p + np, pe, np, KT_BK, KT_BB);
+        if (a->m == 1 && np == 2) KT_(i16_micro)(1, 2, a, x16, xs, w, 0, p, y, ldy, next);
+        else if (a->m == 1) KT_(i16_micro)(1, 1, a, x16, xs, w, 0, p, y, ldy, next);
+        else if (a->m == 2) KT_(i16_micro)(2, 1, a, x16, xs, w, 0, p, y, ldy, next);
+        else if (a->m == 3) KT_(i16_micro)(3, 1, a, x16, xs, w, 0, p, y, ldy, next);
+        else KT_(i16_micro)(4, 1, a, x16, xs, w, 0, p, y, ldy, next);
+        p += np;
+    }
+    return 1;
 }
 #endif
 
@@ -397,10 +572,16 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
     if (!(KT_FORMATS & (1 << w->format))) return KTCY_ERR_FORMAT;
 #if !KT_INT_ACT
     /* plain bf16 rows have no decode to save: widening a panel pays off from about 20 rows (measured) */
+    /* KT_I16_ROWS: activations in block fixed point for every tile (decode and prefill tiles
+     * then give the same bits) unless one of the call's rows holds inf or NaN: then the float
+     * route throughout */
     if (a->m >= (KT_PLAIN_ROWS ? 20 : 5) || KT_(checked_rows)(w)) {
-        KT_(f32_gemm)(a, w, y, ldy, pb, pe, scratch);
+        if (!KT_I16_ROWS || !KT_(f32_gemm)(1, a, w, y, ldy, pb, pe, scratch)) KT_(f32_gemm)(0, a, w, y, ldy, pb, pe, scratch);
         return KTCY_OK;
     }
+#if KT_I16_ROWS
+    if (KT_(i16_gemm)(a, w, y, ldy, pb, pe, scratch)) return KTCY_OK;
+#endif
 #endif
     /* 4-row tiles for the group formats too: their float sums are touched only at group ends
      * and wait in the stack frame, while the int16 sums (KT_ACC16) keep the inner loop short
@@ -417,7 +598,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #else
     /* the rows as floats (tiles round up to 4 rows; fewer than KTCY_AVX2_F32_ROWS come here) */
     float *xf = (float *)decoded;
-    KT_(f32_rows)(a, 0, (a->m + 3) / 4 * 4, xf);
+    KT_(f32_rows)(0, a, 0, (a->m + 3) / 4 * 4, xf);
     const uint8_t *x = (const uint8_t *)xf;
 #endif
     for (int64_t p = pb; p < pe;) {
@@ -480,6 +661,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_ALWAYS_PRE
 #undef KT_WIDE_TILE
 #undef KT_LANE_SPLIT
+#undef KT_I16_ROWS
 #undef KT_KEEP
 #undef KT_AHEAD
 #include "traits_end.h"
