@@ -1,8 +1,8 @@
 """AVX2 MXFP4 puts each activation row on a 16-bit fixed-point grid per 32-value block: step
 2^(E - 141) for the block's largest bf16 exponent field E, so values within 2^7 of the block's
-largest are exact and smaller ones round to the nearest step (ties to even).  Decode tiles
-multiply those integers by the codes exactly (vpmaddwd); prefill tiles get the same block sums in
-floats, so both give the same bits.  A row holding inf or NaN sends the call down the float route.
+largest are exact and smaller ones round to the nearest step (ties to even).  Decode and
+prefill tiles multiply those integers by the codes exactly (vpmaddwd), so both give the same
+bits.  A row holding inf or NaN sends the call down the float route.
 The reference below builds the grid in numpy from the format's description."""
 import ml_dtypes
 import numpy as np

@@ -22,7 +22,7 @@
  *   with KT_I16_ROWS 1 (bf16-activation formats whose codes are small integers: MXFP4), also
  *   KT_(wrow_i16)(blk, r, out[2]) (the codes of row r as int16 pairs, channels in order) and
  *   KT_(i16_scale)(w, p, g, h) (their block multipliers): activations go on a 16-bit block grid
- *   (i16_row) and decode tiles multiply integers
+ *   (i16_row) and 1-4-row tiles multiply integers at every row count
  * and may set KT_WIDE_TILE 1: prefill tiles (more than 4 rows) of 3 rows x 2 panels, 12 integer
  * accumulators sharing each activation broadcast (formats without groups only); KT_LANE_SPLIT 1:
  * the halves of a decoded row (and group_scale's h) hold channels 0-3, 8-11 and 4-7, 12-15, as
@@ -279,12 +279,9 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
  * becomes integers q = a x 2^(141 - E), E the block's largest bf16 exponent field, with scale
  * xs = 2^(E - 141).  A bf16 value holds 8 significant bits, so every value within 2^7 of the
  * block's largest is exact; smaller ones round at 2^-15 of it (bf16 itself rounds at 2^-9 of
- * each value); |q| <= 255 x 128, and subnormal blocks are exact too.  Out go q as int16 with xs
- * per block (the decode tiles' vpmaddwd operands) or, AS_FLOAT, q x xs as floats (the float
- * prefill's: with E2M1 weights every product and partial sum of a block is then exact, xs x an
- * integer sum / 2 below 2^23, so its block sum is the decode tiles' integer sum x xs, and a row
- * of a prefill equals the row alone).  0: a value is inf or NaN. */
-KT_AI int KT_(i16_row)(const int AS_FLOAT, const uint16_t *src, int64_t k_pad, void *dst, float *xs) {
+ * each value); |q| <= 255 x 128, and subnormal blocks are exact too.  Out go q as int16 and xs
+ * per block, the tiles' vpmaddwd operands.  0: a value is inf or NaN. */
+KT_AI int KT_(i16_row)(const uint16_t *src, int64_t k_pad, int16_t *dst, float *xs) {
     for (int64_t kb = 0; kb < k_pad / 32; ++kb) {
         const __m256i v0 = _mm256_loadu_si256((const __m256i *)(src + kb * 32));
         const __m256i v1 = _mm256_loadu_si256((const __m256i *)(src + kb * 32 + 16));
@@ -306,36 +303,18 @@ KT_AI int KT_(i16_row)(const int AS_FLOAT, const uint16_t *src, int64_t k_pad, v
         const uint32_t bits = big >= 15 ? (uint32_t)(big - 14) << 23 : 1u << (big + 8);
         float scale;
         memcpy(&scale, &bits, 4);
-        /* AS_FLOAT: a + C - C with C = 1.5 x 2^(E - 118) rounds a to the nearest multiple of xs
-         * (even on ties, as vcvtps2dq): q x xs in two adds; for E > 245 C would overflow */
-        const uint32_t magic_bits = (uint32_t)(big + 9) << 23 | 0x400000;
-        float magic;
-        memcpy(&magic, &magic_bits, 4);
-        const int by_magic = AS_FLOAT && big <= 245;
         __m256i q[4];
         _Pragma("GCC unroll 4")
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < 4; ++j) { /* vcvtps2dq rounds to the nearest, ties to even */
             const __m128i h = _mm_loadu_si128((const __m128i *)(src + kb * 32 + 8 * j));
-            const __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-            if (by_magic) {
-                const __m256 c = _mm256_set1_ps(magic);
-                _mm256_storeu_ps((float *)dst + kb * 32 + 8 * j, _mm256_sub_ps(_mm256_add_ps(a, c), c));
-                continue;
-            }
-            __m256 f = _mm256_mul_ps(a, f1);
+            __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)), f1);
             if (d2) f = _mm256_mul_ps(f, f2);
-            if (AS_FLOAT) /* rounded to the nearest integer (even on ties), times xs */
-                _mm256_storeu_ps((float *)dst + kb * 32 + 8 * j,
-                                 _mm256_mul_ps(_mm256_round_ps(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), _mm256_set1_ps(scale)));
-            else
-                q[j] = _mm256_cvtps_epi32(f);
+            q[j] = _mm256_cvtps_epi32(f);
         }
-        if (!AS_FLOAT) { /* packs work per 128-bit lane: the qword permute puts the values back in order */
-            int16_t *out = (int16_t *)dst + kb * 32;
-            _mm256_storeu_si256((__m256i *)out, _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8));
-            _mm256_storeu_si256((__m256i *)(out + 16), _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8));
-        }
-        if (!AS_FLOAT) xs[kb] = scale;
+        /* packs work per 128-bit lane: the qword permute puts the values back in order */
+        _mm256_storeu_si256((__m256i *)(dst + kb * 32), _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8));
+        _mm256_storeu_si256((__m256i *)(dst + kb * 32 + 16), _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8));
+        xs[kb] = scale;
     }
     return 1;
 }
@@ -374,27 +353,18 @@ KT_AI void KT_(f32_panel)(const ktcy_weight *w, int64_t p, float *dst) {
 }
 
 /* Rows [m0, m0 + rows) of the bf16 activations as floats; rows past the buffer are zeros. */
-/* 0 (I16 only): a row holds inf or NaN, and the caller takes the float route instead. */
-KT_AI int KT_(f32_rows)(const int I16, const ktcy_act *a, int64_t m0, int64_t rows, float *dst) {
-    (void)I16;
+KT_AI void KT_(f32_rows)(const ktcy_act *a, int64_t m0, int64_t rows, float *dst) {
     for (int64_t i = 0; i < rows; ++i, dst += a->k_pad) {
         if (m0 + i >= a->m_pad) {
             memset(dst, 0, (size_t)a->k_pad * sizeof(float));
             continue;
         }
-#if KT_I16_ROWS
-        if (I16) { /* on the blocks' fixed-point grid (i16_row) */
-            if (!KT_(i16_row)(1, a->bf16 + (m0 + i) * a->k_pad, a->k_pad, dst, NULL)) return 0;
-            continue;
-        }
-#endif
         const uint16_t *src = a->bf16 + (m0 + i) * a->k_pad;
         for (int64_t k = 0; k < a->k_pad; k += 8) {
             const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + k)));
             _mm256_store_ps(dst + k, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
         }
     }
-    return 1;
 }
 
 /* MB rows (floats at x, row stride k_pad) x one panel (floats at wp). */
@@ -440,14 +410,13 @@ KT_AI void KT_(f32_micro)(const int MB, const ktcy_act *a, const ktcy_weight *w,
     }
 }
 
-/* 0 (I16 only): inf or NaN met in the rows; the outputs written so far are to be overwritten. */
-KT_AI int KT_(f32_gemm)(const int I16, const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb,
-                        int64_t pe, void *scratch) {
+KT_AI void KT_(f32_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb, int64_t pe,
+                         void *scratch) {
     float *panel = (float *)ktcy_align64(scratch);
     float *rows = panel + KTCY_PANEL * w->k_pad;
     for (int64_t c0 = 0; c0 < a->m; c0 += KTCY_AVX2_F32_ROWS) {
         const int64_t chunk = a->m - c0 < KTCY_AVX2_F32_ROWS ? a->m - c0 : KTCY_AVX2_F32_ROWS;
-        if (!KT_(f32_rows)(I16, a, c0, (chunk + 5) / 6 * 6, rows)) return 0; /* every tile below reads whole rows */
+        KT_(f32_rows)(a, c0, (chunk + 5) / 6 * 6, rows); /* every tile below reads whole rows */
         for (int64_t p = pb; p < pe; ++p) {
             KT_(f32_panel)(w, p, panel);
             /* the tiles fetch the panel that comes next: this sweep's next one, else the next
@@ -466,7 +435,6 @@ KT_AI int KT_(f32_gemm)(const int I16, const ktcy_act *a, const ktcy_weight *w, 
             }
         }
     }
-    return 1;
 }
 #endif
 
@@ -503,7 +471,7 @@ KT_AI void KT_(i16_micro)(const int MB, const int NP, const ktcy_act *a, const i
             _Pragma("GCC unroll 8")
             for (int m = 0; m < MB; ++m) {
                 int32_t pair;
-                memcpy(&pair, x16 + (m0 + m) * a->k_pad + kb * 32 + 2 * r, 4);
+                memcpy(&pair, x16 + m * a->k_pad + kb * 32 + 2 * r, 4);
                 const __m256i av = _mm256_set1_epi32(pair);
                 _Pragma("GCC unroll 2")
                 for (int q = 0; q < NP; ++q)
@@ -521,7 +489,7 @@ KT_AI void KT_(i16_micro)(const int MB, const int NP, const ktcy_act *a, const i
                 const __m256 s = KT_(i16_scale)(w, p + q, kb, h);
                 _Pragma("GCC unroll 8")
                 for (int m = 0; m < MB; ++m) {
-                    const __m256 part = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[q][m][h]), _mm256_set1_ps(xs[(m0 + m) * nkb + kb]));
+                    const __m256 part = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[q][m][h]), _mm256_set1_ps(xs[m * nkb + kb]));
                     facc[q][m][h] = _mm256_fmadd_ps(part, s, facc[q][m][h]);
                 }
             }
@@ -544,7 +512,7 @@ KT_AI int KT_(i16_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int64
     int16_t *x16 = (int16_t *)ktcy_align64(scratch);
     float *xs = (float *)(x16 + 4 * a->k_pad);
     for (int64_t m = 0; m < a->m; ++m)
-        if (!KT_(i16_row)(0, a->bf16 + m * a->k_pad, a->k_pad, x16 + m * a->k_pad, xs + m * (a->k_pad / 32))) return 0;
+        if (!KT_(i16_row)(a->bf16 + m * a->k_pad, a->k_pad, x16 + m * a->k_pad, xs + m * (a->k_pad / 32))) return 0;
     for (int64_t p = pb; p < pe;) {
         const int np = a->m == 1 && pe - p >= 2 ? 2 : 1; /* one row: two panels' chains, as the float decode */
         const ktcy_span next = ktcy_next_group(a, w, p + np, pe, np, KT_BK, KT_BB);
@@ -554,6 +522,34 @@ KT_AI int KT_(i16_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int64
         else if (a->m == 3) KT_(i16_micro)(3, 1, a, x16, xs, w, 0, p, y, ldy, next);
         else KT_(i16_micro)(4, 1, a, x16, xs, w, 0, p, y, ldy, next);
         p += np;
+    }
+    return 1;
+}
+
+/* Prefill by the integer route: rows KTCY_AVX2_F32_ROWS at a time on the grid, 4-row tiles over
+ * each panel, which stays in L1/L2 between them (single GEMM M=512 0.84x the time of the float
+ * prefill: vpmaddwd does 16 products where an FMA does 8). */
+KT_AI int KT_(i16_prefill)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb, int64_t pe,
+                           void *scratch) {
+    const int64_t nkb = a->k_pad / 32;
+    int16_t *x16 = (int16_t *)ktcy_align64(scratch);
+    float *xs = (float *)(x16 + KTCY_AVX2_F32_ROWS * a->k_pad);
+    for (int64_t c0 = 0; c0 < a->m; c0 += KTCY_AVX2_F32_ROWS) {
+        const int64_t chunk = a->m - c0 < KTCY_AVX2_F32_ROWS ? a->m - c0 : KTCY_AVX2_F32_ROWS;
+        for (int64_t i = 0; i < chunk; ++i)
+            if (!KT_(i16_row)(a->bf16 + (c0 + i) * a->k_pad, a->k_pad, x16 + i * a->k_pad, xs + i * nkb)) return 0;
+        for (int64_t p = pb; p < pe; ++p) {
+            const ktcy_span next = ktcy_next_group(a, w, p + 1, pe, 1, KT_BK, KT_BB);
+            for (int64_t i = 0; i < chunk; i += 4) {
+                const int64_t left = chunk - i;
+                const int16_t *xr = x16 + i * a->k_pad;
+                const float *sr = xs + i * nkb;
+                if (left >= 4) KT_(i16_micro)(4, 1, a, xr, sr, w, c0 + i, p, y, ldy, next);
+                else if (left == 3) KT_(i16_micro)(3, 1, a, xr, sr, w, c0 + i, p, y, ldy, next);
+                else if (left == 2) KT_(i16_micro)(2, 1, a, xr, sr, w, c0 + i, p, y, ldy, next);
+                else KT_(i16_micro)(1, 1, a, xr, sr, w, c0 + i, p, y, ldy, next);
+            }
+        }
     }
     return 1;
 }
@@ -572,16 +568,16 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
     if (!(KT_FORMATS & (1 << w->format))) return KTCY_ERR_FORMAT;
 #if !KT_INT_ACT
     /* plain bf16 rows have no decode to save: widening a panel pays off from about 20 rows (measured) */
-    /* KT_I16_ROWS: activations in block fixed point for every tile (decode and prefill tiles
-     * then give the same bits) unless one of the call's rows holds inf or NaN: then the float
-     * route throughout */
+#if KT_I16_ROWS
+    /* activations on the block grid, integer tiles at every row count (decode and prefill rows
+     * then give the same bits), unless a row holds inf or NaN: then the float route */
+    if (a->m >= 5 ? KT_(i16_prefill)(a, w, y, ldy, pb, pe, scratch) : KT_(i16_gemm)(a, w, y, ldy, pb, pe, scratch))
+        return KTCY_OK;
+#endif
     if (a->m >= (KT_PLAIN_ROWS ? 20 : 5) || KT_(checked_rows)(w)) {
-        if (!KT_I16_ROWS || !KT_(f32_gemm)(1, a, w, y, ldy, pb, pe, scratch)) KT_(f32_gemm)(0, a, w, y, ldy, pb, pe, scratch);
+        KT_(f32_gemm)(a, w, y, ldy, pb, pe, scratch);
         return KTCY_OK;
     }
-#if KT_I16_ROWS
-    if (KT_(i16_gemm)(a, w, y, ldy, pb, pe, scratch)) return KTCY_OK;
-#endif
 #endif
     /* 4-row tiles for the group formats too: their float sums are touched only at group ends
      * and wait in the stack frame, while the int16 sums (KT_ACC16) keep the inner loop short
@@ -598,7 +594,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #else
     /* the rows as floats (tiles round up to 4 rows; fewer than KTCY_AVX2_F32_ROWS come here) */
     float *xf = (float *)decoded;
-    KT_(f32_rows)(0, a, 0, (a->m + 3) / 4 * 4, xf);
+    KT_(f32_rows)(a, 0, (a->m + 3) / 4 * 4, xf);
     const uint8_t *x = (const uint8_t *)xf;
 #endif
     for (int64_t p = pb; p < pe;) {
