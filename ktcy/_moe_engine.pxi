@@ -266,14 +266,14 @@ cdef class MoEEngine:
             raise RuntimeError("MoEEngine.forward before __init__")
         cdef int64_t T = ids.shape[0], k = ids.shape[1], S = T * k
         cdef int E = self.num_experts, e
-        cdef int64_t t, j, r, s, i, c, rows = 0, n_items1 = 0, n_items2 = 0, eid
+        cdef int64_t t, j, r, s, i, c, rows = 0, n_items1, n_items2, eid
         cdef int integer = self.integer
         cdef int group = self.group
         cdef int64_t H = self.hidden, I = self.inter, kh = self.kpad_h, ki = self.kpad_i
         cdef int64_t gh = kh // self.group if self.group else 1
         cdef int64_t gi = ki // self.group if self.group else 1
         cdef int64_t panels_i = ktcy_n_pad(I) // KTCY_PANEL, panels_h = ktcy_n_pad(H) // KTCY_PANEL
-        cdef int64_t per_i = self.per_i, per_h = self.per_h, most = 0, active = 0, small_i, small_h, pe_i, pe_h
+        cdef int64_t per_i = self.per_i, per_h = self.per_h, active = 0, small_i, small_h, pe_i, pe_h
         if T == 0:
             return
         cdef int per_slot = slots is not None
@@ -296,7 +296,6 @@ cdef class MoEEngine:
                     raise ValueError(f"topk_ids holds expert id {eid}, outside [0, {E}) (-1 skips a slot)")
                 if eid >= 0:
                     cnt[eid] += 1
-                    most = cnt[eid] if cnt[eid] > most else most
         for e in range(E):
             active += cnt[e] > 0
         # Experts of a few rows (all of them in decode) stream their panels once per call: whole
@@ -308,11 +307,6 @@ cdef class MoEEngine:
         segv[0] = 0
         for e in range(E):
             segv[e + 1] = segv[e] + _round16(cnt[e])
-            if cnt[e] > 0:
-                pe_i = small_i if cnt[e] <= MOE_STREAM_ROWS else per_i
-                pe_h = small_h if cnt[e] <= MOE_STREAM_ROWS else per_h
-                n_items1 += (panels_i + pe_i - 1) // pe_i
-                n_items2 += (panels_h + pe_h - 1) // pe_h
         rows = segv[E]
         if rows == 0:  # every slot is -1: nothing routed here
             if per_slot:
@@ -350,6 +344,7 @@ cdef class MoEEngine:
             for i in range(0, panels_h, pe_h):
                 it2[s, 0], it2[s, 1], it2[s, 2] = e, i, min(i + pe_h, panels_h)
                 s += 1
+        n_items1, n_items2 = c, s
         cdef int8_t[:, ::1] xq, q1, q2
         cdef float[::1] xs, s1, s2
         cdef int32_t[:, ::1] xg, g1, g2

@@ -123,9 +123,9 @@ def distinct_routings(routes):
 
 def build_layer(config, sources, say_progress):
     """An E-expert layer from len(sources["gate"]) distinct random experts: those are quantized and
-    packed, the rest are copies of them in their own slots of the layer's buffer.  Timing does not depend on the
-    values, and every expert's bytes still come from DRAM; packing all of them (INT4's scale
-    search is slow) would cost most of a run."""
+    packed, the rest are copies of them in their own slots of the layer's buffer.  Timing does
+    not depend on the values, and every expert's bytes still come from DRAM; packing all of them
+    (INT4's scale search is slow) would cost most of a run."""
     fmt, group = config.weight_format, config.quant_config.group_size
     distinct = len(sources["gate"])
     packed = {name: [] for name in ("gate", "up", "down")}

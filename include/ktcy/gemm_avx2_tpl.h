@@ -505,32 +505,13 @@ KT_AI void KT_(i16_micro)(const int MB, const int NP, const ktcy_act *a, const i
         }
 }
 
-/* Panels [pb, pe) for a->m <= 4 rows by the integer route; 0 (nothing written): a row holds inf
- * or NaN. */
+/* Panels [pb, pe) by the integer route: rows KTCY_AVX2_F32_ROWS at a time on the grid, tiles of
+ * up to 4 rows over each panel, which stays in L1/L2 between them (prefill: single GEMM M=512
+ * 0.84x the time of the float tiles, vpmaddwd doing 16 products where an FMA does 8); a lone row
+ * takes two panels at once for their chains, as the float decode.  0: a row holds inf or NaN,
+ * and the caller computes every output again by the float route. */
 KT_AI int KT_(i16_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb, int64_t pe,
                         void *scratch) {
-    int16_t *x16 = (int16_t *)ktcy_align64(scratch);
-    float *xs = (float *)(x16 + 4 * a->k_pad);
-    for (int64_t m = 0; m < a->m; ++m)
-        if (!KT_(i16_row)(a->bf16 + m * a->k_pad, a->k_pad, x16 + m * a->k_pad, xs + m * (a->k_pad / 32))) return 0;
-    for (int64_t p = pb; p < pe;) {
-        const int np = a->m == 1 && pe - p >= 2 ? 2 : 1; /* one row: two panels' chains, as the float decode */
-        const ktcy_span next = ktcy_next_group(a, w, p + np, pe, np, KT_BK, KT_BB);
-        if (a->m == 1 && np == 2) KT_(i16_micro)(1, 2, a, x16, xs, w, 0, p, y, ldy, next);
-        else if (a->m == 1) KT_(i16_micro)(1, 1, a, x16, xs, w, 0, p, y, ldy, next);
-        else if (a->m == 2) KT_(i16_micro)(2, 1, a, x16, xs, w, 0, p, y, ldy, next);
-        else if (a->m == 3) KT_(i16_micro)(3, 1, a, x16, xs, w, 0, p, y, ldy, next);
-        else KT_(i16_micro)(4, 1, a, x16, xs, w, 0, p, y, ldy, next);
-        p += np;
-    }
-    return 1;
-}
-
-/* Prefill by the integer route: rows KTCY_AVX2_F32_ROWS at a time on the grid, 4-row tiles over
- * each panel, which stays in L1/L2 between them (single GEMM M=512 0.84x the time of the float
- * prefill: vpmaddwd does 16 products where an FMA does 8). */
-KT_AI int KT_(i16_prefill)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb, int64_t pe,
-                           void *scratch) {
     const int64_t nkb = a->k_pad / 32;
     int16_t *x16 = (int16_t *)ktcy_align64(scratch);
     float *xs = (float *)(x16 + KTCY_AVX2_F32_ROWS * a->k_pad);
@@ -538,17 +519,20 @@ KT_AI int KT_(i16_prefill)(const ktcy_act *a, const ktcy_weight *w, float *y, in
         const int64_t chunk = a->m - c0 < KTCY_AVX2_F32_ROWS ? a->m - c0 : KTCY_AVX2_F32_ROWS;
         for (int64_t i = 0; i < chunk; ++i)
             if (!KT_(i16_row)(a->bf16 + (c0 + i) * a->k_pad, a->k_pad, x16 + i * a->k_pad, xs + i * nkb)) return 0;
-        for (int64_t p = pb; p < pe; ++p) {
-            const ktcy_span next = ktcy_next_group(a, w, p + 1, pe, 1, KT_BK, KT_BB);
+        for (int64_t p = pb; p < pe;) {
+            const int np = chunk == 1 && pe - p >= 2 ? 2 : 1;
+            const ktcy_span next = ktcy_next_group(a, w, p + np, pe, np, KT_BK, KT_BB);
             for (int64_t i = 0; i < chunk; i += 4) {
                 const int64_t left = chunk - i;
                 const int16_t *xr = x16 + i * a->k_pad;
                 const float *sr = xs + i * nkb;
-                if (left >= 4) KT_(i16_micro)(4, 1, a, xr, sr, w, c0 + i, p, y, ldy, next);
+                if (np == 2) KT_(i16_micro)(1, 2, a, xr, sr, w, c0 + i, p, y, ldy, next);
+                else if (left >= 4) KT_(i16_micro)(4, 1, a, xr, sr, w, c0 + i, p, y, ldy, next);
                 else if (left == 3) KT_(i16_micro)(3, 1, a, xr, sr, w, c0 + i, p, y, ldy, next);
                 else if (left == 2) KT_(i16_micro)(2, 1, a, xr, sr, w, c0 + i, p, y, ldy, next);
                 else KT_(i16_micro)(1, 1, a, xr, sr, w, c0 + i, p, y, ldy, next);
             }
+            p += np;
         }
     }
     return 1;
@@ -566,14 +550,13 @@ KT_AI int KT_(i16_prefill)(const ktcy_act *a, const ktcy_weight *w, float *y, in
 KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb,
                              int64_t pe, void *scratch) {
     if (!(KT_FORMATS & (1 << w->format))) return KTCY_ERR_FORMAT;
-#if !KT_INT_ACT
-    /* plain bf16 rows have no decode to save: widening a panel pays off from about 20 rows (measured) */
 #if KT_I16_ROWS
     /* activations on the block grid, integer tiles at every row count (decode and prefill rows
-     * then give the same bits), unless a row holds inf or NaN: then the float route */
-    if (a->m >= 5 ? KT_(i16_prefill)(a, w, y, ldy, pb, pe, scratch) : KT_(i16_gemm)(a, w, y, ldy, pb, pe, scratch))
-        return KTCY_OK;
+     * then give the same bits), unless a row holds inf or NaN: then the float route below */
+    if (KT_(i16_gemm)(a, w, y, ldy, pb, pe, scratch)) return KTCY_OK;
 #endif
+#if !KT_INT_ACT
+    /* plain bf16 rows have no decode to save: widening a panel pays off from about 20 rows (measured) */
     if (a->m >= (KT_PLAIN_ROWS ? 20 : 5) || KT_(checked_rows)(w)) {
         KT_(f32_gemm)(a, w, y, ldy, pb, pe, scratch);
         return KTCY_OK;
