@@ -9,10 +9,6 @@
  * unscaled codes and scale each 32-K block's float partial sums by the power of two instead:
  * exact too, and two operations fewer per 32 values (AVX-512 T=1 0.85x the time).  The sums then
  * round in another order than prefill's, as BF16's and FP8's paths may (docs/scaling.md).
- * AVX2 puts the activations on a 16-bit fixed-point grid per 32-value block (gemm_avx2_tpl.h,
- * i16_row: exact within 2^7 of the block's largest value, else rounded at 2^-15 of it) and its
- * tiles multiply integers (vpmaddwd, exact int32 block sums; MoE T=1 0.56x, T=512 0.86x the time
- * of the float tiles), decode and prefill alike: a row of a prefill equals the row alone.
  * Packing checks the exponents of blocks holding a non-zero code only, so a block of zeros may
  * carry any, 255 included: scaling its zero sum by 2^128 = inf would make NaN, hence the
  * exponent is clamped to 254 where sums are scaled (no exponent in use is above 252).
@@ -73,28 +69,6 @@ KT_AI void KT_(wrow)(const uint8_t *blk, int r, kt_w256 out[2]) {
     const __m256i lo = _mm256_shuffle_epi8(bf16_lo, codes), hi = _mm256_shuffle_epi8(bf16_hi, codes);
     out[0] = kt_bf16_split(_mm256_unpacklo_epi8(lo, hi)); /* channels 0-3 | 8-11 */
     out[1] = kt_bf16_split(_mm256_unpackhi_epi8(lo, hi)); /* channels 4-7 | 12-15 */
-}
-/* Tiles take the integer route when the activations are finite (KT_I16_ROWS, the skeleton's
- * i16 path; the float decode above serves rows holding inf or NaN): row r as twice its E2M1
- * values, int8 by one vpshufb, widened to int16 pairs for vpmaddwd against the activations in
- * 16-bit block fixed point.  Halves in channel order (0-7, 8-15).  One thread, one row: 1.8x
- * the rate of the float decode. */
-#define KT_I16_ROWS 1
-KT_AI void KT_(wrow_i16)(const uint8_t *blk, int r, __m256i out[2]) {
-    const __m256i bytes = _mm256_loadu_si256((const __m256i *)(blk + (r >> 1) * 32));
-    const __m256i codes = _mm256_and_si256((r & 1) ? _mm256_srli_epi16(bytes, 4) : bytes, _mm256_set1_epi8(0x0F));
-    const __m256i twice = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
-                                           0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-    const __m256i v = _mm256_shuffle_epi8(twice, codes);
-    out[0] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));
-    out[1] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
-}
-/* 2^(e - 128) of channels p*16 + 8h .. + 7 for block g: the block scale over the codes' factor 2. */
-KT_AI __m256 KT_(i16_scale)(const ktcy_weight *w, int64_t p, int64_t g, int h) {
-    const __m128i e8 = _mm_loadl_epi64((const __m128i *)(w->data + (p * (w->k_pad / 32) + g) * 272 + 256 + 8 * h));
-    /* clamped to [1, 254] for blocks of zeros (any exponent; the sum is 0 and stays 0) */
-    const __m256i e = _mm256_max_epu32(_mm256_min_epu32(_mm256_cvtepu8_epi32(e8), _mm256_set1_epi32(254)), _mm256_set1_epi32(1));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23));
 }
 /* Every block is a group: 2^(e - 127) of 8 channels (half h of panel p, block g), exact (the
  * packing keeps e in the normal range where a code is non-zero; clamped for blocks of zeros). */

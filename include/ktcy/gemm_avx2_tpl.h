@@ -19,10 +19,6 @@
  *                                                            (the skeleton scales their float sums)
  *   KT_(group_epilogue)(acc[4][2], facc[4][2], MB, a, w, m0, p, g)   integer formats with groups
  *   KT_(final)(acc, facc, a, w, m, n0)                       8 outputs of one row
- *   with KT_I16_ROWS 1 (bf16-activation formats whose codes are small integers: MXFP4), also
- *   KT_(wrow_i16)(blk, r, out[2]) (the codes of row r as int16 pairs, channels in order) and
- *   KT_(i16_scale)(w, p, g, h) (their block multipliers): activations go on a 16-bit block grid
- *   (i16_row) and 1-4-row tiles multiply integers at every row count
  * and may set KT_WIDE_TILE 1: prefill tiles (more than 4 rows) of 3 rows x 2 panels, 12 integer
  * accumulators sharing each activation broadcast (formats without groups only); KT_LANE_SPLIT 1:
  * the halves of a decoded row (and group_scale's h) hold channels 0-3, 8-11 and 4-7, 12-15, as
@@ -49,9 +45,6 @@
 #endif
 #ifndef KT_LANE_SPLIT
 #define KT_LANE_SPLIT 0
-#endif
-#ifndef KT_I16_ROWS
-#define KT_I16_ROWS 0
 #endif
 
 /* An empty asm on an integer accumulator: GCC would otherwise re-associate the unrolled
@@ -274,53 +267,6 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
     }
 }
 
-#if KT_I16_ROWS
-/* One activation row in 16-bit block fixed point (KT_I16_ROWS formats): each 32-value block
- * becomes integers q = a x 2^(141 - E), E the block's largest bf16 exponent field, with scale
- * xs = 2^(E - 141).  A bf16 value holds 8 significant bits, so every value within 2^7 of the
- * block's largest is exact; smaller ones round at 2^-15 of it (bf16 itself rounds at 2^-9 of
- * each value); |q| <= 255 x 128, and subnormal blocks are exact too.  Out go q as int16 and xs
- * per block, the tiles' vpmaddwd operands.  0: a value is inf or NaN. */
-KT_AI int KT_(i16_row)(const uint16_t *src, int64_t k_pad, int16_t *dst, float *xs) {
-    for (int64_t kb = 0; kb < k_pad / 32; ++kb) {
-        const __m256i v0 = _mm256_loadu_si256((const __m256i *)(src + kb * 32));
-        const __m256i v1 = _mm256_loadu_si256((const __m256i *)(src + kb * 32 + 16));
-        const __m256i ff = _mm256_set1_epi16(0xFF);
-        __m256i e = _mm256_max_epu16(_mm256_and_si256(_mm256_srli_epi16(v0, 7), ff),
-                                     _mm256_and_si256(_mm256_srli_epi16(v1, 7), ff));
-        e = _mm256_max_epu16(e, _mm256_permute2x128_si256(e, e, 1));
-        e = _mm256_max_epu16(e, _mm256_srli_si256(e, 8));
-        e = _mm256_max_epu16(e, _mm256_srli_si256(e, 4));
-        e = _mm256_max_epu16(e, _mm256_srli_si256(e, 2));
-        const int big = _mm_extract_epi16(_mm256_castsi256_si128(e), 0);
-        if (big == 255) return 0;
-        /* 2^(141 - E), in two exact factors where one would overflow a float (E < 14: tiny
-         * values; the second factor is 1 otherwise) */
-        const int d = 141 - big, d1 = d > 127 ? d / 2 : d, d2 = d - d1;
-        const __m256 f1 = _mm256_castsi256_ps(_mm256_set1_epi32((d1 + 127) << 23));
-        const __m256 f2 = _mm256_castsi256_ps(_mm256_set1_epi32((d2 + 127) << 23));
-        /* 2^(E - 141) by its bits: a normal float from E = 15, else a subnormal one */
-        const uint32_t bits = big >= 15 ? (uint32_t)(big - 14) << 23 : 1u << (big + 8);
-        float scale;
-        memcpy(&scale, &bits, 4);
-        __m256i q[4];
-        _Pragma("GCC unroll 4")
-        for (int j = 0; j < 4; ++j) { /* vcvtps2dq rounds to the nearest, ties to even */
-            const __m128i h = _mm_loadu_si128((const __m128i *)(src + kb * 32 + 8 * j));
-            __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)), f1);
-            if (d2) f = _mm256_mul_ps(f, f2);
-            q[j] = _mm256_cvtps_epi32(f);
-        }
-        /* packs work per 128-bit lane: the qword permute puts the values back in order */
-        _mm256_storeu_si256((__m256i *)(dst + kb * 32), _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8));
-        _mm256_storeu_si256((__m256i *)(dst + kb * 32 + 16), _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8));
-        xs[kb] = scale;
-    }
-    return 1;
-}
-#endif
-
-
 #if !KT_INT_ACT
 /* Prefill (more than 4 rows) of the bf16-activation formats is a float GEMM: each panel is
  * decoded once to floats [k][16 channels], the rows' activations are widened to floats
@@ -438,107 +384,6 @@ KT_AI void KT_(f32_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int6
 }
 #endif
 
-#if KT_I16_ROWS
-/* MB rows x NP panels of the integer route: vpmaddwd of the codes' int16 pairs (wrow_i16) with
- * the rows' int16 pairs into exact int32 block sums, then per block (float path's order) the
- * rows' scale and the channels' 2^(e - 128).  Streams its panels as the decode micro does. */
-KT_AI void KT_(i16_micro)(const int MB, const int NP, const ktcy_act *a, const int16_t *x16, const float *xs,
-                          const ktcy_weight *w, int64_t m0, int64_t p, float *y, int64_t ldy, ktcy_span cont) {
-    const int64_t nkb = w->k_pad / KT_BK;
-    const uint8_t *panel[2] = {w->data + p * nkb * KT_BB, w->data + (p + 1) * nkb * KT_BB}; /* [1]: NP == 2 only */
-    __m256 facc[2][4][2];
-    _Pragma("GCC unroll 2")
-    for (int q = 0; q < NP; ++q)
-        _Pragma("GCC unroll 8")
-        for (int m = 0; m < MB; ++m) facc[q][m][0] = facc[q][m][1] = _mm256_setzero_ps();
-    for (int64_t kb = 0; kb < nkb; ++kb) {
-        uintptr_t fetch[2];
-        _Pragma("GCC unroll 2")
-        for (int q = 0; q < NP; ++q) fetch[q] = ktcy_stream_ahead(cont, q, panel[q], kb, nkb, KT_AHEAD, KT_BB);
-        __m256i acc[2][4][2];
-        _Pragma("GCC unroll 2")
-        for (int q = 0; q < NP; ++q)
-            _Pragma("GCC unroll 8")
-            for (int m = 0; m < MB; ++m) acc[q][m][0] = acc[q][m][1] = _mm256_setzero_si256();
-        _Pragma("GCC unroll 16")
-        for (int r = 0; r < 16; ++r) {
-            if (r * 64 < KT_BB)
-                _Pragma("GCC unroll 2")
-                for (int q = 0; q < NP; ++q) _mm_prefetch((const char *)(fetch[q] + (uintptr_t)(r * 64)), _MM_HINT_T0);
-            __m256i wv[2][2];
-            _Pragma("GCC unroll 2")
-            for (int q = 0; q < NP; ++q) KT_(wrow_i16)(panel[q] + kb * KT_BB, r, wv[q]);
-            _Pragma("GCC unroll 8")
-            for (int m = 0; m < MB; ++m) {
-                int32_t pair;
-                memcpy(&pair, x16 + m * a->k_pad + kb * 32 + 2 * r, 4);
-                const __m256i av = _mm256_set1_epi32(pair);
-                _Pragma("GCC unroll 2")
-                for (int q = 0; q < NP; ++q)
-                    _Pragma("GCC unroll 2")
-                    for (int h = 0; h < 2; ++h) {
-                        acc[q][m][h] = _mm256_add_epi32(acc[q][m][h], _mm256_madd_epi16(wv[q][h], av));
-                        KT_KEEP(acc[q][m][h]);
-                    }
-            }
-        }
-        _Pragma("GCC unroll 2")
-        for (int q = 0; q < NP; ++q)
-            _Pragma("GCC unroll 2")
-            for (int h = 0; h < 2; ++h) {
-                const __m256 s = KT_(i16_scale)(w, p + q, kb, h);
-                _Pragma("GCC unroll 8")
-                for (int m = 0; m < MB; ++m) {
-                    const __m256 part = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[q][m][h]), _mm256_set1_ps(xs[m * nkb + kb]));
-                    facc[q][m][h] = _mm256_fmadd_ps(part, s, facc[q][m][h]);
-                }
-            }
-    }
-    _Pragma("GCC unroll 8")
-    for (int m = 0; m < MB; ++m)
-        _Pragma("GCC unroll 2")
-        for (int q = 0; q < NP; ++q) {
-            const int64_t n0 = (p + q) * 16, valid = w->n - n0;
-            if (valid <= 0) continue;
-            KT_(store8)(y + (m0 + m) * ldy + n0, valid, facc[q][m][0]); /* channel order: no lane split */
-            if (valid > 8) KT_(store8)(y + (m0 + m) * ldy + n0 + 8, valid - 8, facc[q][m][1]);
-        }
-}
-
-/* Panels [pb, pe) by the integer route: rows KTCY_AVX2_F32_ROWS at a time on the grid, tiles of
- * up to 4 rows over each panel, which stays in L1/L2 between them (prefill: single GEMM M=512
- * 0.84x the time of the float tiles, vpmaddwd doing 16 products where an FMA does 8); a lone row
- * takes two panels at once for their chains, as the float decode.  0: a row holds inf or NaN,
- * and the caller computes every output again by the float route. */
-KT_AI int KT_(i16_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb, int64_t pe,
-                        void *scratch) {
-    const int64_t nkb = a->k_pad / 32;
-    int16_t *x16 = (int16_t *)ktcy_align64(scratch);
-    float *xs = (float *)(x16 + KTCY_AVX2_F32_ROWS * a->k_pad);
-    for (int64_t c0 = 0; c0 < a->m; c0 += KTCY_AVX2_F32_ROWS) {
-        const int64_t chunk = a->m - c0 < KTCY_AVX2_F32_ROWS ? a->m - c0 : KTCY_AVX2_F32_ROWS;
-        for (int64_t i = 0; i < chunk; ++i)
-            if (!KT_(i16_row)(a->bf16 + (c0 + i) * a->k_pad, a->k_pad, x16 + i * a->k_pad, xs + i * nkb)) return 0;
-        for (int64_t p = pb; p < pe;) {
-            const int np = chunk == 1 && pe - p >= 2 ? 2 : 1;
-            const ktcy_span next = ktcy_next_group(a, w, p + np, pe, np, KT_BK, KT_BB);
-            for (int64_t i = 0; i < chunk; i += 4) {
-                const int64_t left = chunk - i;
-                const int16_t *xr = x16 + i * a->k_pad;
-                const float *sr = xs + i * nkb;
-                if (np == 2) KT_(i16_micro)(1, 2, a, xr, sr, w, c0 + i, p, y, ldy, next);
-                else if (left >= 4) KT_(i16_micro)(4, 1, a, xr, sr, w, c0 + i, p, y, ldy, next);
-                else if (left == 3) KT_(i16_micro)(3, 1, a, xr, sr, w, c0 + i, p, y, ldy, next);
-                else if (left == 2) KT_(i16_micro)(2, 1, a, xr, sr, w, c0 + i, p, y, ldy, next);
-                else KT_(i16_micro)(1, 1, a, xr, sr, w, c0 + i, p, y, ldy, next);
-            }
-            p += np;
-        }
-    }
-    return 1;
-}
-#endif
-
 #define KT_TILE(pre)                                                                    \
     do {                                                                                \
         if (mb == 1) KT_(micro)(1, 1, pre, a, x, w, m0, p, y, ldy, decoded, ahead, next);       \
@@ -550,11 +395,6 @@ KT_AI int KT_(i16_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int64
 KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb,
                              int64_t pe, void *scratch) {
     if (!(KT_FORMATS & (1 << w->format))) return KTCY_ERR_FORMAT;
-#if KT_I16_ROWS
-    /* activations on the block grid, integer tiles at every row count (decode and prefill rows
-     * then give the same bits), unless a row holds inf or NaN: then the float route below */
-    if (KT_(i16_gemm)(a, w, y, ldy, pb, pe, scratch)) return KTCY_OK;
-#endif
 #if !KT_INT_ACT
     /* plain bf16 rows have no decode to save: widening a panel pays off from about 20 rows (measured) */
     if (a->m >= (KT_PLAIN_ROWS ? 20 : 5) || KT_(checked_rows)(w)) {
@@ -640,7 +480,6 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_ALWAYS_PRE
 #undef KT_WIDE_TILE
 #undef KT_LANE_SPLIT
-#undef KT_I16_ROWS
 #undef KT_KEEP
 #undef KT_AHEAD
 #include "traits_end.h"
