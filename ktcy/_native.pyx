@@ -20,7 +20,7 @@ from ktcy.errors import TileError, UnsupportedISAError
 FORMATS = tuple(KTCY_FORMAT_DESCS[i].name.decode() for i in range(KTCY_NUM_FORMATS))
 ISAS = ("ref", "avx2", "avx512", "amx", "amx_emu")
 _AUTO_ORDER = (KTCY_AMX, KTCY_AVX512, KTCY_AVX2, KTCY_REF)  # amx_emu: only when forced
-_NEED_NAMES = {KTCY_NEED_AVX2: "avx2+fma+f16c", KTCY_NEED_AVX512: "avx512f/bw/vl/dq",
+_NEED_NAMES = {KTCY_NEED_AVX2: "avx2+fma", KTCY_NEED_AVX512: "avx512f/bw/vl/dq",
                KTCY_NEED_VNNI: "avx512_vnni", KTCY_NEED_BF16: "avx512_bf16", KTCY_NEED_VBMI: "avx512_vbmi",
                KTCY_NEED_AMX_INT8: "amx_tile+amx_int8 (with OS permission)",
                KTCY_NEED_AMX_BF16: "amx_tile+amx_bf16 (with OS permission)"}
@@ -629,6 +629,22 @@ def stream_ahead(int64_t next_offset, int64_t next_bytes, int64_t next_panel_byt
     cont.bytes, cont.panel_bytes = next_bytes, next_panel_bytes
     return <int64_t>(ktcy_stream_ahead(cont, slot, <const uint8_t *>(base + panel_offset), kb, nkb, ahead,
                                        block_bytes) - base)
+
+# ---------------------------------------------------------------- this thread's MXCSR, for the tests
+
+cdef extern from "<xmmintrin.h>":
+    unsigned int _mm_getcsr() nogil
+    void _mm_setcsr(unsigned int value) nogil
+
+def mxcsr(value=None):
+    """This thread's SSE control word (MXCSR); with a value, set it and return the previous one.
+    The tests set DAZ/FTZ (bits 6 and 15) as `torch.set_flush_denormal(True)` does."""
+    cdef unsigned int old = _mm_getcsr()
+    if value is not None:
+        if not 0 <= value <= 0xFFFF:
+            raise ValueError("MXCSR is a 16-bit control word")
+        _mm_setcsr(<unsigned int>value)
+    return old
 
 # ---------------------------------------------------------------- emulated tile unit, instruction level
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from conftest import bf16_round, rel_err_rows, runnable_variants
+import ktcy
 from ktcy import _native, kernels
 from ktcy.formats import canonical_format, fp8_scale_kind
 
@@ -35,16 +36,21 @@ def test_every_isa_decodes_all_256_codes_exactly(fmt):
     packed = kernels.pack_quantized(codes, scale, fmt)
     X = np.eye(16, dtype=np.float32)
     expect = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32).T
-    nan_w = np.zeros((32, 16), np.uint8)
-    nan_w[3, 5], nan_w[9, 0], nan_w[20, 15] = 0x7F, 0xFF, 0x7F
-    nan_packed = kernels.pack_quantized(nan_w, scale, fmt)
+    # the NaN weight holds every other code too (channels 16-47): its checked decode must keep them
+    nan_w = np.concatenate([np.zeros((16, 16), np.uint8), codes])
+    nan_w[3, 5], nan_w[9, 0], nan_w[12, 15] = 0x7F, 0xFF, 0x7F
+    nan_scale = np.ones(48, np.float32) if fmt == "FP8_PERCHANNEL" else scale
+    nan_packed = kernels.pack_quantized(nan_w, nan_scale, fmt)
+    nan_channels = [3, 9, 12]
     for v in runnable_variants(fmt):
         for rows in (1, 2, 3, 16):
             for r0 in range(0, 16, rows):
                 got = kernels.linear_variant(X[r0:r0 + rows], packed, v)
                 assert np.array_equal(got, expect[r0:r0 + rows]), (v, rows, r0)
                 y = kernels.linear_variant(X[r0:r0 + rows], nan_packed, v)
-                assert np.isnan(y[:, [3, 9, 20]]).all() and np.all(np.delete(y, [3, 9, 20], axis=1) == 0), (v, rows)
+                assert np.isnan(y[:, nan_channels]).all(), (v, rows)
+                assert np.all(np.delete(y[:, :16], nan_channels, axis=1) == 0), (v, rows)
+                assert np.array_equal(y[:, 16:], expect[r0:r0 + rows]), (v, rows, r0)
 
 
 def test_encode_matches_ml_dtypes_with_saturation():
@@ -162,3 +168,96 @@ def test_prefill_rows_agree_whichever_tile_decodes_the_panels(fmt):
         later = kernels.linear_variant(shifted, packed, v)[4:]  # the same rows in later tiles
         assert np.array_equal(first, later), v
         assert np.abs(first - ref).max() / np.abs(ref).max() < 1e-5, v
+
+
+def extreme_case(fmt, m, sizes):
+    """Weights holding E4M3 subnormals; row i of X scaled by sizes[i % len(sizes)], row 2 (m > 2)
+    mixing 2^100 and 2^-100; the float64 reference on the bf16-rounded rows."""
+    rng = np.random.default_rng(m)
+    W = (rng.standard_normal((40, 300)) * 0.02).astype(np.float32)
+    W[:, :40] *= 1e-4                                  # E4M3 subnormals after the channel scaling
+    p = kernels.pack(W, fmt)
+    codes = p.codes()
+    assert np.any(((codes & 0x78) == 0) & ((codes & 0x07) != 0))
+    X = rng.standard_normal((m, 300)).astype(np.float32)
+    for i in range(m):
+        X[i] *= np.float32(sizes[i % len(sizes)])
+    if m > 2:
+        X[2] = rng.standard_normal(300).astype(np.float32)
+        X[2, ::2] *= np.float32(2.0 ** 100)
+        X[2, 1::2] *= np.float32(2.0 ** -100)
+    ref = bf16_round(X).astype(np.float64) @ p.dequantize().astype(np.float64).T
+    assert np.isfinite(ref).all()
+    return X, p, ref
+
+
+@pytest.mark.parametrize("fmt", ["FP8_PERCHANNEL", "FP8_BLOCK"])
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 40])
+def test_rows_far_from_one_stay_within_1e5_of_float64(fmt, m):
+    """Every variant, in the decode tiles (1-3 rows) and prefill (7, 40), for rows of size 2^-100
+    to 2^100.  (Beyond: a code times an activation over ~2^117 overflows where the channel scale
+    comes last, and AVX512-BF16/AMX dot products read bf16 subnormals as zeros.)"""
+    X, p, ref = extreme_case(fmt, m, [2.0 ** 100, 2.0 ** -100, 1e30, 1e-3, 0.0])
+    for v in runnable_variants(fmt):
+        got = kernels.linear_variant(X, p, v)
+        assert rel_err_rows(got, ref) <= 1e-5, v
+
+
+@pytest.mark.parametrize("fmt", ["FP8_PERCHANNEL", "FP8_BLOCK"])
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 40])
+def test_avx2_rows_anywhere_in_the_bf16_range_stay_within_1e5_of_float64(fmt, m):
+    """AVX2 decodes codes to their value x 2^-120 and widens each activation row times a power of
+    two chosen from its largest value: rows up to 3e37 and down to bf16 subnormals must come out
+    as float64 computes them."""
+    if "fp8_avx2" not in runnable_variants(fmt):
+        pytest.skip("this CPU cannot run the AVX2 kernels")
+    X, p, ref = extreme_case(fmt, m, [2.0 ** 120, 2.0 ** -120, 3e37, 2.0 ** -126, 2.0 ** -130, 0.0])
+    assert rel_err_rows(kernels.linear_variant(X, p, "fp8_avx2"), ref) <= 1e-5
+
+
+@pytest.mark.parametrize("fmt", ["FP8_PERCHANNEL", "FP8_BLOCK"])
+def test_infinite_activations_give_what_float_arithmetic_gives(fmt):
+    rng = np.random.default_rng(5)
+    W = (rng.standard_normal((32, 64)) * 0.02).astype(np.float32)
+    p = kernels.pack(W, fmt)
+    X = rng.standard_normal((3, 64)).astype(np.float32)
+    X[0, 7] = np.inf
+    X[2, 1] = np.nan
+    with np.errstate(invalid="ignore"):
+        ref = bf16_round(X).astype(np.float64) @ p.dequantize().astype(np.float64).T
+    for v in runnable_variants(fmt):
+        for rows in (slice(0, 3), slice(0, 1), slice(1, 2)):
+            got, want = kernels.linear_variant(X[rows], p, v), ref[rows]
+            assert np.array_equal(np.isnan(got), np.isnan(want)), (v, rows)
+            finite = np.isfinite(want)
+            assert np.array_equal(got[~finite & ~np.isnan(want)], want[~finite & ~np.isnan(want)]), (v, rows)
+            assert np.allclose(got[finite], want[finite], rtol=1e-5, atol=1e-6), (v, rows)
+
+
+@pytest.mark.parametrize("fmt", ["FP8_PERCHANNEL", "FP8_BLOCK"])
+@pytest.mark.parametrize("m", [1, 3, 9])
+def test_a_caller_flushing_subnormals_changes_nothing(fmt, m):
+    """torch.set_flush_denormal(True) sets MXCSR's DAZ and FTZ: AVX2's decode makes E4M3
+    subnormals float subnormals, which DAZ would read as zeros.  The GEMM clears DAZ while it
+    runs and restores the caller's control word."""
+    rng = np.random.default_rng(m)
+    W = (rng.standard_normal((48, 256)) * 0.02).astype(np.float32)
+    W[:, ::3] *= 1e-4
+    p = kernels.pack(W, fmt)
+    X = rng.standard_normal((m, 256)).astype(np.float32)
+    threads = ktcy.get_num_threads()
+    ktcy.set_num_threads(1)  # the kernel runs on this thread, whose MXCSR is set below
+    try:
+        for v in runnable_variants(fmt):
+            plain = kernels.linear_variant(X, p, v)
+            flushing = _native.mxcsr() | 0x8040
+            old = _native.mxcsr(flushing)
+            try:
+                got = kernels.linear_variant(X, p, v)
+                after = _native.mxcsr()
+            finally:
+                _native.mxcsr(old)
+            assert after == flushing, v
+            assert np.array_equal(got, plain), v
+    finally:
+        ktcy.set_num_threads(threads)

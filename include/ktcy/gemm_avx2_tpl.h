@@ -22,7 +22,11 @@
  * and may set KT_WIDE_TILE 1: prefill tiles (more than 4 rows) of 3 rows x 2 panels, 12 integer
  * accumulators sharing each activation broadcast (formats without groups only); KT_LANE_SPLIT 1:
  * the halves of a decoded row (and group_scale's h) hold channels 0-3, 8-11 and 4-7, 12-15, as
- * in-lane unpacks leave them; the outputs are put in order when stored (store16).
+ * in-lane unpacks leave them; the outputs are put in order when stored (store16);
+ * KT_ROW_PRESCALE E: the decoded weights are their values times 2^-E, so the activation rows are
+ * widened times 2^k (per row, f32_rows) and each row's outputs multiplied by 2^(E-k) after final();
+ * KT_CLEAR_DAZ 1: the decode makes subnormal floats, which MXCSR.DAZ would read as zeros: the GEMM
+ * clears it while it runs.
  */
 
 #define KT_CAT_(a, b) a##_##b
@@ -45,6 +49,12 @@
 #endif
 #ifndef KT_LANE_SPLIT
 #define KT_LANE_SPLIT 0
+#endif
+#ifndef KT_ROW_PRESCALE
+#define KT_ROW_PRESCALE 0
+#endif
+#ifndef KT_CLEAR_DAZ
+#define KT_CLEAR_DAZ 0
 #endif
 
 /* An empty asm on an integer accumulator: GCC would otherwise re-associate the unrolled
@@ -143,12 +153,21 @@ KT_AI void KT_(store16)(float *dst, int64_t valid, __m256 v[2]) {
     if (valid > 8) KT_(store8)(dst + 8, valid - 8, v[1]);
 }
 
+/* Outputs of row m times the row's 2^(E-k) (KT_ROW_PRESCALE; rowf from f32_rows). */
+KT_AI __m256 KT_(row_factor)(const float *rowf, int64_t m, __m256 v) {
+    (void)rowf; (void)m;
+#if KT_ROW_PRESCALE
+    v = _mm256_mul_ps(v, _mm256_set1_ps(rowf[m]));
+#endif
+    return v;
+}
+
 /* MB rows x NP adjacent panels (p, p + 1).  PRE: panel p was decoded to 1024-byte bf16 blocks
  * at `decoded` (NP == 1); else the packed panels are read and each row decoded in registers.
  * x: the activation rows, int8 codes (a->q) or floats widened from a->bf16, row stride k_pad. */
 KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act *a, const uint8_t *x,
-                      const ktcy_weight *w, int64_t m0, int64_t p, float *y, int64_t ldy, const uint8_t *decoded,
-                      ktcy_ahead ahead, ktcy_span cont) {
+                      const float *rowf, const ktcy_weight *w, int64_t m0, int64_t p, float *y, int64_t ldy,
+                      const uint8_t *decoded, ktcy_ahead ahead, ktcy_span cont) {
     const int64_t nkb = w->k_pad / KT_BK;
     const int64_t block_bytes = PRE ? 1024 : KT_BB;
     const uint8_t *panel[2];
@@ -261,7 +280,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
             if (valid <= 0 || m0 + m >= a->m) continue;
             __m256 v[2];
             _Pragma("GCC unroll 2")
-            for (int h = 0; h < 2; ++h) v[h] = KT_(final)(acc[q][m][h], facc[q][m][h], a, w, m0 + m, n0 + 8 * h);
+            for (int h = 0; h < 2; ++h) v[h] = KT_(row_factor)(rowf, m0 + m, KT_(final)(acc[q][m][h], facc[q][m][h], a, w, m0 + m, n0 + 8 * h));
             KT_(store16)(y + (m0 + m) * ldy + n0, valid, v);
         }
     }
@@ -298,24 +317,46 @@ KT_AI void KT_(f32_panel)(const ktcy_weight *w, int64_t p, float *dst) {
     else KT_(f32_panel_rows)(0, w, p, dst);
 }
 
-/* Rows [m0, m0 + rows) of the bf16 activations as floats; rows past the buffer are zeros. */
-KT_AI void KT_(f32_rows)(const ktcy_act *a, int64_t m0, int64_t rows, float *dst) {
+/* Rows [m0, m0 + rows) of the bf16 activations as floats; rows past the buffer are zeros.
+ * KT_ROW_PRESCALE E: each row times 2^k, k = min(E, 252 - field) with field the row's largest
+ * exponent field, so |x| 2^k < 2^126 (no product with a weight, below 2^-111, nor K of them can overflow,
+ * and rows of ordinary size keep all products normal), and rowf[i] = 2^(E-k), between 1 and 2^123:
+ * exact powers of two either way. */
+KT_AI void KT_(f32_rows)(const ktcy_act *a, int64_t m0, int64_t rows, float *dst, float *rowf) {
+    (void)rowf;
     for (int64_t i = 0; i < rows; ++i, dst += a->k_pad) {
         if (m0 + i >= a->m_pad) {
             memset(dst, 0, (size_t)a->k_pad * sizeof(float));
+            if (KT_ROW_PRESCALE) rowf[i] = 1.0f;
             continue;
         }
         const uint16_t *src = a->bf16 + (m0 + i) * a->k_pad;
+        __m256 times = _mm256_set1_ps(1.0f);
+#if KT_ROW_PRESCALE
+        __m256i top = _mm256_setzero_si256();
+        for (int64_t k = 0; k < a->k_pad; k += 16)
+            top = _mm256_max_epu16(top, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(src + k)), _mm256_set1_epi16(0x7F80)));
+        uint16_t tops[16];
+        _mm256_storeu_si256((__m256i *)tops, top);
+        int field = 0;
+        for (int j = 0; j < 16; ++j) field = tops[j] >> 7 > field ? tops[j] >> 7 : field;
+        const int k = field > 252 - KT_ROW_PRESCALE ? 252 - field : KT_ROW_PRESCALE;
+        const int32_t factor = (127 + KT_ROW_PRESCALE - k) << 23;
+        times = _mm256_castsi256_ps(_mm256_set1_epi32((127 + k) << 23));
+        memcpy(rowf + i, &factor, sizeof factor);
+#endif
         for (int64_t k = 0; k < a->k_pad; k += 8) {
             const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + k)));
-            _mm256_store_ps(dst + k, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+            __m256 x = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+            if (KT_ROW_PRESCALE) x = _mm256_mul_ps(x, times);
+            _mm256_store_ps(dst + k, x);
         }
     }
 }
 
 /* MB rows (floats at x, row stride k_pad) x one panel (floats at wp). */
 KT_AI void KT_(f32_micro)(const int MB, const ktcy_act *a, const ktcy_weight *w, const float *wp, const float *x,
-                          int64_t m0, int64_t p, float *y, int64_t ldy, ktcy_ahead ahead) {
+                          const float *rowf, int64_t m0, int64_t p, float *y, int64_t ldy, ktcy_ahead ahead) {
     const int64_t k_pad = w->k_pad, nkb = k_pad / KT_BK;
     const int groups = KT_(has_groups)(w);
     __m256 acc[6][2], facc[6][2];
@@ -351,7 +392,8 @@ KT_AI void KT_(f32_micro)(const int MB, const ktcy_act *a, const ktcy_weight *w,
         if (valid <= 0 || m0 + m >= a->m) continue;
         __m256 v[2];
         _Pragma("GCC unroll 2")
-        for (int h = 0; h < 2; ++h) v[h] = KT_(final)(_mm256_castps_si256(acc[m][h]), facc[m][h], a, w, m0 + m, n0 + 8 * h);
+        for (int h = 0; h < 2; ++h)
+            v[h] = KT_(row_factor)(rowf, m, KT_(final)(_mm256_castps_si256(acc[m][h]), facc[m][h], a, w, m0 + m, n0 + 8 * h));
         KT_(store16)(y + (m0 + m) * ldy + n0, valid, v);
     }
 }
@@ -359,10 +401,10 @@ KT_AI void KT_(f32_micro)(const int MB, const ktcy_act *a, const ktcy_weight *w,
 KT_AI void KT_(f32_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb, int64_t pe,
                          void *scratch) {
     float *panel = (float *)ktcy_align64(scratch);
-    float *rows = panel + KTCY_PANEL * w->k_pad;
+    float *rows = panel + KTCY_PANEL * w->k_pad, *rowf = rows + KTCY_AVX2_F32_ROWS * w->k_pad;
     for (int64_t c0 = 0; c0 < a->m; c0 += KTCY_AVX2_F32_ROWS) {
         const int64_t chunk = a->m - c0 < KTCY_AVX2_F32_ROWS ? a->m - c0 : KTCY_AVX2_F32_ROWS;
-        KT_(f32_rows)(a, c0, (chunk + 5) / 6 * 6, rows); /* every tile below reads whole rows */
+        KT_(f32_rows)(a, c0, (chunk + 5) / 6 * 6, rows, rowf); /* every tile below reads whole rows */
         for (int64_t p = pb; p < pe; ++p) {
             KT_(f32_panel)(w, p, panel);
             /* the tiles fetch the panel that comes next: this sweep's next one, else the next
@@ -371,13 +413,13 @@ KT_AI void KT_(f32_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int6
             const ktcy_span next = ktcy_next_group(a, w, following, pe, 1, KT_BK, KT_BB);
             for (int64_t i = 0, tile = 0; i < chunk; ++tile) {
                 const int64_t left = chunk - i;
-                const float *x = rows + i * w->k_pad;
+                const float *x = rows + i * w->k_pad, *xf = rowf + i;
                 const ktcy_ahead ahead = ktcy_ahead_share(next, tile, tiles, w->k_pad / KT_BK);
                 /* 6-row tiles, but 4 + 4 for 8 rows left (and 4 + 4 for 7): a 2-row tile's 4 FMA
                  * chains run at half speed */
-                if (left >= 5 && left % 6 != 1 && left % 6 != 2) { KT_(f32_micro)(6, a, w, panel, x, c0 + i, p, y, ldy, ahead); i += 6; }
-                else if (left >= 3) { KT_(f32_micro)(4, a, w, panel, x, c0 + i, p, y, ldy, ahead); i += 4; }
-                else { KT_(f32_micro)(2, a, w, panel, x, c0 + i, p, y, ldy, ahead); i += 2; }
+                if (left >= 5 && left % 6 != 1 && left % 6 != 2) { KT_(f32_micro)(6, a, w, panel, x, xf, c0 + i, p, y, ldy, ahead); i += 6; }
+                else if (left >= 3) { KT_(f32_micro)(4, a, w, panel, x, xf, c0 + i, p, y, ldy, ahead); i += 4; }
+                else { KT_(f32_micro)(2, a, w, panel, x, xf, c0 + i, p, y, ldy, ahead); i += 2; }
             }
         }
     }
@@ -386,15 +428,14 @@ KT_AI void KT_(f32_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int6
 
 #define KT_TILE(pre)                                                                    \
     do {                                                                                \
-        if (mb == 1) KT_(micro)(1, 1, pre, a, x, w, m0, p, y, ldy, decoded, ahead, next);       \
-        else if (mb == 2) KT_(micro)(2, 1, pre, a, x, w, m0, p, y, ldy, decoded, ahead, next);  \
-        else if (mb == 3) KT_(micro)(3, 1, pre, a, x, w, m0, p, y, ldy, decoded, ahead, next);  \
-        else KT_(micro)(4, 1, pre, a, x, w, m0, p, y, ldy, decoded, ahead, next);               \
+        if (mb == 1) KT_(micro)(1, 1, pre, a, x, rowf, w, m0, p, y, ldy, decoded, ahead, next);       \
+        else if (mb == 2) KT_(micro)(2, 1, pre, a, x, rowf, w, m0, p, y, ldy, decoded, ahead, next);  \
+        else if (mb == 3) KT_(micro)(3, 1, pre, a, x, rowf, w, m0, p, y, ldy, decoded, ahead, next);  \
+        else KT_(micro)(4, 1, pre, a, x, rowf, w, m0, p, y, ldy, decoded, ahead, next);               \
     } while (0)
 
-KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb,
+KT_TARGET static int KT_(run)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb,
                              int64_t pe, void *scratch) {
-    if (!(KT_FORMATS & (1 << w->format))) return KTCY_ERR_FORMAT;
 #if !KT_INT_ACT
     /* plain bf16 rows have no decode to save: widening a panel pays off from about 20 rows (measured) */
     if (a->m >= (KT_PLAIN_ROWS ? 20 : 5) || KT_(checked_rows)(w)) {
@@ -414,10 +455,11 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
     uint8_t *decoded = ktcy_align64(scratch);
 #if KT_INT_ACT
     const uint8_t *x = (const uint8_t *)a->q;
+    const float *rowf = NULL;
 #else
     /* the rows as floats (tiles round up to 4 rows; fewer than KTCY_AVX2_F32_ROWS come here) */
-    float *xf = (float *)decoded;
-    KT_(f32_rows)(a, 0, (a->m + 3) / 4 * 4, xf);
+    float *xf = (float *)decoded, *rowf = xf + (a->m + 3) / 4 * 4 * a->k_pad;
+    KT_(f32_rows)(a, 0, (a->m + 3) / 4 * 4, xf, rowf);
     const uint8_t *x = (const uint8_t *)xf;
 #endif
     for (int64_t p = pb; p < pe;) {
@@ -428,9 +470,9 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
             for (int64_t m0 = 0, tile = 0; m0 < a->m; m0 += 3, ++tile) {
                 const int64_t left = a->m - m0;
                 const ktcy_ahead ahead = ktcy_ahead_share(next, tile, tiles, nkb);
-                if (left >= 3) KT_(micro)(3, 2, 0, a, x, w, m0, p, y, ldy, decoded, ahead, next);
-                else if (left == 2) KT_(micro)(2, 2, 0, a, x, w, m0, p, y, ldy, decoded, ahead, next);
-                else KT_(micro)(1, 2, 0, a, x, w, m0, p, y, ldy, decoded, ahead, next);
+                if (left >= 3) KT_(micro)(3, 2, 0, a, x, rowf, w, m0, p, y, ldy, decoded, ahead, next);
+                else if (left == 2) KT_(micro)(2, 2, 0, a, x, rowf, w, m0, p, y, ldy, decoded, ahead, next);
+                else KT_(micro)(1, 2, 0, a, x, rowf, w, m0, p, y, ldy, decoded, ahead, next);
             }
             p += 2;
             continue;
@@ -441,7 +483,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
         /* one or two rows take two panels at once: the 4 (8) FMA chains hide the FMA latency,
          * which bounded one panel's 2 (4) chains below the decode's throughput */
         if (a->m == 1 && pe - p >= 2) {
-            KT_(micro)(1, 2, 0, a, x, w, 0, p, y, ldy, decoded, ktcy_no_ahead(),
+            KT_(micro)(1, 2, 0, a, x, rowf, w, 0, p, y, ldy, decoded, ktcy_no_ahead(),
                        ktcy_next_group(a, w, p + 2, pe, 2, KT_BK, KT_BB));
             p += 2;
             continue;
@@ -472,6 +514,18 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
     return KTCY_OK;
 }
 
+KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb,
+                             int64_t pe, void *scratch) {
+    if (!(KT_FORMATS & (1 << w->format))) return KTCY_ERR_FORMAT;
+    if (!KT_CLEAR_DAZ) return KT_(run)(a, w, y, ldy, pb, pe, scratch);
+    /* this thread's MXCSR, restored before returning */
+    const unsigned int csr = _mm_getcsr();
+    if (csr & 0x40) _mm_setcsr(csr & ~0x40u);
+    const int status = KT_(run)(a, w, y, ldy, pb, pe, scratch);
+    if (csr & 0x40) _mm_setcsr(csr);
+    return status;
+}
+
 #undef KT_TILE
 #undef KT_ACC16
 #undef KT_XSIZE
@@ -480,6 +534,8 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_ALWAYS_PRE
 #undef KT_WIDE_TILE
 #undef KT_LANE_SPLIT
+#undef KT_ROW_PRESCALE
+#undef KT_CLEAR_DAZ
 #undef KT_KEEP
 #undef KT_AHEAD
 #include "traits_end.h"

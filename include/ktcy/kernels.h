@@ -43,9 +43,7 @@ static inline __attribute__((target("avx2"))) kt_w256 kt_int_half(__m256i v) {
 }
 
 #define KTCY_AVX512_BASE "avx512f,avx512bw,avx512vl,avx512dq"
-/* F16C (vcvtph2ps, the FP8 decode) comes with every AVX2 CPU (Intel since Ivy Bridge, AMD since
- * Piledriver); the dispatcher requires it with AVX2. */
-#define KTCY_AVX2_BASE "avx2,fma,f16c"
+#define KTCY_AVX2_BASE "avx2,fma"
 
 /* ---- portable C ---- */
 #define KT_GEMM ktcy_gemm_int8_ref

@@ -50,8 +50,9 @@ typedef int (*ktcy_gemm_fn)(const ktcy_act *a, const ktcy_weight *w, float *y, i
  *   +--------------------------- 64-byte aligned start ---------------------------+
  *   | AVX-512 / AVX2: up to 4 panels decoded to bf16 blocks  [4][k_pad/32][1024 B] |
  *   | AVX2 float prefill: 1 panel as floats [k_pad][16] | KTCY_AVX2_F32_ROWS rows   |
- *   |       of activations as floats [rows][k_pad]                                 |
+ *   |       of activations as floats [rows][k_pad] | a float per row (row factors) |
  *   | AVX2 bf16-activation decode (fewer rows): the rows as floats [rows][k_pad]   |
+ *   |       | a float per row                                                      |
  *   | AMX:  C tiles 32x32 int32/float (4 KiB) | float accumulator 32x32 (4 KiB) |  |
  *   |       2 panels unpacked/decoded to int8/bf16 blocks [2][k_pad/bk][1024 B]    |
  *   +------------------------------------------------------------------------------+
@@ -59,7 +60,7 @@ typedef int (*ktcy_gemm_fn)(const ktcy_act *a, const ktcy_weight *w, float *y, i
 #define KTCY_AVX2_F32_ROWS 36 /* activation rows the AVX2 float prefill widens at once (6 tiles) */
 static inline int64_t ktcy_gemm_scratch_bytes(int64_t k_pad) {
     const int64_t bf16_panels = 4 * KTCY_PANEL * k_pad * 2 + 4 * 1024 + 32 * 32 * 4;
-    const int64_t f32_prefill = (KTCY_PANEL + KTCY_AVX2_F32_ROWS) * k_pad * 4;
+    const int64_t f32_prefill = (KTCY_PANEL + KTCY_AVX2_F32_ROWS) * k_pad * 4 + KTCY_AVX2_F32_ROWS * 4;
     return (bf16_panels > f32_prefill ? bf16_panels : f32_prefill) + 64;
 }
 
