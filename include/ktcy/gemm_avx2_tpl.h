@@ -162,6 +162,33 @@ KT_AI __m256 KT_(row_factor)(const float *rowf, int64_t m, __m256 v) {
     return v;
 }
 
+/* One weight row r of NP packed panels (block offset off) into the float sums of MB rows, bf16-
+ * activation formats, several rows: panel by panel, every row's FMAs take a panel's decoded row
+ * before the next panel's is decoded, and an empty asm on the sums keeps GCC from hoisting that
+ * decode (it decoded both panels first and spilled: 2-row tiles over two panels ran no faster
+ * than over one).  One-row tiles keep the plain loop: 2-3% faster. */
+KT_AI void KT_(float_rows_by_panel)(const int MB, const int NP, const uint8_t *const panel[2], int64_t off, int r,
+                                    const uint8_t *const ak[4], __m256i acc[2][4][2]) {
+#if KT_INT_ACT || KT_ALWAYS_PRE
+    (void)MB; (void)NP; (void)panel; (void)off; (void)r; (void)ak; (void)acc;
+#else
+    _Pragma("GCC unroll 2")
+    for (int q = 0; q < NP; ++q) {
+        kt_w256 wq[2];
+        KT_(wrow)(panel[q] + off, r, wq);
+        _Pragma("GCC unroll 8")
+        for (int m = 0; m < MB; ++m) {
+            const KT_(avec) av = KT_(load_a)(ak[m], r);
+            _Pragma("GCC unroll 2")
+            for (int h = 0; h < 2; ++h) {
+                acc[q][m][h] = KT_(dp)(acc[q][m][h], av, wq[h]);
+                KT_KEEP(acc[q][m][h]);
+            }
+        }
+    }
+#endif
+}
+
 /* MB rows x NP adjacent panels (p, p + 1).  PRE: panel p was decoded to 1024-byte bf16 blocks
  * at `decoded` (NP == 1); else the packed panels are read and each row decoded in registers.
  * x: the activation rows, int8 codes (a->q) or floats widened from a->bf16, row stride k_pad. */
@@ -207,35 +234,39 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
                 _Pragma("GCC unroll 2")
                 for (int q = 0; q < NP; ++q)
                     _mm_prefetch((const char *)(fetch[q] + (uintptr_t)(r * 64)), _MM_HINT_T0);
-            kt_w256 wv[2][2];
-            _Pragma("GCC unroll 2")
-            for (int q = 0; q < NP; ++q) {
-                const uint8_t *blk = panel[q] + kb * block_bytes;
-                if (PRE || KT_ALWAYS_PRE) {
-                    wv[q][0] = KT_(pre_half)(blk, r, 0);
-                    wv[q][1] = KT_(pre_half)(blk, r, 1);
-                }
-#if !KT_ALWAYS_PRE
-                else {
-                    KT_(wrow)(blk, r, wv[q]);
-                }
-#endif
-            }
-            _Pragma("GCC unroll 8")
-            for (int m = 0; m < MB; ++m) {
-                const KT_(avec) av = KT_(load_a)(ak[m], r);
+            if (!KT_INT_ACT && MB > 1) {
+                KT_(float_rows_by_panel)(MB, NP, panel, kb * block_bytes, r, ak, acc);
+            } else {
+                kt_w256 wv[2][2];
                 _Pragma("GCC unroll 2")
-                for (int q = 0; q < NP; ++q)
-                    _Pragma("GCC unroll 2")
-                    for (int h = 0; h < 2; ++h) {
-                        if (KT_ACC16(PRE, MB)) {
-                            acc16[q][m][h] = _mm256_add_epi16(acc16[q][m][h], _mm256_maddubs_epi16(wv[q][h].i, av.i));
-                            KT_KEEP(acc16[q][m][h]);
-                        } else {
-                            acc[q][m][h] = KT_(dp)(acc[q][m][h], av, wv[q][h]);
-                            if (KT_INT_ACT) KT_KEEP(acc[q][m][h]);
-                        }
+                for (int q = 0; q < NP; ++q) {
+                    const uint8_t *blk = panel[q] + kb * block_bytes;
+                    if (PRE || KT_ALWAYS_PRE) {
+                        wv[q][0] = KT_(pre_half)(blk, r, 0);
+                        wv[q][1] = KT_(pre_half)(blk, r, 1);
                     }
+#if !KT_ALWAYS_PRE
+                    else {
+                        KT_(wrow)(blk, r, wv[q]);
+                    }
+#endif
+                }
+                _Pragma("GCC unroll 8")
+                for (int m = 0; m < MB; ++m) {
+                    const KT_(avec) av = KT_(load_a)(ak[m], r);
+                    _Pragma("GCC unroll 2")
+                    for (int q = 0; q < NP; ++q)
+                        _Pragma("GCC unroll 2")
+                        for (int h = 0; h < 2; ++h) {
+                            if (KT_ACC16(PRE, MB)) {
+                                acc16[q][m][h] = _mm256_add_epi16(acc16[q][m][h], _mm256_maddubs_epi16(wv[q][h].i, av.i));
+                                KT_KEEP(acc16[q][m][h]);
+                            } else {
+                                acc[q][m][h] = KT_(dp)(acc[q][m][h], av, wv[q][h]);
+                                if (KT_INT_ACT) KT_KEEP(acc[q][m][h]);
+                            }
+                        }
+                }
             }
             if (KT_ACC16(PRE, MB) && (r == 7 || r == 15)) /* before any group epilogue: groups end there */
                 _Pragma("GCC unroll 2")
@@ -482,9 +513,10 @@ KT_TARGET static int KT_(run)(const ktcy_act *a, const ktcy_weight *w, float *y,
 #if !KT_INT_ACT
         /* one or two rows take two panels at once: the 4 (8) FMA chains hide the FMA latency,
          * which bounded one panel's 2 (4) chains below the decode's throughput */
-        if (a->m == 1 && pe - p >= 2) {
-            KT_(micro)(1, 2, 0, a, x, rowf, w, 0, p, y, ldy, decoded, ktcy_no_ahead(),
-                       ktcy_next_group(a, w, p + 2, pe, 2, KT_BK, KT_BB));
+        if (a->m <= 2 && pe - p >= 2) {
+            const ktcy_span next = ktcy_next_group(a, w, p + 2, pe, 2, KT_BK, KT_BB);
+            if (a->m == 1) KT_(micro)(1, 2, 0, a, x, rowf, w, 0, p, y, ldy, decoded, ktcy_no_ahead(), next);
+            else KT_(micro)(2, 2, 0, a, x, rowf, w, 0, p, y, ldy, decoded, ktcy_no_ahead(), next);
             p += 2;
             continue;
         }
