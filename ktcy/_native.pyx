@@ -20,7 +20,7 @@ from ktcy.errors import TileError, UnsupportedISAError
 FORMATS = tuple(KTCY_FORMAT_DESCS[i].name.decode() for i in range(KTCY_NUM_FORMATS))
 ISAS = ("ref", "avx2", "avx512", "amx", "amx_emu")
 _AUTO_ORDER = (KTCY_AMX, KTCY_AVX512, KTCY_AVX2, KTCY_REF)  # amx_emu: only when forced
-_NEED_NAMES = {KTCY_NEED_AVX2: "avx2+fma", KTCY_NEED_AVX512: "avx512f/bw/vl/dq",
+_NEED_NAMES = {KTCY_NEED_AVX2: "avx2+fma+f16c", KTCY_NEED_AVX512: "avx512f/bw/vl/dq",
                KTCY_NEED_VNNI: "avx512_vnni", KTCY_NEED_BF16: "avx512_bf16", KTCY_NEED_VBMI: "avx512_vbmi",
                KTCY_NEED_AMX_INT8: "amx_tile+amx_int8 (with OS permission)",
                KTCY_NEED_AMX_BF16: "amx_tile+amx_bf16 (with OS permission)"}

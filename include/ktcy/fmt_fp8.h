@@ -41,8 +41,12 @@ KT_AI int64_t KT_(group_at)(const ktcy_weight *w, int64_t kb, int r, int64_t nkb
 /* Row r (16 channels' even and odd codes) -> floats by bit moves alone: a code's 7 magnitude
  * bits at float bits 20..26 and its sign at bit 31 make the float worth the code's value times
  * 2^-120, exactly (E4M3's subnormals become float subnormals).  The skeleton widens each
- * activation row times 2^k, k from the row's largest exponent (KT_ROW_PRESCALE: the products stay
- * normal, the sums cannot overflow), and its outputs take 2^(120-k) at the end.  A byte shuffle
+ * activation row times 2^k, k from the row's largest exponent (KT_ROW_PRESCALE: k = 120 up to
+ * |x| < 2^6, so products are as exact as the true products; the sums cannot overflow), and its
+ * sums take 2^(120-k) at the end.  Rows reaching 2^15 (KT_WIDE_FIELD) would push the products of
+ * their small values with small codes below the normal range: a call holding one decodes with
+ * wrow_wide instead (fp16 patterns worth the value x 2^-8, widened by vcvtph2ps, as before the
+ * bit-move decode).  A byte shuffle
  * first puts channels j and j+4 of each 128-bit lane into dword j, so the four byte positions
  * are the even and odd K element of the lane-split halves (KT_LANE_SPLIT).  12 operations per 32
  * codes and no conversions: a one-thread 768 x 2048 GEMM reads 25.5 GB/s from cache where the
@@ -54,6 +58,8 @@ KT_AI int64_t KT_(group_at)(const ktcy_weight *w, int64_t kb, int r, int64_t nkb
 #define KT_CHECKED_ROWS 1
 #define KT_LANE_SPLIT 1
 #define KT_ROW_PRESCALE 120
+#define KT_WIDE_FIELD 141 /* bf16 exponent field of 2^14 */
+#define KT_WIDE_FACTOR 256.0f
 #define KT_CLEAR_DAZ 1
 KT_AI void KT_(wrow)(const uint8_t *blk, int r, kt_w256 out[2]) {
     const __m256i pairs = _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15,
@@ -82,19 +88,51 @@ KT_AI void KT_(wrow_checked)(const uint8_t *blk, int r, kt_w256 out[2]) {
         out[h].o = KT_(mend_nan)(out[h].o);
     }
 }
+/* Row r for calls holding a wide row: with the sign at bit 15 and the 7 magnitude bits at bits
+ * 7..13, a code is the fp16 worth its value x 2^-8 (fp16 subnormals cover E4M3's, and vcvtph2ps
+ * widens them to normal floats).  vpermq first puts channels 0-3, 8-11 in the low lane (the
+ * lane split).  A row holding a NaN code is decoded from the table. */
+KT_AI void KT_(wrow_wide)(const uint8_t *blk, int r, kt_w256 out[2]) {
+    const uint8_t *src = blk + r * 32;
+    const __m256i w = _mm256_permute4x64_epi64(_mm256_loadu_si256((const __m256i *)src), 0xD8);
+    const __m256i nan = _mm256_cmpeq_epi8(_mm256_or_si256(w, _mm256_set1_epi8((char)0x80)), _mm256_set1_epi8((char)-1));
+    if (_mm256_movemask_epi8(nan)) {
+        uint16_t bf[32]; /* channels 0-3, 8-11, 4-7, 12-15: the lane split */
+        for (int i = 0; i < 32; ++i) bf[i] = ktcy_e4m3_to_bf16(src[((i >> 3) & 1) * 16 + ((i >> 4) & 1) * 8 + (i & 7)]);
+        const __m256 unit = _mm256_set1_ps(1.0f / 256.0f);
+        _Pragma("GCC unroll 2")
+        for (int h = 0; h < 2; ++h) {
+            out[h] = kt_bf16_split(_mm256_loadu_si256((const __m256i *)(bf + 16 * h)));
+            out[h].e = _mm256_mul_ps(out[h].e, unit);
+            out[h].o = _mm256_mul_ps(out[h].o, unit);
+        }
+        return;
+    }
+    const __m256i keep = _mm256_set1_epi16((short)0xBF80);
+    const __m256i e = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(w, 8), 1), keep);
+    const __m256i o = _mm256_and_si256(_mm256_srai_epi16(w, 1), keep);
+    out[0].i = out[1].i = _mm256_setzero_si256();
+    out[0].e = _mm256_cvtph_ps(_mm256_castsi256_si128(e));
+    out[0].o = _mm256_cvtph_ps(_mm256_castsi256_si128(o));
+    out[1].e = _mm256_cvtph_ps(_mm256_extracti128_si256(e, 1));
+    out[1].o = _mm256_cvtph_ps(_mm256_extracti128_si256(o, 1));
+}
 /* The group multiplier of 8 channels (half h of panel p): the block scale. */
 KT_AI __m256 KT_(group_scale)(const ktcy_weight *w, int64_t p, int64_t g, int h) {
     (void)h;
     return _mm256_set1_ps(KT_FP8_BLOCK_SCALE(w, p * 16, g));
 }
-/* Half h (n0 = panel start + 8h) in the lane-split order: channels 0-3, 8-11 or 4-7, 12-15. */
-KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n0) {
+/* Half h (n0 = panel start + 8h) in the lane-split order: channels 0-3, 8-11 or 4-7, 12-15.  The
+ * row factor f (a power of two) multiplies the scales, so one rounding gives the output and the
+ * scaled sums neither overflow nor underflow where the true sum times the scale would not. */
+KT_AI __m256 KT_(final_scaled)(__m256i acc, __m256 facc, float f, const ktcy_act *a, const ktcy_weight *w,
+                               int64_t m, int64_t n0) {
     (void)a; (void)m;
-    if (KT_FP8_BLOCKWISE(w)) return facc;
+    if (KT_FP8_BLOCKWISE(w)) return _mm256_mul_ps(facc, _mm256_set1_ps(f));
     const float *s = w->scale + (n0 & ~(int64_t)15);
     const __m256 s0 = _mm256_loadu_ps(s), s1 = _mm256_loadu_ps(s + 8);
     const __m256 half = (n0 & 8) ? _mm256_permute2f128_ps(s0, s1, 0x31) : _mm256_permute2f128_ps(s0, s1, 0x20);
-    return _mm256_mul_ps(_mm256_castsi256_ps(acc), half);
+    return _mm256_mul_ps(_mm256_castsi256_ps(acc), _mm256_mul_ps(half, _mm256_set1_ps(f)));
 }
 
 #else /* AVX-512 */

@@ -24,9 +24,12 @@
  * the halves of a decoded row (and group_scale's h) hold channels 0-3, 8-11 and 4-7, 12-15, as
  * in-lane unpacks leave them; the outputs are put in order when stored (store16);
  * KT_ROW_PRESCALE E: the decoded weights are their values times 2^-E, so the activation rows are
- * widened times 2^k (per row, f32_rows) and each row's outputs multiplied by 2^(E-k) after final();
- * KT_CLEAR_DAZ 1: the decode makes subnormal floats, which MXCSR.DAZ would read as zeros: the GEMM
- * clears it while it runs.
+ * widened times 2^k (per row, f32_rows) and KT_(final_scaled)(acc, facc, f, a, w, m, n0) replaces
+ * final(), f the row's factor 2^(E-k);
+ * rows with an exponent field above KT_WIDE_FIELD (a range the 2^-E weights cannot serve) make the
+ * call take the float GEMM with KT_(wrow_wide), whose values are times 1/KT_WIDE_FACTOR, and rows
+ * widened unscaled; KT_CLEAR_DAZ 1: the decode makes subnormal floats, which MXCSR.DAZ would read
+ * as zeros: the GEMM clears it while it runs.
  */
 
 #define KT_CAT_(a, b) a##_##b
@@ -52,6 +55,8 @@
 #endif
 #ifndef KT_ROW_PRESCALE
 #define KT_ROW_PRESCALE 0
+#define KT_WIDE_FIELD 255
+#define KT_WIDE_FACTOR 1.0f
 #endif
 #ifndef KT_CLEAR_DAZ
 #define KT_CLEAR_DAZ 0
@@ -74,6 +79,9 @@ KT_AI void KT_(wrow)(const uint8_t *blk, int r, kt_w256 out[2]) {
     out[0] = KT_(half)(blk, r, 0);
     out[1] = KT_(half)(blk, r, 1);
 }
+#endif
+#if !KT_ROW_PRESCALE
+KT_AI void KT_(wrow_wide)(const uint8_t *blk, int r, kt_w256 out[2]) { KT_(wrow)(blk, r, out); }
 #endif
 #ifndef KT_CHECKED_ROWS
 KT_AI int KT_(checked_rows)(const ktcy_weight *w) { (void)w; return 0; }
@@ -153,13 +161,16 @@ KT_AI void KT_(store16)(float *dst, int64_t valid, __m256 v[2]) {
     if (valid > 8) KT_(store8)(dst + 8, valid - 8, v[1]);
 }
 
-/* Outputs of row m times the row's 2^(E-k) (KT_ROW_PRESCALE; rowf from f32_rows). */
-KT_AI __m256 KT_(row_factor)(const float *rowf, int64_t m, __m256 v) {
-    (void)rowf; (void)m;
+/* Half h of row m's outputs; KT_ROW_PRESCALE: the traits' final_scaled() takes the row's factor
+ * (rowf from f32_rows) too. */
+KT_AI __m256 KT_(final_row)(__m256i acc, __m256 facc, const float *rowf, int64_t mi, const ktcy_act *a,
+                            const ktcy_weight *w, int64_t m, int64_t n0) {
+    (void)rowf; (void)mi;
 #if KT_ROW_PRESCALE
-    v = _mm256_mul_ps(v, _mm256_set1_ps(rowf[m]));
+    return KT_(final_scaled)(acc, facc, rowf[mi], a, w, m, n0);
+#else
+    return KT_(final)(acc, facc, a, w, m, n0);
 #endif
-    return v;
 }
 
 /* One weight row r of NP packed panels (block offset off) into the float sums of MB rows, bf16-
@@ -311,7 +322,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
             if (valid <= 0 || m0 + m >= a->m) continue;
             __m256 v[2];
             _Pragma("GCC unroll 2")
-            for (int h = 0; h < 2; ++h) v[h] = KT_(row_factor)(rowf, m0 + m, KT_(final)(acc[q][m][h], facc[q][m][h], a, w, m0 + m, n0 + 8 * h));
+            for (int h = 0; h < 2; ++h) v[h] = KT_(final_row)(acc[q][m][h], facc[q][m][h], rowf, m0 + m, a, w, m0 + m, n0 + 8 * h);
             KT_(store16)(y + (m0 + m) * ldy + n0, valid, v);
         }
     }
@@ -324,7 +335,8 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
  * k two weight loads, six broadcasts and twelve FMAs.  The bf16-pair tiles spent a shift and a
  * mask per pair of every weight half and activation, which compete with the FMAs for ports.
  * Each output is still one FMA chain in K order, so the sums are those of the decode tiles. */
-KT_AI void KT_(f32_panel_rows)(const int CHECKED, const ktcy_weight *w, int64_t p, float *dst) {
+enum { KT_(FAST), KT_(CHECKED), KT_(WIDE) }; /* the panel decodes of f32_panel */
+KT_AI void KT_(f32_panel_rows)(const int MODE, const ktcy_weight *w, int64_t p, float *dst) {
     const int64_t nkb = w->k_pad / KT_BK;
     const uint8_t *src = w->data + p * nkb * KT_BB;
     for (int64_t kb = 0; kb < nkb; ++kb, src += KT_BB, dst += KT_BK * 16) {
@@ -333,7 +345,9 @@ KT_AI void KT_(f32_panel_rows)(const int CHECKED, const ktcy_weight *w, int64_t 
         _Pragma("GCC unroll 2")
         for (int r = 0; r < 16; ++r) {
             kt_w256 v[2];
-            if (CHECKED) KT_(wrow_checked)(src, r, v); else KT_(wrow)(src, r, v);
+            if (MODE == KT_(WIDE)) KT_(wrow_wide)(src, r, v);
+            else if (MODE == KT_(CHECKED)) KT_(wrow_checked)(src, r, v);
+            else KT_(wrow)(src, r, v);
             _Pragma("GCC unroll 2")
             for (int h = 0; h < 2; ++h) {
                 _mm256_store_ps(dst + (2 * r) * 16 + 8 * h, v[h].e);
@@ -343,38 +357,57 @@ KT_AI void KT_(f32_panel_rows)(const int CHECKED, const ktcy_weight *w, int64_t 
     }
 }
 
-KT_AI void KT_(f32_panel)(const ktcy_weight *w, int64_t p, float *dst) {
-    if (KT_(checked_rows)(w)) KT_(f32_panel_rows)(1, w, p, dst);
-    else KT_(f32_panel_rows)(0, w, p, dst);
+KT_AI void KT_(f32_panel)(const ktcy_weight *w, int64_t p, float *dst, int wide) {
+    if (KT_ROW_PRESCALE && wide) KT_(f32_panel_rows)(KT_(WIDE), w, p, dst);
+    else if (KT_(checked_rows)(w)) KT_(f32_panel_rows)(KT_(CHECKED), w, p, dst);
+    else KT_(f32_panel_rows)(KT_(FAST), w, p, dst);
+}
+
+/* The largest exponent field of the bf16 row (k_pad elements, a multiple of 16). */
+KT_AI int KT_(top_field)(const uint16_t *src, int64_t k_pad) {
+    __m256i top = _mm256_setzero_si256();
+    for (int64_t k = 0; k < k_pad; k += 16)
+        top = _mm256_max_epu16(top, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(src + k)), _mm256_set1_epi16(0x7F80)));
+    uint16_t tops[16];
+    _mm256_storeu_si256((__m256i *)tops, top);
+    int field = 0;
+    for (int j = 0; j < 16; ++j) field = tops[j] >> 7 > field ? tops[j] >> 7 : field;
+    return field;
+}
+
+/* Whether a row of [m0, m0 + rows) is too wide for the 2^-E weights (KT_WIDE_FIELD). */
+KT_AI int KT_(rows_wide)(const ktcy_act *a, int64_t m0, int64_t rows) {
+    (void)a; (void)m0; (void)rows;
+#if KT_ROW_PRESCALE
+    for (int64_t i = m0; i < m0 + rows && i < a->m; ++i)
+        if (KT_(top_field)(a->bf16 + i * a->k_pad, a->k_pad) > KT_WIDE_FIELD) return 1;
+#endif
+    return 0;
 }
 
 /* Rows [m0, m0 + rows) of the bf16 activations as floats; rows past the buffer are zeros.
- * KT_ROW_PRESCALE E: each row times 2^k, k = min(E, 252 - field) with field the row's largest
- * exponent field, so |x| 2^k < 2^126 (no product with a weight, below 2^-111, nor K of them can overflow,
- * and rows of ordinary size keep all products normal), and rowf[i] = 2^(E-k), between 1 and 2^123:
- * exact powers of two either way. */
-KT_AI void KT_(f32_rows)(const ktcy_act *a, int64_t m0, int64_t rows, float *dst, float *rowf) {
-    (void)rowf;
+ * KT_ROW_PRESCALE E: each row times 2^k and rowf[i] = its factor for final_scaled().  With the
+ * 2^-E weights k = min(E, 252 - field), field the row's largest exponent field: |x| 2^k < 2^126,
+ * so no product (below 2^-111) nor K of them can overflow, and rows up to KT_WIDE_FIELD keep
+ * k >= E - 9: a product is exact down to 2^-117 of its true size.  wide (the weights times
+ * 1/KT_WIDE_FACTOR): k = min(0, 227 - field), rows past 2^100 scaled down so K products cannot
+ * overflow. */
+KT_AI void KT_(f32_rows)(const ktcy_act *a, int64_t m0, int64_t rows, float *dst, float *rowf, int wide) {
+    (void)rowf; (void)wide;
     for (int64_t i = 0; i < rows; ++i, dst += a->k_pad) {
+        if (KT_ROW_PRESCALE) rowf[i] = 1.0f;
         if (m0 + i >= a->m_pad) {
             memset(dst, 0, (size_t)a->k_pad * sizeof(float));
-            if (KT_ROW_PRESCALE) rowf[i] = 1.0f;
             continue;
         }
         const uint16_t *src = a->bf16 + (m0 + i) * a->k_pad;
         __m256 times = _mm256_set1_ps(1.0f);
 #if KT_ROW_PRESCALE
-        __m256i top = _mm256_setzero_si256();
-        for (int64_t k = 0; k < a->k_pad; k += 16)
-            top = _mm256_max_epu16(top, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(src + k)), _mm256_set1_epi16(0x7F80)));
-        uint16_t tops[16];
-        _mm256_storeu_si256((__m256i *)tops, top);
-        int field = 0;
-        for (int j = 0; j < 16; ++j) field = tops[j] >> 7 > field ? tops[j] >> 7 : field;
-        const int k = field > 252 - KT_ROW_PRESCALE ? 252 - field : KT_ROW_PRESCALE;
-        const int32_t factor = (127 + KT_ROW_PRESCALE - k) << 23;
+        const int field = KT_(top_field)(src, a->k_pad);
+        const int k = wide ? (field > 227 ? 227 - field : 0)
+                           : (field > 252 - KT_ROW_PRESCALE ? 252 - field : KT_ROW_PRESCALE);
         times = _mm256_castsi256_ps(_mm256_set1_epi32((127 + k) << 23));
-        memcpy(rowf + i, &factor, sizeof factor);
+        rowf[i] = (wide ? KT_WIDE_FACTOR : ktcy_pow2(KT_ROW_PRESCALE)) * ktcy_pow2(-k);
 #endif
         for (int64_t k = 0; k < a->k_pad; k += 8) {
             const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + k)));
@@ -424,7 +457,7 @@ KT_AI void KT_(f32_micro)(const int MB, const ktcy_act *a, const ktcy_weight *w,
         __m256 v[2];
         _Pragma("GCC unroll 2")
         for (int h = 0; h < 2; ++h)
-            v[h] = KT_(row_factor)(rowf, m, KT_(final)(_mm256_castps_si256(acc[m][h]), facc[m][h], a, w, m0 + m, n0 + 8 * h));
+            v[h] = KT_(final_row)(_mm256_castps_si256(acc[m][h]), facc[m][h], rowf, m, a, w, m0 + m, n0 + 8 * h);
         KT_(store16)(y + (m0 + m) * ldy + n0, valid, v);
     }
 }
@@ -435,9 +468,10 @@ KT_AI void KT_(f32_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int6
     float *rows = panel + KTCY_PANEL * w->k_pad, *rowf = rows + KTCY_AVX2_F32_ROWS * w->k_pad;
     for (int64_t c0 = 0; c0 < a->m; c0 += KTCY_AVX2_F32_ROWS) {
         const int64_t chunk = a->m - c0 < KTCY_AVX2_F32_ROWS ? a->m - c0 : KTCY_AVX2_F32_ROWS;
-        KT_(f32_rows)(a, c0, (chunk + 5) / 6 * 6, rows, rowf); /* every tile below reads whole rows */
+        const int wide = KT_(rows_wide)(a, c0, chunk);
+        KT_(f32_rows)(a, c0, (chunk + 5) / 6 * 6, rows, rowf, wide); /* every tile below reads whole rows */
         for (int64_t p = pb; p < pe; ++p) {
-            KT_(f32_panel)(w, p, panel);
+            KT_(f32_panel)(w, p, panel, wide);
             /* the tiles fetch the panel that comes next: this sweep's next one, else the next
              * chunk's first, else the caller's hint */
             const int64_t tiles = (chunk + 5) / 6, following = p + 1 < pe || c0 + chunk >= a->m ? p + 1 : pb;
@@ -469,7 +503,7 @@ KT_TARGET static int KT_(run)(const ktcy_act *a, const ktcy_weight *w, float *y,
                              int64_t pe, void *scratch) {
 #if !KT_INT_ACT
     /* plain bf16 rows have no decode to save: widening a panel pays off from about 20 rows (measured) */
-    if (a->m >= (KT_PLAIN_ROWS ? 20 : 5) || KT_(checked_rows)(w)) {
+    if (a->m >= (KT_PLAIN_ROWS ? 20 : 5) || KT_(checked_rows)(w) || KT_(rows_wide)(a, 0, a->m)) {
         KT_(f32_gemm)(a, w, y, ldy, pb, pe, scratch);
         return KTCY_OK;
     }
@@ -490,7 +524,7 @@ KT_TARGET static int KT_(run)(const ktcy_act *a, const ktcy_weight *w, float *y,
 #else
     /* the rows as floats (tiles round up to 4 rows; fewer than KTCY_AVX2_F32_ROWS come here) */
     float *xf = (float *)decoded, *rowf = xf + (a->m + 3) / 4 * 4 * a->k_pad;
-    KT_(f32_rows)(a, 0, (a->m + 3) / 4 * 4, xf, rowf);
+    KT_(f32_rows)(a, 0, (a->m + 3) / 4 * 4, xf, rowf, 0);
     const uint8_t *x = (const uint8_t *)xf;
 #endif
     for (int64_t p = pb; p < pe;) {
@@ -554,7 +588,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
     const unsigned int csr = _mm_getcsr();
     if (csr & 0x40) _mm_setcsr(csr & ~0x40u);
     const int status = KT_(run)(a, w, y, ldy, pb, pe, scratch);
-    if (csr & 0x40) _mm_setcsr(csr);
+    if (csr & 0x40) _mm_setcsr(csr | (_mm_getcsr() & 0x3F)); /* the caller's control, every flag raised */
     return status;
 }
 
@@ -567,6 +601,8 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_WIDE_TILE
 #undef KT_LANE_SPLIT
 #undef KT_ROW_PRESCALE
+#undef KT_WIDE_FIELD
+#undef KT_WIDE_FACTOR
 #undef KT_CLEAR_DAZ
 #undef KT_KEEP
 #undef KT_AHEAD

@@ -43,7 +43,9 @@ static inline __attribute__((target("avx2"))) kt_w256 kt_int_half(__m256i v) {
 }
 
 #define KTCY_AVX512_BASE "avx512f,avx512bw,avx512vl,avx512dq"
-#define KTCY_AVX2_BASE "avx2,fma"
+/* F16C (vcvtph2ps, the FP8 decode of rows too wide for the bit-move decode) comes with every AVX2
+ * CPU (Intel since Ivy Bridge, AMD since Piledriver); the dispatcher requires it with AVX2. */
+#define KTCY_AVX2_BASE "avx2,fma,f16c"
 
 /* ---- portable C ---- */
 #define KT_GEMM ktcy_gemm_int8_ref

@@ -11,6 +11,8 @@
 static inline uint32_t ktcy_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float ktcy_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
+/* 2^e as a float, for e in [-126, 127] (a normal number: exponent field e + 127). */
+static inline float ktcy_pow2(int e) { return ktcy_bits_f32((uint32_t)(e + 127) << 23); }
 static inline float ktcy_bf16_to_f32(uint16_t h) { return ktcy_bits_f32((uint32_t)h << 16); }
 
 /* Round to nearest even; NaN stays NaN (quieted), infinities stay infinite. */

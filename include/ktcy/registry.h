@@ -11,7 +11,7 @@
 #include "types.h"
 
 enum ktcy_need {
-    KTCY_NEED_AVX2 = 1 << 0,     /* AVX2 + FMA + OS YMM state */
+    KTCY_NEED_AVX2 = 1 << 0,     /* AVX2 + FMA + F16C + OS YMM state */
     KTCY_NEED_AVX512 = 1 << 1,   /* AVX-512 F/BW/VL/DQ + OS ZMM state */
     KTCY_NEED_VNNI = 1 << 2,
     KTCY_NEED_BF16 = 1 << 3,
@@ -89,7 +89,7 @@ static const ktcy_variant KTCY_VARIANTS[] = {KTCY_VARIANT_LIST(KTCY_VARIANT_ROW)
 /* The KTCY_NEED_* bits this CPU and OS satisfy. */
 static inline int ktcy_satisfied_needs(const ktcy_cpu *c) {
     int s = 0;
-    if (c->avx2 && c->fma && c->os_avx) s |= KTCY_NEED_AVX2;
+    if (c->avx2 && c->fma && c->f16c && c->os_avx) s |= KTCY_NEED_AVX2;
     if (c->avx512f && c->avx512bw && c->avx512vl && c->avx512dq && c->os_avx512) s |= KTCY_NEED_AVX512;
     if (c->avx512_vnni) s |= KTCY_NEED_VNNI;
     if (c->avx512_bf16) s |= KTCY_NEED_BF16;
