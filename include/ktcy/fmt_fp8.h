@@ -74,11 +74,13 @@ KT_AI void KT_(wrow)(const uint8_t *blk, int r, kt_w256 out[2]) {
     out[0].i = out[1].i = _mm256_setzero_si256();
 }
 KT_AI int KT_(checked_rows)(const ktcy_weight *w) { return w->nan_codes; }
-/* A NaN code's magnitude bits are all ones: those lanes become a quiet NaN of the code's sign. */
+/* A NaN code's magnitude bits are all ones: those lanes become the quiet NaN of the code's sign
+ * that the table (and so the wide decode and the portable path) gives. */
 KT_AI __m256 KT_(mend_nan)(__m256 v) {
     const __m256i bits = _mm256_castps_si256(v), ones = _mm256_set1_epi32(0x07F00000);
     const __m256i nan = _mm256_cmpeq_epi32(_mm256_and_si256(bits, ones), ones);
-    return _mm256_castsi256_ps(_mm256_or_si256(bits, _mm256_and_si256(nan, _mm256_set1_epi32(0x7FC00000))));
+    const __m256i quiet = _mm256_or_si256(_mm256_and_si256(bits, _mm256_set1_epi32((int)0x80000000u)), _mm256_set1_epi32(0x7FC00000));
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(bits, quiet, nan));
 }
 KT_AI void KT_(wrow_checked)(const uint8_t *blk, int r, kt_w256 out[2]) {
     KT_(wrow)(blk, r, out);
@@ -123,12 +125,14 @@ KT_AI __m256 KT_(group_scale)(const ktcy_weight *w, int64_t p, int64_t g, int h)
     return _mm256_set1_ps(KT_FP8_BLOCK_SCALE(w, p * 16, g));
 }
 /* Half h (n0 = panel start + 8h) in the lane-split order: channels 0-3, 8-11 or 4-7, 12-15.  The
- * row factor f (a power of two) multiplies the scales, so one rounding gives the output and the
- * scaled sums neither overflow nor underflow where the true sum times the scale would not. */
+ * row factor f (a power of two, 1 for rows below 2^6) multiplies the scales, the block scales too
+ * (the skeleton's row_scale), so one rounding gives each output from the sums and nothing passes
+ * through subnormals where the true sum times the scale would not (scales near the float
+ * maximum over f would overflow). */
 KT_AI __m256 KT_(final_scaled)(__m256i acc, __m256 facc, float f, const ktcy_act *a, const ktcy_weight *w,
                                int64_t m, int64_t n0) {
     (void)a; (void)m;
-    if (KT_FP8_BLOCKWISE(w)) return _mm256_mul_ps(facc, _mm256_set1_ps(f));
+    if (KT_FP8_BLOCKWISE(w)) return facc;
     const float *s = w->scale + (n0 & ~(int64_t)15);
     const __m256 s0 = _mm256_loadu_ps(s), s1 = _mm256_loadu_ps(s + 8);
     const __m256 half = (n0 & 8) ? _mm256_permute2f128_ps(s0, s1, 0x31) : _mm256_permute2f128_ps(s0, s1, 0x20);

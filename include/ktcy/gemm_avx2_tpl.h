@@ -27,8 +27,8 @@
  * widened times 2^k (per row, f32_rows) and KT_(final_scaled)(acc, facc, f, a, w, m, n0) replaces
  * final(), f the row's factor 2^(E-k);
  * rows with an exponent field above KT_WIDE_FIELD (a range the 2^-E weights cannot serve) make the
- * call take the float GEMM with KT_(wrow_wide), whose values are times 1/KT_WIDE_FACTOR, and rows
- * widened unscaled; KT_CLEAR_DAZ 1: the decode makes subnormal floats, which MXCSR.DAZ would read
+ * call (its chunk of KTCY_AVX2_F32_ROWS rows) take the float GEMM with KT_(wrow_wide), whose
+ * values are times 1/KT_WIDE_FACTOR, the rows scaled to a largest value near 2^100; KT_CLEAR_DAZ 1: the decode makes subnormal floats, which MXCSR.DAZ would read
  * as zeros: the GEMM clears it while it runs.
  */
 
@@ -159,6 +159,16 @@ KT_AI void KT_(store16)(float *dst, int64_t valid, __m256 v[2]) {
     }
     KT_(store8)(dst, valid, v[0]);
     if (valid > 8) KT_(store8)(dst + 8, valid - 8, v[1]);
+}
+
+/* A group's multipliers for row m: times the row's factor (KT_ROW_PRESCALE; rowf from f32_rows),
+ * so the float sums hold the true values, as the channel scales take it in final_scaled(). */
+KT_AI __m256 KT_(row_scale)(__m256 s, const float *rowf, int64_t m) {
+    (void)rowf; (void)m;
+#if KT_ROW_PRESCALE
+    s = _mm256_mul_ps(s, _mm256_set1_ps(rowf[m]));
+#endif
+    return s;
 }
 
 /* Half h of row m's outputs; KT_ROW_PRESCALE: the traits' final_scaled() takes the row's factor
@@ -302,7 +312,8 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
                             const __m256 s = KT_(group_scale)(w, p + q, g, h);
                             _Pragma("GCC unroll 8")
                             for (int m = 0; m < MB; ++m) { /* as the float prefill's tiles do */
-                                facc[q][m][h] = _mm256_add_ps(facc[q][m][h], _mm256_mul_ps(_mm256_castsi256_ps(acc[q][m][h]), s));
+                                facc[q][m][h] = _mm256_add_ps(facc[q][m][h], _mm256_mul_ps(_mm256_castsi256_ps(acc[q][m][h]),
+                                                                                           KT_(row_scale)(s, rowf, m0 + m)));
                                 acc[q][m][h] = _mm256_setzero_si256();
                             }
                         }
@@ -390,8 +401,8 @@ KT_AI int KT_(rows_wide)(const ktcy_act *a, int64_t m0, int64_t rows) {
  * 2^-E weights k = min(E, 252 - field), field the row's largest exponent field: |x| 2^k < 2^126,
  * so no product (below 2^-111) nor K of them can overflow, and rows up to KT_WIDE_FIELD keep
  * k >= E - 9: a product is exact down to 2^-117 of its true size.  wide (the weights times
- * 1/KT_WIDE_FACTOR): k = min(0, 227 - field), rows past 2^100 scaled down so K products cannot
- * overflow. */
+ * 1/KT_WIDE_FACTOR): k = min(120, 227 - field), every row's largest value brought to 2^100 (or
+ * times 2^120), so K products cannot overflow and small values keep the most room below. */
 KT_AI void KT_(f32_rows)(const ktcy_act *a, int64_t m0, int64_t rows, float *dst, float *rowf, int wide) {
     (void)rowf; (void)wide;
     for (int64_t i = 0; i < rows; ++i, dst += a->k_pad) {
@@ -404,7 +415,7 @@ KT_AI void KT_(f32_rows)(const ktcy_act *a, int64_t m0, int64_t rows, float *dst
         __m256 times = _mm256_set1_ps(1.0f);
 #if KT_ROW_PRESCALE
         const int field = KT_(top_field)(src, a->k_pad);
-        const int k = wide ? (field > 227 ? 227 - field : 0)
+        const int k = wide ? (field < 107 ? 120 : 227 - field)
                            : (field > 252 - KT_ROW_PRESCALE ? 252 - field : KT_ROW_PRESCALE);
         times = _mm256_castsi256_ps(_mm256_set1_epi32((127 + k) << 23));
         rowf[i] = (wide ? KT_WIDE_FACTOR : ktcy_pow2(KT_ROW_PRESCALE)) * ktcy_pow2(-k);
@@ -446,7 +457,7 @@ KT_AI void KT_(f32_micro)(const int MB, const ktcy_act *a, const ktcy_weight *w,
             for (int m = 0; m < MB; ++m)
                 _Pragma("GCC unroll 2")
                 for (int h = 0; h < 2; ++h) {
-                    facc[m][h] = _mm256_add_ps(facc[m][h], _mm256_mul_ps(acc[m][h], KT_(group_scale)(w, p, g, h)));
+                    facc[m][h] = _mm256_add_ps(facc[m][h], _mm256_mul_ps(acc[m][h], KT_(row_scale)(KT_(group_scale)(w, p, g, h), rowf, m)));
                     acc[m][h] = _mm256_setzero_ps();
                 }
     }
