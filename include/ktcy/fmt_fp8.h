@@ -42,13 +42,13 @@ KT_AI int64_t KT_(group_at)(const ktcy_weight *w, int64_t kb, int r, int64_t nkb
  * bits at float bits 20..26 and its sign at bit 31 make the float worth the code's value times
  * 2^-120, exactly (E4M3's subnormals become float subnormals).  The skeleton widens each
  * activation row times 2^k, k from the row's largest exponent (KT_ROW_PRESCALE: k = 120 up to
- * |x| < 2^6, so products are as exact as the true products; the sums cannot overflow), and its
- * sums take 2^(120-k) at the end.  Rows reaching 2^15 (KT_WIDE_FIELD) would push the products of
- * their small values with small codes below the normal range: a call holding one decodes with
- * wrow_wide instead (fp16 patterns worth the value x 2^-8, widened by vcvtph2ps, as before the
- * bit-move decode).  A byte shuffle
- * first puts channels j and j+4 of each 128-bit lane into dword j, so the four byte positions
- * are the even and odd K element of the lane-split halves (KT_LANE_SPLIT).  12 operations per 32
+ * |x| < 2^6, so products are as exact as the true products; the sums cannot overflow), and the
+ * row factor 2^(120-k) multiplies the scales (final_scaled).  Rows reaching 2^15 (KT_WIDE_FIELD)
+ * would push the products of their small values with small codes below the normal range: a call
+ * holding one decodes with wrow_wide instead (fp16 patterns worth the value x 2^-8, widened by
+ * vcvtph2ps, as before the bit-move decode).  A byte shuffle first puts channels j and j+4 of
+ * each 128-bit lane into dword j, so the four byte positions are the even and odd K element of
+ * the lane-split halves (KT_LANE_SPLIT).  12 operations per 32
  * codes and no conversions: a one-thread 768 x 2048 GEMM reads 25.5 GB/s from cache where the
  * fp16 + vcvtph2ps decode read 21 (its conversions and lane extracts bounded decode).  Subnormal
  * inputs must not count as zero here: the GEMM clears MXCSR.DAZ for its duration.  NaN codes

@@ -28,8 +28,9 @@
  * final(), f the row's factor 2^(E-k);
  * rows with an exponent field above KT_WIDE_FIELD (a range the 2^-E weights cannot serve) make the
  * call (its chunk of KTCY_AVX2_F32_ROWS rows) take the float GEMM with KT_(wrow_wide), whose
- * values are times 1/KT_WIDE_FACTOR, the rows scaled to a largest value near 2^100; KT_CLEAR_DAZ 1: the decode makes subnormal floats, which MXCSR.DAZ would read
- * as zeros: the GEMM clears it while it runs.
+ * values are times 1/KT_WIDE_FACTOR, the rows scaled to a largest value near 2^100;
+ * KT_CLEAR_DAZ 1: the decode makes subnormal floats, which MXCSR.DAZ would read as zeros: the GEMM
+ * clears it while it runs.
  */
 
 #define KT_CAT_(a, b) a##_##b
@@ -190,7 +191,7 @@ KT_AI __m256 KT_(final_row)(__m256i acc, __m256 facc, const float *rowf, int64_t
  * than over one).  One-row tiles keep the plain loop: 2-3% faster. */
 KT_AI void KT_(float_rows_by_panel)(const int MB, const int NP, const uint8_t *const panel[2], int64_t off, int r,
                                     const uint8_t *const ak[4], __m256i acc[2][4][2]) {
-#if KT_INT_ACT || KT_ALWAYS_PRE
+#if KT_INT_ACT
     (void)MB; (void)NP; (void)panel; (void)off; (void)r; (void)ak; (void)acc;
 #else
     _Pragma("GCC unroll 2")
@@ -386,25 +387,24 @@ KT_AI int KT_(top_field)(const uint16_t *src, int64_t k_pad) {
     return field;
 }
 
-/* Whether a row of [m0, m0 + rows) is too wide for the 2^-E weights (KT_WIDE_FIELD). */
-KT_AI int KT_(rows_wide)(const ktcy_act *a, int64_t m0, int64_t rows) {
-    (void)a; (void)m0; (void)rows;
+/* Rows [m0, m0 + rows) of the bf16 activations as floats (rows <= KTCY_AVX2_F32_ROWS); rows past
+ * the buffer are zeros.  KT_ROW_PRESCALE E: each row times 2^k, rowf[i] its factor for
+ * final_scaled(), and the return value says whether a row's exponent field passes KT_WIDE_FIELD
+ * (the call then takes the wide decode).  With the 2^-E weights k = min(E, 252 - field), field
+ * the row's largest exponent field: |x| 2^k < 2^126, so no product (below 2^-111) nor K of them
+ * can overflow, and rows up to KT_WIDE_FIELD keep k >= E - 9: a product is exact down to 2^-117
+ * of its true size.  Wide (the weights times 1/KT_WIDE_FACTOR): k = min(120, 227 - field), every
+ * row's largest value brought to 2^100 (or times 2^120), so K products cannot overflow and small
+ * values keep the most room below. */
+KT_AI int KT_(f32_rows)(const ktcy_act *a, int64_t m0, int64_t rows, float *dst, float *rowf) {
+    int wide = 0, field[KTCY_AVX2_F32_ROWS];
+    (void)rowf; (void)field;
 #if KT_ROW_PRESCALE
-    for (int64_t i = m0; i < m0 + rows && i < a->m; ++i)
-        if (KT_(top_field)(a->bf16 + i * a->k_pad, a->k_pad) > KT_WIDE_FIELD) return 1;
+    for (int64_t i = 0; i < rows; ++i) {
+        field[i] = m0 + i < a->m_pad ? KT_(top_field)(a->bf16 + (m0 + i) * a->k_pad, a->k_pad) : 0;
+        wide |= field[i] > KT_WIDE_FIELD;
+    }
 #endif
-    return 0;
-}
-
-/* Rows [m0, m0 + rows) of the bf16 activations as floats; rows past the buffer are zeros.
- * KT_ROW_PRESCALE E: each row times 2^k and rowf[i] = its factor for final_scaled().  With the
- * 2^-E weights k = min(E, 252 - field), field the row's largest exponent field: |x| 2^k < 2^126,
- * so no product (below 2^-111) nor K of them can overflow, and rows up to KT_WIDE_FIELD keep
- * k >= E - 9: a product is exact down to 2^-117 of its true size.  wide (the weights times
- * 1/KT_WIDE_FACTOR): k = min(120, 227 - field), every row's largest value brought to 2^100 (or
- * times 2^120), so K products cannot overflow and small values keep the most room below. */
-KT_AI void KT_(f32_rows)(const ktcy_act *a, int64_t m0, int64_t rows, float *dst, float *rowf, int wide) {
-    (void)rowf; (void)wide;
     for (int64_t i = 0; i < rows; ++i, dst += a->k_pad) {
         if (KT_ROW_PRESCALE) rowf[i] = 1.0f;
         if (m0 + i >= a->m_pad) {
@@ -414,9 +414,8 @@ KT_AI void KT_(f32_rows)(const ktcy_act *a, int64_t m0, int64_t rows, float *dst
         const uint16_t *src = a->bf16 + (m0 + i) * a->k_pad;
         __m256 times = _mm256_set1_ps(1.0f);
 #if KT_ROW_PRESCALE
-        const int field = KT_(top_field)(src, a->k_pad);
-        const int k = wide ? (field < 107 ? 120 : 227 - field)
-                           : (field > 252 - KT_ROW_PRESCALE ? 252 - field : KT_ROW_PRESCALE);
+        const int k = wide ? (field[i] < 107 ? 120 : 227 - field[i])
+                           : (field[i] > 252 - KT_ROW_PRESCALE ? 252 - field[i] : KT_ROW_PRESCALE);
         times = _mm256_castsi256_ps(_mm256_set1_epi32((127 + k) << 23));
         rowf[i] = (wide ? KT_WIDE_FACTOR : ktcy_pow2(KT_ROW_PRESCALE)) * ktcy_pow2(-k);
 #endif
@@ -427,6 +426,7 @@ KT_AI void KT_(f32_rows)(const ktcy_act *a, int64_t m0, int64_t rows, float *dst
             _mm256_store_ps(dst + k, x);
         }
     }
+    return wide;
 }
 
 /* MB rows (floats at x, row stride k_pad) x one panel (floats at wp). */
@@ -479,8 +479,7 @@ KT_AI void KT_(f32_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int6
     float *rows = panel + KTCY_PANEL * w->k_pad, *rowf = rows + KTCY_AVX2_F32_ROWS * w->k_pad;
     for (int64_t c0 = 0; c0 < a->m; c0 += KTCY_AVX2_F32_ROWS) {
         const int64_t chunk = a->m - c0 < KTCY_AVX2_F32_ROWS ? a->m - c0 : KTCY_AVX2_F32_ROWS;
-        const int wide = KT_(rows_wide)(a, c0, chunk);
-        KT_(f32_rows)(a, c0, (chunk + 5) / 6 * 6, rows, rowf, wide); /* every tile below reads whole rows */
+        const int wide = KT_(f32_rows)(a, c0, (chunk + 5) / 6 * 6, rows, rowf); /* tiles read whole rows */
         for (int64_t p = pb; p < pe; ++p) {
             KT_(f32_panel)(w, p, panel, wide);
             /* the tiles fetch the panel that comes next: this sweep's next one, else the next
@@ -514,7 +513,7 @@ KT_TARGET static int KT_(run)(const ktcy_act *a, const ktcy_weight *w, float *y,
                              int64_t pe, void *scratch) {
 #if !KT_INT_ACT
     /* plain bf16 rows have no decode to save: widening a panel pays off from about 20 rows (measured) */
-    if (a->m >= (KT_PLAIN_ROWS ? 20 : 5) || KT_(checked_rows)(w) || KT_(rows_wide)(a, 0, a->m)) {
+    if (a->m >= (KT_PLAIN_ROWS ? 20 : 5) || KT_(checked_rows)(w)) {
         KT_(f32_gemm)(a, w, y, ldy, pb, pe, scratch);
         return KTCY_OK;
     }
@@ -535,7 +534,10 @@ KT_TARGET static int KT_(run)(const ktcy_act *a, const ktcy_weight *w, float *y,
 #else
     /* the rows as floats (tiles round up to 4 rows; fewer than KTCY_AVX2_F32_ROWS come here) */
     float *xf = (float *)decoded, *rowf = xf + (a->m + 3) / 4 * 4 * a->k_pad;
-    KT_(f32_rows)(a, 0, (a->m + 3) / 4 * 4, xf, rowf, 0);
+    if (KT_(f32_rows)(a, 0, (a->m + 3) / 4 * 4, xf, rowf)) { /* a wide row: the float GEMM's wide decode */
+        KT_(f32_gemm)(a, w, y, ldy, pb, pe, scratch);
+        return KTCY_OK;
+    }
     const uint8_t *x = (const uint8_t *)xf;
 #endif
     for (int64_t p = pb; p < pe;) {
