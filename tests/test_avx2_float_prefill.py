@@ -22,10 +22,13 @@ def _avx2_variant(fmt):
     return names[0]
 
 
+# 40: a partial panel; 104: 7 panels, so one-row tiles of 4 panels (MXFP4), 2 and 1;
+# 288: not a multiple of 128 (FP8 block's last K group is short)
+@pytest.mark.parametrize("n", [40, 104])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_rows_of_a_prefill_equal_rows_alone_and_float64(fmt):
+def test_rows_of_a_prefill_equal_rows_alone_and_float64(fmt, n):
     rng = np.random.default_rng(7)
-    n, k = 40, 288  # 40: a partial panel; 288: not a multiple of 128 (FP8 block's last K group is short)
+    k = 288
     W = (rng.standard_normal((n, k)) * 0.3).astype(np.float32)
     if fmt == "FP8_BLOCK":
         W[:, 128:256] *= 40.0  # block scales that differ per K group

@@ -30,7 +30,9 @@ def test_every_code_and_exponent_decodes_exactly():
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 40])  # <= 4 rows decode in registers, more decode panels first
-@pytest.mark.parametrize("n", [48, 37, 45])  # whole panels, a last panel of 5 and of 13 channels
+# whole panels, a last panel of 5 and of 13 channels; 7 panels: one row takes 4 panels per tile on
+# AVX2, then 2, then the partial one
+@pytest.mark.parametrize("n", [48, 37, 45, 101])
 def test_every_kernel_decodes_exactly(rows, n):
     """Identity activations read every weight back into its own output: a value in another
     channel's place (AVX2 decodes with channels 0-3, 8-11 | 4-7, 12-15 and reorders at the
@@ -51,7 +53,8 @@ def test_every_kernel_decodes_exactly(rows, n):
             assert np.array_equal(kernels.linear_variant(X, p, v), W[:, start:start + rows].T.astype(np.float32)), v
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 16, 32), (3, 40, 100), (17, 80, 200), (64, 64, 1024), (512, 32, 96)])
+@pytest.mark.parametrize("m,n,k", [(1, 16, 32), (1, 101, 200), (2, 101, 200), (3, 40, 100), (17, 80, 200),
+                                   (64, 64, 1024), (512, 32, 96)])
 def test_gemm_matches_float64_on_every_variant(m, n, k):
     rng = np.random.default_rng(m + n + k)
     W = rng.standard_normal((n, k)).astype(np.float32)

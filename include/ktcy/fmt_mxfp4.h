@@ -52,6 +52,9 @@ KT_AI float KT_(code)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) {
  * power-of-two scale multiplies each block's partial sums instead (group_scale below). */
 #define KT_HAS_WROW 1
 #define KT_LANE_SPLIT 1
+/* One row: 4 panels per tile, 8 FMA chains (a one-thread 768 x 2048 GEMM reads 14.2 GB/s where 2
+ * panels read 11.5; FP8 and BF16 measured no faster with 4). */
+#define KT_ONE_ROW_PANELS 4
 KT_AI void KT_(wrow)(const uint8_t *blk, int r, kt_w256 out[2]) {
     const __m256i bytes = _mm256_loadu_si256((const __m256i *)(blk + (r >> 1) * 32));
     const __m256i codes = _mm256_and_si256((r & 1) ? _mm256_srli_epi16(bytes, 4) : bytes, _mm256_set1_epi8(0x0F));

@@ -30,7 +30,8 @@
  * call (its chunk of KTCY_AVX2_F32_ROWS rows) take the float GEMM with KT_(wrow_wide), whose
  * values are times 1/KT_WIDE_FACTOR, the rows scaled to a largest value near 2^100;
  * KT_CLEAR_DAZ 1: the decode makes subnormal floats, which MXCSR.DAZ would read as zeros: the GEMM
- * clears it while it runs.
+ * clears it while it runs;
+ * KT_ONE_ROW_PANELS 4: one-row calls of a bf16-activation format take 4 panels per tile, not 2.
  */
 
 #define KT_CAT_(a, b) a##_##b
@@ -58,6 +59,9 @@
 #define KT_ROW_PRESCALE 0
 #define KT_WIDE_FIELD 255
 #define KT_WIDE_FACTOR 1.0f
+#endif
+#ifndef KT_ONE_ROW_PANELS
+#define KT_ONE_ROW_PANELS 2
 #endif
 #ifndef KT_CLEAR_DAZ
 #define KT_CLEAR_DAZ 0
@@ -189,12 +193,12 @@ KT_AI __m256 KT_(final_row)(__m256i acc, __m256 facc, const float *rowf, int64_t
  * before the next panel's is decoded, and an empty asm on the sums keeps GCC from hoisting that
  * decode (it decoded both panels first and spilled: 2-row tiles over two panels ran no faster
  * than over one).  One-row tiles keep the plain loop: 2-3% faster. */
-KT_AI void KT_(float_rows_by_panel)(const int MB, const int NP, const uint8_t *const panel[2], int64_t off, int r,
-                                    const uint8_t *const ak[4], __m256i acc[2][4][2]) {
+KT_AI void KT_(float_rows_by_panel)(const int MB, const int NP, const uint8_t *const panel[KT_ONE_ROW_PANELS], int64_t off, int r,
+                                    const uint8_t *const ak[4], __m256i acc[KT_ONE_ROW_PANELS][4][2]) {
 #if KT_INT_ACT
     (void)MB; (void)NP; (void)panel; (void)off; (void)r; (void)ak; (void)acc;
 #else
-    _Pragma("GCC unroll 2")
+    _Pragma("GCC unroll 4")
     for (int q = 0; q < NP; ++q) {
         kt_w256 wq[2];
         KT_(wrow)(panel[q] + off, r, wq);
@@ -219,13 +223,13 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
                       const uint8_t *decoded, ktcy_ahead ahead, ktcy_span cont) {
     const int64_t nkb = w->k_pad / KT_BK;
     const int64_t block_bytes = PRE ? 1024 : KT_BB;
-    const uint8_t *panel[2];
+    const uint8_t *panel[KT_ONE_ROW_PANELS];
     panel[0] = PRE ? decoded : w->data + p * nkb * KT_BB;
-    panel[1] = panel[0] + nkb * KT_BB; /* used only when NP == 2 (never PRE) */
+    for (int q = 1; q < KT_ONE_ROW_PANELS; ++q) panel[q] = panel[0] + q * nkb * KT_BB; /* NP > 1 only (never PRE) */
     const int groups = KT_(has_groups)(w);
     const uint8_t *arow[4];
-    __m256i acc[2][4][2], acc16[2][4][2];
-    __m256 facc[2][4][2];
+    __m256i acc[KT_ONE_ROW_PANELS][4][2], acc16[KT_ONE_ROW_PANELS][4][2];
+    __m256 facc[KT_ONE_ROW_PANELS][4][2];
     (void)decoded;
     _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m) {
@@ -243,8 +247,8 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
         const uint8_t *ak[4]; /* this block's activations of each row: row offsets below are immediates */
         _Pragma("GCC unroll 8")
         for (int m = 0; m < MB; ++m) ak[m] = arow[m] + kb * KT_BK * KT_XSIZE;
-        uintptr_t fetch[2]; /* a streaming tile's prefetch address per panel (prefetch.h) */
-        _Pragma("GCC unroll 2")
+        uintptr_t fetch[KT_ONE_ROW_PANELS]; /* a streaming tile's prefetch address per panel (prefetch.h) */
+        _Pragma("GCC unroll 4")
         for (int q = 0; q < NP; ++q) fetch[q] = ktcy_stream_ahead(cont, q, panel[q], kb, nkb, KT_AHEAD, block_bytes);
         _Pragma("GCC unroll 16")
         for (int r = 0; r < 16; ++r) {
@@ -253,14 +257,14 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
              * in cache (4-row tiles too: their activation loads crowd the load queue, and
              * without it BF16 read 3-4 rows at 14 GB/s from memory against 22 with it) */
             if (!PRE && r * 64 < KT_BB)
-                _Pragma("GCC unroll 2")
+                _Pragma("GCC unroll 4")
                 for (int q = 0; q < NP; ++q)
                     _mm_prefetch((const char *)(fetch[q] + (uintptr_t)(r * 64)), _MM_HINT_T0);
-            if (!KT_INT_ACT && MB > 1) {
+            if (!KT_INT_ACT && (MB > 1 || NP > 2)) {
                 KT_(float_rows_by_panel)(MB, NP, panel, kb * block_bytes, r, ak, acc);
             } else {
-                kt_w256 wv[2][2];
-                _Pragma("GCC unroll 2")
+                kt_w256 wv[KT_ONE_ROW_PANELS][2];
+                _Pragma("GCC unroll 4")
                 for (int q = 0; q < NP; ++q) {
                     const uint8_t *blk = panel[q] + kb * block_bytes;
                     if (PRE || KT_ALWAYS_PRE) {
@@ -276,7 +280,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
                 _Pragma("GCC unroll 8")
                 for (int m = 0; m < MB; ++m) {
                     const KT_(avec) av = KT_(load_a)(ak[m], r);
-                    _Pragma("GCC unroll 2")
+                    _Pragma("GCC unroll 4")
                     for (int q = 0; q < NP; ++q)
                         _Pragma("GCC unroll 2")
                         for (int h = 0; h < 2; ++h) {
@@ -291,7 +295,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
                 }
             }
             if (KT_ACC16(PRE, MB) && (r == 7 || r == 15)) /* before any group epilogue: groups end there */
-                _Pragma("GCC unroll 2")
+                _Pragma("GCC unroll 4")
                 for (int q = 0; q < NP; ++q)
                     _Pragma("GCC unroll 8")
                     for (int m = 0; m < MB; ++m)
@@ -303,7 +307,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
             if (groups) {
                 const int64_t g = KT_(group_at)(w, kb, r, nkb);
                 if (g >= 0)
-                    _Pragma("GCC unroll 2")
+                    _Pragma("GCC unroll 4")
                     for (int q = 0; q < NP; ++q) {
 #if KT_INT_ACT
                         KT_(group_epilogue)(acc[q], facc[q], MB, a, w, m0, p + q, g);
@@ -328,7 +332,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
      * stack and stores every FMA's result there in the hot loop) */
     _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m) {
-        _Pragma("GCC unroll 2")
+        _Pragma("GCC unroll 4")
         for (int q = 0; q < NP; ++q) {
             const int64_t n0 = (p + q) * 16, valid = w->n - n0;
             if (valid <= 0 || m0 + m >= a->m) continue;
@@ -558,10 +562,17 @@ KT_TARGET static int KT_(run)(const ktcy_act *a, const ktcy_weight *w, float *y,
 #endif
         (void)wide;
 #if !KT_INT_ACT
-        /* one or two rows take two panels at once: the 4 (8) FMA chains hide the FMA latency,
-         * which bounded one panel's 2 (4) chains below the decode's throughput */
+        /* one or two rows take two panels at once (one row: KT_ONE_ROW_PANELS): the 4 (8) FMA
+         * chains hide the FMA latency, which bounded one panel's 2 (4) chains below the decode's
+         * throughput */
         if (a->m <= 2 && pe - p >= 2) {
             const ktcy_span next = ktcy_next_group(a, w, p + 2, pe, 2, KT_BK, KT_BB);
+            if (a->m == 1 && KT_ONE_ROW_PANELS == 4 && pe - p >= 4) {
+                const ktcy_span next4 = ktcy_next_group(a, w, p + 4, pe, 4, KT_BK, KT_BB);
+                KT_(micro)(1, 4, 0, a, x, rowf, w, 0, p, y, ldy, decoded, ktcy_no_ahead(), next4);
+                p += 4;
+                continue;
+            }
             if (a->m == 1) KT_(micro)(1, 2, 0, a, x, rowf, w, 0, p, y, ldy, decoded, ktcy_no_ahead(), next);
             else KT_(micro)(2, 2, 0, a, x, rowf, w, 0, p, y, ldy, decoded, ktcy_no_ahead(), next);
             p += 2;
@@ -619,4 +630,5 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_CLEAR_DAZ
 #undef KT_KEEP
 #undef KT_AHEAD
+#undef KT_ONE_ROW_PANELS
 #include "traits_end.h"
