@@ -96,9 +96,6 @@ KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_
 #define KT_WKIND KT_W_BF16
 #define KT_PREDECODE 1
 #define KT_REG_DECODE KT_FAST
-/* Decode streams prefetch 4 blocks (1.1 KB) ahead, not the skeleton's 8: MoE T=1 0.94-0.97x
- * the time (ktcy bench T=1 72-73% -> 75-78% of the read bandwidth; T=32 unchanged). */
-#define KT_STREAM_AHEAD 4
 typedef struct { __m512i lut, pairs; } KT_(ctx);
 KT_AI KT_(ctx) KT_(make_ctx)(void) {
     KT_(ctx) c;

@@ -20,7 +20,6 @@
  *   KT_(final)(acc, facc, a, w, m, n0)            the 16 outputs of one row and panel
  * and may set KT_ONE_PANEL_ROWS r: calls of at most r rows take one panel per tile, not four;
  * KT_PRE_SCALED 1: decode_panels folds the group scales in (predecoded tiles skip the epilogue).
- * KT_STREAM_AHEAD n: a streaming (decode) tile fetches n blocks ahead instead of KT_AHEAD.
  * KT_FUSED_PREDECODE 1: rows() yields decode_panels' bytes, so a group's first row tile decodes
  *   in registers and keeps the rows for the others instead of a separate decode pass.
  *
@@ -114,9 +113,6 @@ KT_AI void KT_(merge_split)(KT_(acc_t) acc[6][4], const int NP) {
 }
 
 #define KT_AHEAD 8 /* blocks of software prefetch ahead of the decode stream */
-#ifndef KT_STREAM_AHEAD /* a format's streaming tiles may fetch at another distance */
-#define KT_STREAM_AHEAD KT_AHEAD
-#endif
 #ifndef KT_ONE_PANEL_ROWS
 #define KT_ONE_PANEL_ROWS 0
 #endif
@@ -161,7 +157,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const int KEEP,
         for (int p = 0; p < NP; ++p) blk[p] = panel[p] + kb * block_bytes;
         uintptr_t fetch[4]; /* a decode stream's prefetch address per panel (prefetch.h) */
         _Pragma("GCC unroll 8")
-        for (int p = 0; p < NP; ++p) fetch[p] = ktcy_stream_ahead(cont, p, panel[p], kb, nkb, KT_STREAM_AHEAD, block_bytes);
+        for (int p = 0; p < NP; ++p) fetch[p] = ktcy_stream_ahead(cont, p, panel[p], kb, nkb, KT_AHEAD, block_bytes);
         const uint8_t *ak[6]; /* this block's activations of each row: row offsets below are immediates */
         _Pragma("GCC unroll 8")
         for (int m = 0; m < MB; ++m) ak[m] = arow[m] + kb * KT_BK * KT_ASIZE;
@@ -326,7 +322,6 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_ACC_ADD
 #undef KT_ALWAYS_PRE
 #undef KT_AHEAD
-#undef KT_STREAM_AHEAD
 #undef KT_ONE_PANEL_ROWS
 #undef KT_PRE_SCALED
 #undef KT_FUSED_PREDECODE
