@@ -189,12 +189,14 @@ KT_AI __m256 KT_(final_row)(__m256i acc, __m256 facc, const float *rowf, int64_t
 }
 
 /* One weight row r of NP packed panels (block offset off) into the float sums of MB rows, bf16-
- * activation formats, several rows: panel by panel, every row's FMAs take a panel's decoded row
- * before the next panel's is decoded, and an empty asm on the sums keeps GCC from hoisting that
- * decode (it decoded both panels first and spilled: 2-row tiles over two panels ran no faster
- * than over one).  One-row tiles keep the plain loop: 2-3% faster. */
-KT_AI void KT_(float_rows_by_panel)(const int MB, const int NP, const uint8_t *const panel[KT_ONE_ROW_PANELS], int64_t off, int r,
-                                    const uint8_t *const ak[4], __m256i acc[KT_ONE_ROW_PANELS][4][2]) {
+ * activation formats, several rows or more than two panels: panel by panel, every row's FMAs take
+ * a panel's decoded row before the next panel's is decoded, and an empty asm on the sums keeps
+ * GCC from hoisting that decode (it decoded both panels first and spilled: 2-row tiles over two
+ * panels ran no faster than over one).  One-row tiles of two panels keep the plain loop: 2-3%
+ * faster. */
+KT_AI void KT_(float_rows_by_panel)(const int MB, const int NP, const uint8_t *const panel[KT_ONE_ROW_PANELS],
+                                    int64_t off, int r, const uint8_t *const ak[4],
+                                    __m256i acc[KT_ONE_ROW_PANELS][4][2]) {
 #if KT_INT_ACT
     (void)MB; (void)NP; (void)panel; (void)off; (void)r; (void)ak; (void)acc;
 #else
@@ -215,8 +217,9 @@ KT_AI void KT_(float_rows_by_panel)(const int MB, const int NP, const uint8_t *c
 #endif
 }
 
-/* MB rows x NP adjacent panels (p, p + 1).  PRE: panel p was decoded to 1024-byte bf16 blocks
- * at `decoded` (NP == 1); else the packed panels are read and each row decoded in registers.
+/* MB rows x NP adjacent panels from p (more than 2 for one row only, up to KT_ONE_ROW_PANELS).
+ * PRE: panel p was decoded to 1024-byte bf16 blocks at `decoded` (NP == 1); else the packed
+ * panels are read and each row decoded in registers.
  * x: the activation rows, int8 codes (a->q) or floats widened from a->bf16, row stride k_pad. */
 KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act *a, const uint8_t *x,
                       const float *rowf, const ktcy_weight *w, int64_t m0, int64_t p, float *y, int64_t ldy,
@@ -566,16 +569,13 @@ KT_TARGET static int KT_(run)(const ktcy_act *a, const ktcy_weight *w, float *y,
          * chains hide the FMA latency, which bounded one panel's 2 (4) chains below the decode's
          * throughput */
         if (a->m <= 2 && pe - p >= 2) {
-            const ktcy_span next = ktcy_next_group(a, w, p + 2, pe, 2, KT_BK, KT_BB);
-            if (a->m == 1 && KT_ONE_ROW_PANELS == 4 && pe - p >= 4) {
-                const ktcy_span next4 = ktcy_next_group(a, w, p + 4, pe, 4, KT_BK, KT_BB);
-                KT_(micro)(1, 4, 0, a, x, rowf, w, 0, p, y, ldy, decoded, ktcy_no_ahead(), next4);
-                p += 4;
-                continue;
-            }
-            if (a->m == 1) KT_(micro)(1, 2, 0, a, x, rowf, w, 0, p, y, ldy, decoded, ktcy_no_ahead(), next);
+            const int np = a->m == 1 && pe - p >= KT_ONE_ROW_PANELS ? KT_ONE_ROW_PANELS : 2;
+            const ktcy_span next = ktcy_next_group(a, w, p + np, pe, np, KT_BK, KT_BB);
+            if (np > 2)
+                KT_(micro)(1, KT_ONE_ROW_PANELS, 0, a, x, rowf, w, 0, p, y, ldy, decoded, ktcy_no_ahead(), next);
+            else if (a->m == 1) KT_(micro)(1, 2, 0, a, x, rowf, w, 0, p, y, ldy, decoded, ktcy_no_ahead(), next);
             else KT_(micro)(2, 2, 0, a, x, rowf, w, 0, p, y, ldy, decoded, ktcy_no_ahead(), next);
-            p += 2;
+            p += np;
             continue;
         }
 #endif
