@@ -192,8 +192,8 @@ KT_AI __m256 KT_(final_row)(__m256i acc, __m256 facc, const float *rowf, int64_t
  * activation formats, several rows or more than two panels: panel by panel, every row's FMAs take
  * a panel's decoded row before the next panel's is decoded, and an empty asm on the sums keeps
  * GCC from hoisting that decode (it decoded both panels first and spilled: 2-row tiles over two
- * panels ran no faster than over one).  One-row tiles of two panels keep the plain loop: 2-3%
- * faster. */
+ * panels ran no faster than over one).  Plain bf16 rows keep the plain loop for one-row tiles of
+ * two panels (2-3% faster); the decoding formats' one-row tiles spilled a sum in it. */
 KT_AI void KT_(float_rows_by_panel)(const int MB, const int NP, const uint8_t *const panel[KT_ONE_ROW_PANELS],
                                     int64_t off, int r, const uint8_t *const ak[4],
                                     __m256i acc[KT_ONE_ROW_PANELS][4][2]) {
@@ -202,6 +202,9 @@ KT_AI void KT_(float_rows_by_panel)(const int MB, const int NP, const uint8_t *c
 #else
     _Pragma("GCC unroll 4")
     for (int q = 0; q < NP; ++q) {
+        /* decoding formats broadcast the activations again for each panel: held from the
+         * first, they took registers of the sums (plain bf16 rows have none to spare) */
+        if (!KT_PLAIN_ROWS && MB > 1) __asm__("" ::: "memory");
         kt_w256 wq[2];
         KT_(wrow)(panel[q] + off, r, wq);
         _Pragma("GCC unroll 8")
@@ -263,7 +266,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
                 _Pragma("GCC unroll 4")
                 for (int q = 0; q < NP; ++q)
                     _mm_prefetch((const char *)(fetch[q] + (uintptr_t)(r * 64)), _MM_HINT_T0);
-            if (!KT_INT_ACT && (MB > 1 || NP > 2)) {
+            if (!KT_INT_ACT && (MB > 1 || NP > (KT_PLAIN_ROWS ? 2 : 1))) {
                 KT_(float_rows_by_panel)(MB, NP, panel, kb * block_bytes, r, ak, acc);
             } else {
                 kt_w256 wv[KT_ONE_ROW_PANELS][2];
