@@ -523,10 +523,8 @@ KT_TARGET static int KT_(run)(const ktcy_act *a, const ktcy_weight *w, float *y,
                              int64_t pe, void *scratch) {
 #if !KT_INT_ACT
     /* plain bf16 rows have no decode to save: widening a panel pays off from about 20 rows; the
-     * decoding formats' from 5, except at 7 and 8, where two 4-row decode tiles beat the panel's
-     * decode pass plus two 4-row float tiles (single GEMM FP8 and MXFP4 0.81-0.90x the time) */
-    const int f32 = KT_PLAIN_ROWS ? a->m >= 20 : a->m >= 5 && a->m != 7 && a->m != 8;
-    if (f32 || KT_(checked_rows)(w)) {
+     * decoding formats' from 5 (7 and 8 rows come here as two calls, split_calls) */
+    if (a->m >= (KT_PLAIN_ROWS ? 20 : 5) || KT_(checked_rows)(w)) {
         KT_(f32_gemm)(a, w, y, ldy, pb, pe, scratch);
         return KTCY_OK;
     }
@@ -610,14 +608,40 @@ KT_TARGET static int KT_(run)(const ktcy_act *a, const ktcy_weight *w, float *y,
     return KTCY_OK;
 }
 
+/* Calls of 7 or 8 rows of the decoding formats run as two calls of 4 and 3-4 rows: their 4-row
+ * decode tiles beat the float GEMM's panel decode pass plus two 4-row float tiles there (single
+ * GEMM FP8 and MXFP4 0.81-0.90x the time).  Split here rather than in run(): taking those rows
+ * there changed run()'s code and cost MoE T=1 MXFP4 2-3%.  The first call's hint is the same
+ * panels (the second call reads them next); each half holds exactly its rows. */
+KT_TARGET static int KT_(split_calls)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb,
+                                      int64_t pe, void *scratch) {
+#if !KT_INT_ACT
+    if (!KT_PLAIN_ROWS && (a->m == 7 || a->m == 8) && !KT_(checked_rows)(w)) {
+        ktcy_act half = *a;
+        half.m = half.m_pad = 4;
+        half.next_w = w;
+        half.next_pb = pb;
+        half.next_pe = pe;
+        const int status = KT_(run)(&half, w, y, ldy, pb, pe, scratch);
+        if (status != KTCY_OK) return status;
+        half = *a;
+        half.m = a->m - 4;
+        half.m_pad = a->m_pad - 4;
+        half.bf16 = a->bf16 + 4 * a->k_pad;
+        return KT_(run)(&half, w, y + 4 * ldy, ldy, pb, pe, scratch);
+    }
+#endif
+    return KT_(run)(a, w, y, ldy, pb, pe, scratch);
+}
+
 KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb,
                              int64_t pe, void *scratch) {
     if (!(KT_FORMATS & (1 << w->format))) return KTCY_ERR_FORMAT;
-    if (!KT_CLEAR_DAZ) return KT_(run)(a, w, y, ldy, pb, pe, scratch);
+    if (!KT_CLEAR_DAZ) return KT_(split_calls)(a, w, y, ldy, pb, pe, scratch);
     /* this thread's MXCSR, restored before returning */
     const unsigned int csr = _mm_getcsr();
     if (csr & 0x40) _mm_setcsr(csr & ~0x40u);
-    const int status = KT_(run)(a, w, y, ldy, pb, pe, scratch);
+    const int status = KT_(split_calls)(a, w, y, ldy, pb, pe, scratch);
     if (csr & 0x40) _mm_setcsr(csr | (_mm_getcsr() & 0x3F)); /* the caller's control, every flag raised */
     return status;
 }
