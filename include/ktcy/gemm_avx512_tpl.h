@@ -209,10 +209,13 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const int KEEP,
           }
         }
     }
+    /* constant trip counts, the row test inside: the annotation then applies (GCC ignored it on
+     * a loop with an early exit) */
     _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m) {
         _Pragma("GCC unroll 8")
-        for (int p = 0; p < NP && m0 + m < a->m; ++p) {
+        for (int p = 0; p < NP; ++p) {
+            if (m0 + m >= a->m) continue;
             const int64_t n0 = (p0 + p) * 16;
             const int64_t valid = w->n - n0 < 16 ? w->n - n0 : 16;
             KT_(acc_t) exact = acc[m][p];
