@@ -140,7 +140,7 @@ def configure_dispatch(forced_isa=None, amx_enabled=True, strict=True):
                 break
 
 def _usable(int f, int isa):
-    if _best[f][isa] < 0:
+    if f < 0 or f >= KTCY_NUM_FORMATS or isa < 0 or isa >= KTCY_NUM_ISAS or _best[f][isa] < 0:
         return False
     return isa != KTCY_AMX or _policy["amx_enabled"]
 
