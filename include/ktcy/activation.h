@@ -42,7 +42,7 @@ static inline float ktcy_exp_scalar(float x) {
     p = fmaf(p, f, KTCY_EXP_C1);
     p = fmaf(p, f, 1.0f);
     const int32_t ni = n == n ? (int32_t)n : 0; /* NaN: p is NaN already */
-    return p * ktcy_bits_f32((uint32_t)(ni + 127) << 23);
+    return p * ktcy_pow2(ni);
 }
 
 static inline void ktcy_swiglu_ref(float *g, const float *u, int64_t n) {
