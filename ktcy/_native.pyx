@@ -235,7 +235,7 @@ cdef int64_t _quantize_unit(int fmt, const float *w, int64_t n, int64_t k, int g
         return ktcy_quantize_int4_rows(w, k, k, group, i, i + 1, <int8_t *>q, ldq, scale, ld_scale)
     if fmt == KTCY_FMT_INT4_ZP:
         return ktcy_quantize_int4_zp_rows(w, k, k, group, i, i + 1, <int8_t *>q, ldq, scale, aux, ld_scale)
-    if fmt == KTCY_FMT_MXFP4:
+    if fmt == KTCY_FMT_MXFP4 or fmt == KTCY_FMT_MXFP4_A8:
         return ktcy_quantize_mxfp4_rows(w, k, k, i, i + 1, <uint8_t *>q, ldq, aux, ld_scale)
     if fmt == KTCY_FMT_FP8_PERCHANNEL:
         return ktcy_quantize_fp8_rows(w, k, k, i, i + 1, <uint8_t *>q, ldq, scale)
@@ -269,7 +269,7 @@ def quantize_weights(int fmt, const float[:, ::1] w, int group=0):
     else:
         scale = np.zeros(n, np.float32)
     if d.scale == KTCY_SCALE_IN_BLOCK:
-        ld_scale = (k + d.block_k - 1) // d.block_k
+        ld_scale = (k + KTCY_E2M1_SUB_K - 1) // KTCY_E2M1_SUB_K
         scale = np.zeros(1, np.float32)
         zero = np.full((n, ld_scale), 127, np.uint8)
     else:
@@ -382,8 +382,8 @@ def layout(int fmt, codes, int64_t n, int64_t k, int group=0, block_scales=None)
     cdef int64_t bs_ld = 0
     if d.scale == KTCY_SCALE_IN_BLOCK:
         bs = np.ascontiguousarray(block_scales, np.uint8)
-        if bs.shape[0] != n or bs.shape[1] != ktcy_k_pad(fmt, k, group) // d.block_k:
-            raise ValueError(f"block scales must be [{n}, {ktcy_k_pad(fmt, k, group) // d.block_k}]")
+        if bs.shape[0] != n or bs.shape[1] != (k + KTCY_E2M1_SUB_K - 1) // KTCY_E2M1_SUB_K:
+            raise ValueError(f"block scales must be [{n}, {(k + KTCY_E2M1_SUB_K - 1) // KTCY_E2M1_SUB_K}]")
         bs_ptr, bs_ld = &bs[0, 0], bs.shape[1]
     cdef int64_t k_pad = ktcy_k_pad(fmt, k, group), n_pad = ktcy_n_pad(n)
     cdef int64_t panels = n_pad // KTCY_PANEL, p
@@ -420,7 +420,7 @@ cdef class Activations:
         _check_format_code(fmt)
         cdef const ktcy_format_desc *d = ktcy_format(fmt)
         cdef int64_t m = x.shape[0], k = x.shape[1], m_pad = (m + 15) // 16 * 16 if m > 0 else 16, r
-        cdef int gsum_group = group if d.scale == KTCY_SCALE_GROUP else 0
+        cdef int gsum_group = group if d.groups else 0  # GROUP formats' group, MXFP4_A8's E8M0 block
         if k_pad < k or k_pad % d.block_k or (gsum_group and (gsum_group <= 0 or k_pad % gsum_group)):
             raise ValueError(f"k_pad {k_pad} does not fit K = {k} in {FORMATS[fmt]} blocks (group {group})")
         self.fmt = fmt

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ktcy.formats import fp8_scale_kind
+from ktcy.formats import fp8_scale_kind, keeps_codes
 from ktcy.kernels import expand_block_scale
 from ktcy.paths import (MAX_CONFIG_BYTES, MAX_INDEX_BYTES, allowed_roots, confined_file, read_json,
                         require_folder, resolve_model_path)
@@ -442,9 +442,9 @@ class LayerExperts:
         keeps the stored precision (float, the same FP8 kind, the released format), else with
         the stored codes dequantized exactly first.  strict=False (a method the caller asked
         for): released codes that cannot keep their layout are dequantized instead of refused."""
-        if self.quant is not None and fmt == self.native_format and not strict:
+        if self.quant is not None and keeps_codes(self.native_format, fmt) and not strict:
             return self._kept_or_dequantized
-        if fmt == self.native_format or (self.quant is None and self.scale_kind is None):
+        if keeps_codes(self.native_format, fmt) or (self.quant is None and self.scale_kind is None):
             return self.expert
         return lambda e: {proj: (w, None) for proj, w in self.dequantized(e).items()}
 

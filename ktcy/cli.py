@@ -238,7 +238,7 @@ def build_parser():
                 "The default run takes about a minute on 2 cores.")
     b.add_argument("--shape", default="qwen3-30b", help="qwen3-30b | deepseek-v3 | mixtral | H,I,E,k")
     b.add_argument("--formats", default=",".join(FORMATS),
-                   help="comma-separated formats or backend names")
+                   help=f"comma-separated formats or backend names (default: all: {', '.join(FORMATS)})")
     b.add_argument("--tokens", default=None, help="comma-separated token counts T (default: 1,32,512; "
                    "with --full: 1,4,32,128,512)")
     b.add_argument("--full", action="store_true", help="every token count")

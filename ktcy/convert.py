@@ -24,7 +24,7 @@ from ktcy.packed_io import LAYOUT_VERSION, layer_file_name, pack_layer, read_met
 from ktcy.safetensors_io import CheckpointError
 from ktcy.version import __version__
 
-METHODS = ("AMXINT8", "AMXBF16", "AMXINT4", "INT8", "INT4", "INT4_ZP", "MXFP4", "BF16", "FP8", "FP8_PERCHANNEL")
+METHODS = ("AMXINT8", "AMXBF16", "AMXINT4", "INT8", "INT4", "INT4_ZP", "MXFP4", "MXFP4_A8", "BF16", "FP8", "FP8_PERCHANNEL")
 _LAYER_FILE = re.compile(r"ktcy_layer_([0-9]{4,9})\.safetensors")
 _LAYER_PART = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 

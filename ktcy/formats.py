@@ -19,6 +19,20 @@ def descriptor(fmt):
 def has_groups(fmt):
     return DESCRIPTORS[fmt]["scale"] == "group"
 
+
+def weight_group(fmt, group_size=None):
+    """The group a packed weight of fmt carries: group_size (default 64) for group-scale formats,
+    MXFP4_A8's E8M0 block (32, the K span of its activation sums), else 0."""
+    d = DESCRIPTORS[fmt]
+    if d["scale"] == "group":
+        return group_size or DEFAULT_INT4_GROUP
+    return d["group_sizes"][0] if d["group_sizes"] else 0
+
+def keeps_codes(stored, fmt):
+    """True when packing in fmt keeps codes released in format `stored` as they are: the same
+    format, or MXFP4 codes as MXFP4_A8 (the same bytes, multiplied by int8 activations)."""
+    return fmt == stored or (stored, fmt) == ("MXFP4", "MXFP4_A8")
+
 # KTransformers backend / method names -> ktcy format.  "FP8" alone is the DeepSeek-V3 release
 # format (128x128 block scales); per-channel FP8 is FP8_PERCHANNEL or FP8 with per_channel=True.
 _ALIASES = {
@@ -26,7 +40,7 @@ _ALIASES = {
     "INT8": "INT8", "AMXINT8": "INT8",
     "INT4": "INT4", "AMXINT4": "INT4",
     "INT4_ZP": "INT4_ZP", "INT4_ASYM": "INT4_ZP",
-    "MXFP4": "MXFP4",
+    "MXFP4": "MXFP4", "MXFP4_A8": "MXFP4_A8", "MXFP4_INT8ACT": "MXFP4_A8",
     "FP8": "FP8_BLOCK", "FP8_BLOCK": "FP8_BLOCK", "AMXFP8": "FP8_BLOCK",
     "FP8_PERCHANNEL": "FP8_PERCHANNEL", "AMXFP8_PERCHANNEL": "FP8_PERCHANNEL", "FP8PERCHANNEL": "FP8_PERCHANNEL",
 }

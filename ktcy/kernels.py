@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 
 from ktcy import _native
-from ktcy.formats import DEFAULT_INT4_GROUP, FORMATS, canonical_format, descriptor, has_groups
+from ktcy.formats import DEFAULT_INT4_GROUP, FORMATS, canonical_format, descriptor, has_groups, weight_group
 
 _CODE = {name: i for i, name in enumerate(FORMATS)}
 INT8_MAX_K = _native.INT8_MAX_K
@@ -110,8 +110,9 @@ class PackedWeight:
         n_pad, k_pad, block_k = _padded(self.format, n, k, self.group_size)
         panels, kb = n_pad // 16, k_pad // block_k
         per_lane = 4 if d["activations"] == "int8" else 2  # K values of a channel in one block row
-        if d["code"] == "e2m1":  # row pair q: 32 bytes, row 2q in the low nibbles, 2q+1 in the high
-            raw = self.data.reshape(panels, kb, d["block_bytes"])[:, :, :256].reshape(panels, kb, 8, 1, 32)
+        if d["code"] == "e2m1":  # 32-K sub-blocks; row pair q: 32 bytes, row 2q in the low nibbles, 2q+1 in the high
+            kb, per_lane = k_pad // 32, 2
+            raw = self.data.reshape(panels, kb, 272)[:, :, :256].reshape(panels, kb, 8, 1, 32)
             codes = np.concatenate([raw & 0x0F, raw >> 4], axis=3)
         elif d["code"] == "u4":
             raw = self.data.reshape(panels, kb, d["block_bytes"])
@@ -144,14 +145,14 @@ class PackedWeight:
         return None if self.zero is None else group_major(self.zero, groups)
 
     def block_exponents(self):
-        """MXFP4: the E8M0 scale exponents kept in the blocks, as [N, ceil(K/32)] uint8."""
+        """MXFP4, MXFP4_A8: the E8M0 scale exponents kept in the blocks, as [N, ceil(K/32)] uint8."""
         d = descriptor(self.format)
         if d["scale"] != "e8m0_in_block":
             raise ValueError(f"{self.format} keeps no scales in its blocks")
         n, k = self.shape
-        n_pad, k_pad, block_k = _padded(self.format, n, k, self.group_size)
-        tail = self.data.reshape(n_pad // 16, k_pad // block_k, d["block_bytes"])[:, :, 256:]
-        return tail.transpose(0, 2, 1).reshape(n_pad, k_pad // block_k)[:n]
+        n_pad, k_pad, _ = _padded(self.format, n, k, self.group_size)
+        tail = self.data.reshape(n_pad // 16, k_pad // 32, 272)[:, :, 256:]
+        return tail.transpose(0, 2, 1).reshape(n_pad, k_pad // 32)[:n, :-(-k // 32)]
 
     def dequantize(self, dtype=np.float64):
         """W as the kernels see it: codes times scales, exactly (in float64 by default)."""
@@ -186,7 +187,7 @@ def pack(W: np.ndarray, format: str = "INT8", group_size: int = DEFAULT_INT4_GRO
     (INT4, INT4_ZP: 32, 64, 128).  Raises ValueError for unknown formats, bad group sizes or
     non-finite weights, TypeError for non-float input."""
     fmt = canonical_format(format)
-    group = group_size if has_groups(fmt) else 0
+    group = group_size if has_groups(fmt) else weight_group(fmt)
     if has_groups(fmt) and group not in descriptor(fmt)["group_sizes"]:
         raise ValueError(f"{fmt} group_size must be one of {tuple(descriptor(fmt)['group_sizes'])}, got {group_size}")
     W = np.asarray(W)
@@ -222,15 +223,16 @@ def pack_quantized(codes: np.ndarray, scale: Optional[np.ndarray], format: str, 
     weight's own are group_scales() and group_zero_points(), not .scale/.zero, which are panel-major);
     E4M3 bytes or float8_e4m3fn [N,K] + scale [N] / [N,1] (FP8 per channel) or
     [ceil(N/128), ceil(K/128)] (FP8 block); bf16 bits (BF16); E2M1 codes 0..15 [N,K] + E8M0
-    exponents uint8 [N, ceil(K/32)] (MXFP4, the scale 2^(e - 127) of each channel's 32 values)."""
+    exponents uint8 [N, ceil(K/32)] (MXFP4 and MXFP4_A8, the scale 2^(e - 127) of each channel's 32
+    values)."""
     fmt = canonical_format(format)
     d = descriptor(fmt)
     codes = np.asarray(codes)
     if codes.ndim != 2 or 0 in codes.shape:
         raise ValueError(f"codes must be 2-D and non-empty, got shape {codes.shape}")
     n, k = codes.shape
-    n_pad = _padded(fmt, n, k, 0 if not has_groups(fmt) else DEFAULT_INT4_GROUP)[0]
-    group = 0
+    n_pad = _padded(fmt, n, k, weight_group(fmt))[0]
+    group = 0 if has_groups(fmt) else weight_group(fmt)
     code = d["code"]
     if code == "bf16":
         if codes.dtype == ml_dtypes.bfloat16:

@@ -8,7 +8,7 @@ from typing import Callable, Optional, Union
 
 from ktcy.checkpoint import Checkpoint, dequantize, layer_number
 from ktcy.config import MoeConfig, QuantConfig
-from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format, has_groups
+from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format, has_groups, keeps_codes
 from ktcy.log import warn_once
 from ktcy.moe import MoE
 from ktcy.packed_io import layer_file_name, load_layer, read_metadata
@@ -126,7 +126,7 @@ def _warn_if_requantized(ckpt, stored, fmt, group, stored_group):
     group size, ...): an accuracy loss nobody asked for by name.  Float targets (BF16) are exact."""
     if stored in (None, "BF16") or fmt == "BF16":
         return
-    if fmt == stored and (not has_groups(fmt) or group == stored_group):
+    if keeps_codes(stored, fmt) and (not has_groups(fmt) or group == stored_group):
         return
     held = f"{stored}" + (f" group {stored_group}" if has_groups(stored) and stored_group else "")
     warn_once(f"{ckpt.path}: the checkpoint stores {held}; loading it as {fmt}"

@@ -18,6 +18,7 @@ from ktcy import progress as _progress
 from ktcy.log import warn_once
 from ktcy.config import MoeConfig
 from ktcy.errors import UnsupportedISAError
+from ktcy.formats import has_groups, keeps_codes
 from ktcy.expert_arena import ExpertArena
 from ktcy.safetensors_io import CheckpointError
 
@@ -117,7 +118,8 @@ class MoE:
         weights, the scale array for FP8 codes, or for other codes as released a spec dict:
         {"format": "INT4" | "INT4_ZP", "scale": [N, K/g], "zero_points": [N, K/g], "group_size": g}
         or {"format": "MXFP4", "exponents": uint8 [N, ceil(K/32)]}; such codes are packed as
-        stored when the layer's format is theirs, else dequantized exactly and quantized again."""
+        stored when the layer's format is theirs (MXFP4 codes also as MXFP4_A8), else dequantized
+        exactly and quantized again."""
         E = config.num_experts
         bar = None
         if progress is None and E * 3 * config.hidden_size * config.intermediate_size >= _PROGRESS_MIN_WEIGHTS:
@@ -301,13 +303,13 @@ def _pack_released(w, spec, fmt, group, what):
         raise ValueError(f"{what}: a scale spec must be a dict with a 'format'")
     stored = spec["format"]
     if stored == "MXFP4":
-        packed = kernels.pack_quantized(w, spec.get("exponents"), "MXFP4")
+        packed = kernels.pack_quantized(w, spec.get("exponents"), fmt if keeps_codes(stored, fmt) else stored)
     elif stored in ("INT4", "INT4_ZP"):
         packed = kernels.pack_quantized(w, spec.get("scale"), stored, group_size=spec.get("group_size"),
                                         zero_points=spec.get("zero_points"))
     else:
         raise ValueError(f"{what}: codes as released in {stored!r} are not understood")
-    if fmt == stored and (not packed.group_size or packed.group_size == group):
+    if fmt == packed.format and (not has_groups(fmt) or packed.group_size == group):
         return packed
     if stored == "INT4" and fmt == "INT4_ZP" and packed.group_size == group:  # z = 8
         scales = packed.group_scales()

@@ -16,7 +16,7 @@ import numpy as np
 from ktcy import _native
 from ktcy.version import __version__
 from ktcy.config import MoeConfig, QuantConfig
-from ktcy.formats import DEFAULT_INT4_GROUP, DESCRIPTORS, FORMATS
+from ktcy.formats import DEFAULT_INT4_GROUP, DESCRIPTORS, FORMATS, weight_group
 from ktcy.kernels import PackedWeight, panel_major
 from ktcy.moe import MoE, pack_expert_weight
 from ktcy.safetensors_io import CheckpointError, SafetensorsFile, open_regular_file, write
@@ -60,7 +60,7 @@ def write_layer(path, arrays, fmt, group, num_experts, top_k, hidden, inter, lay
     activation: optional {"activation", "swiglu_alpha", "swiglu_limit"} (GPT-OSS) kept in the
     metadata, so the layer file alone says how its experts run."""
     meta = {"format": FILE_FORMAT, "layout_version": LAYOUT_VERSION, "weight_format": fmt,
-            "group_size": group if DESCRIPTORS[fmt]["scale"] == "group" else 0,
+            "group_size": weight_group(fmt, group),
             "scale_kind": DESCRIPTORS[fmt]["scale"],
             "num_experts": num_experts, "top_k": top_k, "hidden_size": hidden, "intermediate_size": inter,
             "layer": layer, "ktcy_version": __version__, "source": source}

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from ktcy import _native
+from ktcy.kernels import E2M1_VALUES
 
 ALL_ISAS = ("ref", "avx2", "avx512", "amx", "amx_emu")
 
@@ -102,6 +103,24 @@ def int4_exact_reference(x, packed):
         part = qx[:, j * g:(j + 1) * g] @ qw[:, j * g:(j + 1) * g].T
         acc = (acc + part.astype(np.float32) * scale[:, j][None, :]).astype(np.float32)
     return (acc * s_x[:, None]).astype(np.float32)
+
+
+def mxfp4_a8_exact_reference(x, packed):
+    """MXFP4_A8 by the documented epilogue, from integers: per 32-K block the int32 sum of
+    q_x * (2 x E2M1 value), acc = acc + float(sum) * (row scale * 0.5) * 2^(e - 127) in float32,
+    blocks in order."""
+    n, k = packed.shape
+    q_x, s_x = quantize_rows_int8(x)
+    twice = (2 * E2M1_VALUES).astype(np.int64)
+    qw = twice[packed.codes()]
+    exps = np.minimum(packed.block_exponents().astype(np.int64), 254)
+    t = (s_x * np.float32(0.5)).astype(np.float32)
+    acc = np.zeros((x.shape[0], n), np.float32)
+    for j in range(exps.shape[1]):
+        part = q_x[:, j * 32:(j + 1) * 32].astype(np.int64) @ qw[:, j * 32:(j + 1) * 32].T
+        scaled = (part.astype(np.float32) * t[:, None]).astype(np.float32)
+        acc = (acc + scaled * np.exp2(exps[:, j] - 127).astype(np.float32)[None, :]).astype(np.float32)
+    return acc
 
 
 def ordered_slot_sum(slots):

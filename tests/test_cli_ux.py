@@ -164,7 +164,7 @@ def test_every_command_has_help_with_verbosity_flags(command):
 
 def test_help_shows_defaults():
     out = " ".join(ktcy_cli("bench", "--help").stdout.split())
-    assert "(default: qwen3-30b)" in out and f"(default: {','.join(ktcy.FORMATS)})" in out
+    assert "(default: qwen3-30b)" in out and f"(default: all: {', '.join(ktcy.FORMATS)})" in out
 
 
 @pytest.mark.parametrize("flags", [("-v",), ("-q",), ("-vv",), ("--verbose", "--quiet")])

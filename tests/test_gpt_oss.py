@@ -95,13 +95,38 @@ def test_every_isa_runs_the_layer(checkpoint):
         assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 4e-3, isa
 
 
+def test_mxfp4_a8_keeps_the_released_codes_on_every_isa(checkpoint, caplog):
+    """method="MXFP4_A8": the same codes and exponents as stored (no dequantize-and-quantize
+    warning), the same bits on every ISA (integer kernels), within the int8 activations' error."""
+    path, truth = checkpoint
+    stored = ktcy.load_experts(path, 1)
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((5, H)).astype(np.float32)
+    ids = np.stack([rng.choice(E, K, replace=False) for _ in range(5)])
+    w = rng.random((5, K)).astype(np.float32)
+    ref = experts_reference(x, ids, w, truth[1])
+    outs = []
+    for isa in [i for i in ktcy.available_isas() if i != "amx"] + ["amx_emu"]:
+        moe = ktcy.load_experts(path, 1, method="MXFP4_A8", isa=isa)
+        assert moe.format == "MXFP4_A8"
+        for proj in ("gate", "up", "down"):
+            for e in range(E):
+                kept, held = getattr(moe, proj)[e], getattr(stored, proj)[e]
+                assert np.array_equal(kept.codes(), held.codes()), (proj, e)
+                assert np.array_equal(kept.block_exponents(), held.block_exponents()), (proj, e)
+        outs.append(moe.forward(x, ids, w))
+        assert np.linalg.norm(outs[-1] - ref) / np.linalg.norm(ref) < 2.5e-2, isa
+    assert all(np.array_equal(outs[0], y) for y in outs)
+    assert not [r for r in caplog.records if "quantizes it again" in r.getMessage()]
+
+
 def test_default_activation_settings_without_config_values(tmp_path):
     make_gpt_oss_checkpoint(tmp_path, E=4, H=64, I=32, top_k=2, num_layers=1)
     cfg = ktcy.load_experts(tmp_path, 0).config
     assert (cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit) == ("gpt_oss", 1.702, 7.0)
 
 
-@pytest.mark.parametrize("method", [None, "INT8"])
+@pytest.mark.parametrize("method", [None, "INT8", "MXFP4_A8"])
 def test_convert_round_trip_is_bit_exact(checkpoint, tmp_path, method):
     path, truth = checkpoint
     out = tmp_path / "packed"

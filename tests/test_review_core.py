@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conftest import (bf16_round, int4_exact_reference, int8_exact_reference, ordered_slot_sum, quantize_rows_int8,
+from conftest import (bf16_round, int4_exact_reference, int8_exact_reference, mxfp4_a8_exact_reference,
+                      ordered_slot_sum, quantize_rows_int8,
                       rel_err_rows, runnable_variants)
 import ktcy
 from ktcy import _native, kernels
@@ -346,6 +347,8 @@ def reference(X, packed):
         return int8_exact_reference(q_x, s_x, packed.codes(), packed.scale[: packed.shape[0]]), True
     if packed.format in GROUPED:
         return int4_exact_reference(X, packed), True
+    if packed.format == "MXFP4_A8":
+        return mxfp4_a8_exact_reference(X, packed), True
     return bf16_round(X) @ packed.dequantize().T, False
 
 

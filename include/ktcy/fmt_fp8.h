@@ -18,7 +18,9 @@ KT_AI float KT_(code)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) {
     return ktcy_bf16_to_f32(ktcy_e4m3_to_bf16(blk[ktcy_pair_offset(nn, k % 32)]));
 }
 KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return KT_FP8_BLOCKWISE(w) ? KTCY_SCALE_BLOCK : w->k_pad; }
-KT_AI float KT_(group)(float acc, float part, const ktcy_weight *w, int64_t n, int64_t g) {
+KT_AI float KT_(group)(float acc, float part, const ktcy_act *a, int64_t m, const ktcy_weight *w, int64_t n,
+                       int64_t g) {
+    (void)a; (void)m;
     return KT_FP8_BLOCKWISE(w) ? acc + part * KT_FP8_BLOCK_SCALE(w, n, g) : acc + part;
 }
 KT_AI float KT_(final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
@@ -222,7 +224,9 @@ KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uin
     return buf;
 }
 KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return KT_FP8_BLOCKWISE(w) ? KTCY_SCALE_BLOCK : w->k_pad; }
-KT_AI float KT_(tile_group)(float acc, float c, const ktcy_weight *w, int64_t n, int64_t g) {
+KT_AI float KT_(tile_group)(float acc, float c, const ktcy_act *a, int64_t m, const ktcy_weight *w, int64_t n,
+                            int64_t g) {
+    (void)a; (void)m;
     if (!KT_FP8_BLOCKWISE(w)) return acc + c;
     return acc + c * (n < w->n ? KT_FP8_BLOCK_SCALE(w, n, g) : 0.0f);
 }

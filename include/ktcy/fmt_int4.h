@@ -32,7 +32,9 @@ KT_AI int32_t KT_(code)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) 
     return (e < 512 ? byte & 0x0F : byte >> 4) - KT_INT4_ZERO(w, k / w->group, p * KTCY_PANEL + nn);
 }
 KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return w->group; }
-KT_AI float KT_(group)(float acc, int32_t part, const ktcy_weight *w, int64_t n, int64_t g) {
+KT_AI float KT_(group)(float acc, int32_t part, const ktcy_act *a, int64_t m, const ktcy_weight *w, int64_t n,
+                       int64_t g) {
+    (void)a; (void)m;
     return acc + (float)part * w->scale[KT_INT4_AT(w, g, n)];
 }
 KT_AI float KT_(final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
@@ -167,7 +169,9 @@ KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uin
     return buf;
 }
 KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return w->group; }
-KT_AI float KT_(tile_group)(float acc, int32_t c, const ktcy_weight *w, int64_t n, int64_t g) {
+KT_AI float KT_(tile_group)(float acc, int32_t c, const ktcy_act *a, int64_t m, const ktcy_weight *w, int64_t n,
+                            int64_t g) {
+    (void)a; (void)m;
     return acc + (float)c * w->scale[KT_INT4_AT(w, g, n)];
 }
 KT_AI float KT_(tile_final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {

@@ -10,7 +10,9 @@ KT_AI int32_t KT_(code)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) 
     return ((const int8_t *)w->data)[(p * (w->k_pad / 64) + k / 64) * 1024 + ktcy_int8_offset(nn, k % 64)];
 }
 KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return w->k_pad; }
-KT_AI float KT_(group)(float acc, int32_t part, const ktcy_weight *w, int64_t n, int64_t g) {
+KT_AI float KT_(group)(float acc, int32_t part, const ktcy_act *a, int64_t m, const ktcy_weight *w, int64_t n,
+                       int64_t g) {
+    (void)a; (void)m;
     (void)w; (void)n; (void)g;
     return acc + (float)part;
 }
@@ -49,7 +51,9 @@ KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uin
     return w->data + p * (w->k_pad / 64) * 1024; /* the packed block is the B tile */
 }
 KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return w->k_pad; }
-KT_AI float KT_(tile_group)(float acc, int32_t c, const ktcy_weight *w, int64_t n, int64_t g) {
+KT_AI float KT_(tile_group)(float acc, int32_t c, const ktcy_act *a, int64_t m, const ktcy_weight *w, int64_t n,
+                            int64_t g) {
+    (void)a; (void)m;
     (void)w; (void)n; (void)g;
     return acc + (float)c;
 }

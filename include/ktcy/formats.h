@@ -12,7 +12,9 @@
  *                 BLOCK128 [ceil(n/128)][ceil(k/128)] |
  *                 IN_BLOCK: E8M0 power-of-two exponents stored inside each block (MXFP4: one per
  *                 channel and 32 K values, the 16 bytes after the block's 256 code bytes)
- *   groups        allowed group sizes (bit mask of 32/64/128) for GROUP scales, else 0
+ *   groups        allowed group sizes (bit mask of 32/64/128) for GROUP scales; for an IN_BLOCK format
+ *                 with int8 activations the one group its activation sums are taken over (the
+ *                 E8M0 block, 32); else 0
  *   zero_points   1: each (K group, channel) has a zero point z, w = s * (code - z), stored uint8
  *                 laid out like the GROUP scales; 0: the code's fixed bias (INT4: z = 8)
  *   colsum        1 when the packed weight keeps each channel's code sum [n_pad] (s8 codes on VNNI)
@@ -47,9 +49,10 @@
 #define KTCY_ROW_FP8_BLOCK      KTCY_CODE_E4M3, 32, 512,  KTCY_ACT_BF16, KTCY_SCALE_BLOCK128, 0,                     0, 0
 #define KTCY_ROW_INT4_ZP        KTCY_CODE_U4,   64, 512,  KTCY_ACT_INT8, KTCY_SCALE_GROUP,    KTCY_GROUPS_32_64_128, 1, 0
 #define KTCY_ROW_MXFP4          KTCY_CODE_E2M1, 32, 272,  KTCY_ACT_BF16, KTCY_SCALE_IN_BLOCK, 0,                     0, 0
+#define KTCY_ROW_MXFP4_A8       KTCY_CODE_E2M1, 64, 544,  KTCY_ACT_INT8, KTCY_SCALE_IN_BLOCK, 32,                    0, 0
 
 /* Every format, in enum order (the numbers are part of the packed-file metadata: append only). */
-#define KTCY_FORMAT_LIST(X) X(BF16) X(INT8) X(INT4) X(FP8_PERCHANNEL) X(FP8_BLOCK) X(INT4_ZP) X(MXFP4)
+#define KTCY_FORMAT_LIST(X) X(BF16) X(INT8) X(INT4) X(FP8_PERCHANNEL) X(FP8_BLOCK) X(INT4_ZP) X(MXFP4) X(MXFP4_A8)
 
 /* One column of a row, usable in #if: KTCY_ROW_COL(BLOCK_K, KTCY_ROW_INT8) -> 64. */
 #define KTCY_COL_CODE(c, bk, bb, act, scale, groups, zp, cs) c
@@ -78,6 +81,11 @@ static const ktcy_format_desc KTCY_FORMAT_DESCS[KTCY_NUM_FORMATS] = {KTCY_FORMAT
 /* Every packed block holds 16 output channels ("a panel"). */
 #define KTCY_PANEL 16
 #define KTCY_SCALE_BLOCK 128
+/* E2M1 codes are laid out in sub-blocks of 32 K values (one E8M0 exponent per channel): 256 code
+ * bytes and 16 exponents.  MXFP4's block is one; MXFP4_A8's (64 K, the int8 skeletons' block)
+ * is two, so both formats hold the same bytes where K is a multiple of 64. */
+#define KTCY_E2M1_SUB_K 32
+#define KTCY_E2M1_SUB_BYTES 272
 
 static inline const ktcy_format_desc *ktcy_format(int format) {
     return format >= 0 && format < KTCY_NUM_FORMATS ? &KTCY_FORMAT_DESCS[format] : 0;
@@ -87,7 +95,7 @@ static inline const ktcy_format_desc *ktcy_format(int format) {
 static inline int ktcy_group_ok(int format, int group) {
     const ktcy_format_desc *d = ktcy_format(format);
     if (!d) return 0;
-    if (d->scale != KTCY_SCALE_GROUP) return group == 0;
+    if (d->scale != KTCY_SCALE_GROUP) return group == d->groups;
     return group > 0 && (group & (group - 1)) == 0 && (d->groups & group) != 0;
 }
 

@@ -15,7 +15,7 @@
  *                                     panel stride k_pad / KT_BK blocks): the packed data itself, or
  *                                     unpacked / decoded into buf
  *   KT_(group_len)(w)                 K values per scale group (k_pad when the whole row is one)
- *   KT_(tile_group)(acc, c, w, n, g)  folds one C element (int32 or float) of group g into acc
+ *   KT_(tile_group)(acc, c, a, m, w, n, g)  folds one C element (int32 or float) of group g, row m, into acc
  *   KT_(tile_final)(acc, a, w, m, n)  the output
  *
  * Per-thread scratch (64-byte aligned):  C tiles [32][32] (4 KiB) | acc [32][32] float (4 KiB) |
@@ -102,7 +102,8 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
                 KT_(store_c)(c, mt, np);
                 for (int64_t i = 0; i < 16 * mt; ++i)
                     for (int64_t j = 0; j < 16 * np; ++j)
-                        acc[i * 32 + j] = KT_(tile_group)(acc[i * 32 + j], c[i * 32 + j], w, p * 16 + j, k0 / glen);
+                        acc[i * 32 + j] = KT_(tile_group)(acc[i * 32 + j], c[i * 32 + j], a, m0 + i, w, p * 16 + j,
+                                                                  k0 / glen);
             }
             for (int64_t i = 0; i < 16 * mt && m0 + i < a->m; ++i)
                 for (int64_t j = 0; j < 16 * np && p * 16 + j < w->n; ++j)

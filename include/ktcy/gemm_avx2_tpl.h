@@ -31,7 +31,9 @@
  * values are times 1/KT_WIDE_FACTOR, the rows scaled to a largest value near 2^100;
  * KT_CLEAR_DAZ 1: the decode makes subnormal floats, which MXCSR.DAZ would read as zeros: the GEMM
  * clears it while it runs;
- * KT_ONE_ROW_PANELS 4: one-row calls of a bf16-activation format take 4 panels per tile, not 2.
+ * KT_ONE_ROW_PANELS 4: one-row calls of a bf16-activation format take 4 panels per tile, not 2;
+ * KT_ACC16_ROWS n: unsigned codes up to c add n rows of vpmaddubsw pairs in int16 (n x 2 x c x 127
+ * must stay below 32768; default 8, for 4-bit codes).
  */
 
 #define KT_CAT_(a, b) a##_##b
@@ -146,6 +148,9 @@ KT_AI __m256i KT_(dp)(__m256i acc, KT_(avec) a, kt_w256 w) {
  * T=512 took 0.86x the time and 2-4 row decode tiles 0.90x (single GEMM), while one-row decode
  * measured 2-7% slower with it. */
 #define KT_ACC16(PRE, MB) (KT_INT_ACT && KT_WKIND == KT_W_U8 && ((PRE) || (MB) >= 2))
+#ifndef KT_ACC16_ROWS
+#define KT_ACC16_ROWS 8 /* rows of pairs the int16 sums hold (traits with larger codes set fewer) */
+#endif
 
 /* 8 outputs of one row from dst on, the first `valid` of them (fewer at the weight's last channels). */
 KT_AI void KT_(store8)(float *dst, int64_t valid, __m256 v) {
@@ -300,7 +305,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
                         }
                 }
             }
-            if (KT_ACC16(PRE, MB) && (r == 7 || r == 15)) /* before any group epilogue: groups end there */
+            if (KT_ACC16(PRE, MB) && (r + 1) % KT_ACC16_ROWS == 0) /* before any group epilogue: groups end there */
                 _Pragma("GCC unroll 4")
                 for (int q = 0; q < NP; ++q)
                     _Pragma("GCC unroll 8")
@@ -648,6 +653,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 
 #undef KT_TILE
 #undef KT_ACC16
+#undef KT_ACC16_ROWS
 #undef KT_XSIZE
 #undef KT_HAS_WROW
 #undef KT_CHECKED_ROWS

@@ -8,7 +8,7 @@
  * The traits header gives:
  *   KT_(code)(w, p, nn, k)            the stored code (int32) or value (float) of channel p*16+nn at k
  *   KT_(group_len)(w)                 K values per scale group (k_pad when the whole row is one)
- *   KT_(group)(acc, part, w, n, g)    folds a group's partial sum into the float accumulator
+ *   KT_(group)(acc, part, a, m, w, n, g)  folds a group's partial sum (row m) into the float accumulator
  *   KT_(final)(acc, a, w, m, n)       the output */
 
 #define KT_CAT_(a, b) a##_##b
@@ -40,7 +40,7 @@ static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ld
                         part += ktcy_bf16_to_f32(a->bf16[m * a->k_pad + k]) * KT_(code)(w, p, nn, k);
 #endif
                     }
-                    acc = KT_(group)(acc, part, w, n, k0 / glen);
+                    acc = KT_(group)(acc, part, a, m, w, n, k0 / glen);
                 }
                 y[m * ldy + n] = KT_(final)(acc, a, w, m, n);
             }

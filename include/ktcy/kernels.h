@@ -73,6 +73,11 @@ static inline __attribute__((target("avx2"))) kt_w256 kt_int_half(__m256i v) {
 #include "gemm_ref_tpl.h"
 #undef KT_GEMM
 #undef KT_TRAITS
+#define KT_GEMM ktcy_gemm_mxfp4_a8_ref
+#define KT_TRAITS "fmt_mxfp4_a8.h"
+#include "gemm_ref_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
 
 /* ---- AVX2 + FMA ---- */
 #define KT_GEMM ktcy_gemm_int8_avx2
@@ -105,6 +110,13 @@ static inline __attribute__((target("avx2"))) kt_w256 kt_int_half(__m256i v) {
 #undef KT_TARGET
 #define KT_GEMM ktcy_gemm_mxfp4_avx2
 #define KT_TRAITS "fmt_mxfp4.h"
+#define KT_TARGET __attribute__((target(KTCY_AVX2_BASE)))
+#include "gemm_avx2_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#undef KT_TARGET
+#define KT_GEMM ktcy_gemm_mxfp4_a8_avx2
+#define KT_TRAITS "fmt_mxfp4_a8.h"
 #define KT_TARGET __attribute__((target(KTCY_AVX2_BASE)))
 #include "gemm_avx2_tpl.h"
 #undef KT_GEMM
@@ -228,6 +240,28 @@ static inline __attribute__((target("avx2"))) kt_w256 kt_int_half(__m256i v) {
 #undef KT_TARGET
 #undef KT_FAST
 #undef KT_VBMI
+#define KT_GEMM ktcy_gemm_mxfp4_a8_avx512_vnni
+#define KT_TRAITS "fmt_mxfp4_a8.h"
+#define KT_TARGET __attribute__((target(KTCY_AVX512_BASE ",avx512vnni")))
+#define KT_FAST 1
+#define KT_VBMI 0
+#include "gemm_avx512_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#undef KT_TARGET
+#undef KT_FAST
+#undef KT_VBMI
+#define KT_GEMM ktcy_gemm_mxfp4_a8_avx512bw
+#define KT_TRAITS "fmt_mxfp4_a8.h"
+#define KT_TARGET __attribute__((target(KTCY_AVX512_BASE)))
+#define KT_FAST 0
+#define KT_VBMI 0
+#include "gemm_avx512_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#undef KT_TARGET
+#undef KT_FAST
+#undef KT_VBMI
 
 /* ---- AMX over the emulated tile unit: always built, never picked automatically ---- */
 #define KT_TARGET
@@ -261,6 +295,11 @@ static inline __attribute__((target("avx2"))) kt_w256 kt_int_half(__m256i v) {
 #undef KT_TRAITS
 #define KT_GEMM ktcy_gemm_amx_emu_mxfp4
 #define KT_TRAITS "fmt_mxfp4.h"
+#include "gemm_amx_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#define KT_GEMM ktcy_gemm_amx_emu_mxfp4_a8
+#define KT_TRAITS "fmt_mxfp4_a8.h"
 #include "gemm_amx_tpl.h"
 #undef KT_GEMM
 #undef KT_TRAITS
@@ -314,6 +353,11 @@ static inline void ktcy_amx_forget_config(void) { memset(ktcy_amx_loaded_cfg, 0,
 #undef KT_TRAITS
 #define KT_GEMM ktcy_gemm_amx_mxfp4
 #define KT_TRAITS "fmt_mxfp4.h"
+#include "gemm_amx_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#define KT_GEMM ktcy_gemm_amx_mxfp4_a8
+#define KT_TRAITS "fmt_mxfp4_a8.h"
 #include "gemm_amx_tpl.h"
 #undef KT_GEMM
 #undef KT_TRAITS

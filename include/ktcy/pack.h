@@ -23,7 +23,8 @@
  *   low  nib: n0k(4q)   n0k(4q+1)  n1k(4q)   ...  n15k(4q+1)        <- row 2q
  *   high nib: n0k(4q+2) n0k(4q+3)  n1k(4q+2) ...  n15k(4q+3)        <- row 2q+1
  *   bytes 256 .. 271: the scale exponent of channels 0..15 for these 32 K values.
- *   One 32-byte load gives two rows by a mask and a shift. */
+ *   One 32-byte load gives two rows by a mask and a shift.  MXFP4_A8's 64-K block is two such
+ *   sub-blocks of 272 bytes, one after the other. */
 #ifndef KTCY_PACK_H
 #define KTCY_PACK_H
 
@@ -57,9 +58,10 @@ static inline void ktcy_layout_panels(int format, const void *codes, int64_t ld,
                 } else if (kind == KTCY_CODE_E4M3) {
                     blk[ktcy_pair_offset(nn, kin)] = ((const uint8_t *)codes)[row * ld + kk];
                 } else if (kind == KTCY_CODE_E2M1) {
-                    const int64_t r = kin >> 1, byte = (r >> 1) * 32 + nn * 2 + (kin & 1);
+                    uint8_t *sub = panel + (kk / KTCY_E2M1_SUB_K) * KTCY_E2M1_SUB_BYTES;
+                    const int64_t ks = kk % KTCY_E2M1_SUB_K, r = ks >> 1, byte = (r >> 1) * 32 + nn * 2 + (ks & 1);
                     const uint8_t code = ((const uint8_t *)codes)[row * ld + kk] & 15;
-                    blk[byte] |= (r & 1) ? (uint8_t)(code << 4) : code;
+                    sub[byte] |= (r & 1) ? (uint8_t)(code << 4) : code;
                 } else {
                     int8_t c = ((const int8_t *)codes)[row * ld + kk];
                     int64_t e = ktcy_int8_offset(nn, kin);
@@ -83,15 +85,16 @@ static inline void ktcy_layout_panels(int format, const void *codes, int64_t ld,
     }
 }
 
-/* MXFP4: writes each block's 16 E8M0 exponents (from exps [n][ceil(k/32)], row stride ld) after
- * its codes; padding channels get 127 (a scale of 1: their codes are zero anyway). */
+/* E2M1 formats: writes each 32-K sub-block's 16 E8M0 exponents (from exps [n][k_pad/32], row
+ * stride ld) after its codes; padding channels and sub-blocks get 127 (a scale of 1: their codes
+ * are zero anyway). */
 static inline void ktcy_layout_block_scales(int format, const uint8_t *exps, int64_t ld, int64_t n, int64_t k_pad,
                                             int64_t p0, int64_t p1, uint8_t *dst) {
-    const ktcy_format_desc *d = ktcy_format(format);
-    const int64_t nkb = k_pad / d->block_k, code_bytes = d->block_k * KTCY_PANEL / 2;
+    (void)format;
+    const int64_t nkb = k_pad / KTCY_E2M1_SUB_K, code_bytes = KTCY_E2M1_SUB_BYTES - KTCY_PANEL;
     for (int64_t p = p0; p < p1; ++p)
         for (int64_t kb = 0; kb < nkb; ++kb) {
-            uint8_t *tail = dst + (p * nkb + kb) * d->block_bytes + code_bytes;
+            uint8_t *tail = dst + (p * nkb + kb) * KTCY_E2M1_SUB_BYTES + code_bytes;
             for (int64_t nn = 0; nn < KTCY_PANEL; ++nn) {
                 const int64_t row = p * KTCY_PANEL + nn;
                 tail[nn] = row < n && kb < ld ? exps[row * ld + kb] : 127;

@@ -1,0 +1,198 @@
+/* MXFP4_A8 traits: MXFP4's codes and E8M0 exponents (the same bytes, pack.h) multiplied by int8
+ * activations instead of bf16.  Twice an E2M1 value is an integer in [-12, 12], so the codes are
+ * exact int8 weights: each 32-K block's dot product is an exact int32, taken to the true partial
+ * sum's size by the row's activation scale and the 1/2 first, then by its channel's 2^(e - 127):
+ *   t[m] = x_scale[m] * 0.5;   y[m][n] = sum over blocks g in order of
+ *          acc + (float)sum_{k in g}(q_x * 2 e2m1) * t[m] * 2^(e[g][n] - 127)
+ * (in that order: the int32 sum is up to 2^16 times the partial sum's size, so a block scale
+ * near E8M0's top would overflow float before the row scale, and 2^(e - 127) * t near its bottom
+ * would fall below float's normal range; the power of two last rounds nothing but there).  Integer kernels, so
+ * every ISA gives the same bits.  Why a second MXFP4 format: AVX2 has no bf16 dot product, and
+ * MXFP4 with bf16 activations spends about 13 vector operations per 32 weights there (lookup,
+ * widening, two FMAs per pair); vpmaddubsw multiplies 32 byte pairs in one.  What it costs: the
+ * activations' int8 rounding (per row, as INT8 and INT4), about 1.6% of a MoE output where bf16
+ * activations keep 0.3%.  Included by a skeleton instantiation; no include guard. */
+#define KT_ROW KTCY_ROW_MXFP4_A8
+#define KT_FORMATS (1 << KTCY_FMT_MXFP4_A8)
+#include "traits_begin.h"
+
+/* Sub-block (32 K) s of panel p; exponent of channel nn in it, clamped as MXFP4's is (a block of
+ * zeros may carry any exponent; scaling its zero sum by 2^128 would make NaN). */
+#define KT_A8_SUB(w, p, s) ((w)->data + ((p) * ((w)->k_pad / KTCY_E2M1_SUB_K) + (s)) * KTCY_E2M1_SUB_BYTES)
+KT_AI float KT_(block_scale)(const ktcy_weight *w, int64_t p, int64_t s, int64_t nn) {
+    const uint32_t e = KT_A8_SUB(w, p, s)[256 + nn];
+    return ktcy_bits_f32((e > 254 ? 254 : e) << 23);
+}
+
+#if KT_SKEL == KT_SKEL_REF || KT_SKEL == KT_SKEL_AMX
+/* Twice the E2M1 value of code c, an exact int8. */
+static const int8_t KT_(twice)[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+KT_AI int32_t KT_(code2)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) {
+    const uint8_t *sub = KT_A8_SUB(w, p, k / KTCY_E2M1_SUB_K);
+    const int64_t ks = k % KTCY_E2M1_SUB_K, r = ks >> 1;
+    const uint8_t byte = sub[(r >> 1) * 32 + nn * 2 + (ks & 1)];
+    return KT_(twice)[(r & 1) ? byte >> 4 : byte & 15];
+}
+KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { (void)w; return KTCY_E2M1_SUB_K; }
+#endif
+
+#if KT_SKEL == KT_SKEL_REF
+KT_AI int32_t KT_(code)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) { return KT_(code2)(w, p, nn, k); }
+KT_AI float KT_(group)(float acc, int32_t part, const ktcy_act *a, int64_t m, const ktcy_weight *w, int64_t n,
+                       int64_t g) {
+    return acc + (float)part * (a->scale[m] * 0.5f) * KT_(block_scale)(w, n / KTCY_PANEL, g, n % KTCY_PANEL);
+}
+KT_AI float KT_(final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
+    (void)a; (void)w; (void)m; (void)n;
+    return acc;
+}
+
+#elif KT_SKEL == KT_SKEL_AVX2
+#define KT_WKIND KT_W_U8
+/* Many rows: each panel unpacked once to bytes (the INT8 block order, halves as wrow leaves
+ * them); a few rows unpack each weight row in registers. */
+#define KT_PREDECODE 1
+#define KT_REG_DECODE 1
+#define KT_HAS_WROW 1
+#define KT_LANE_SPLIT 1
+/* The weights are 2 e2m1 + 12 in [0, 24]: a vpmaddubsw pair is at most 2 x 24 x 127, so only 4
+ * rows of pairs add up in int16 (at most 24384) before vpmaddwd widens them. */
+#define KT_ACC16_ROWS 4
+/* Row r (K 4r'..4r'+3 of sub-block r >> 3, r' = r & 7): 32 bytes hold K pair (0, 1) of each
+ * channel in the low nibbles and (2, 3) in the high ones.  vpshufb looks both up as 2 e2m1 + 12
+ * (the zero point folds into the activation block sums, as INT4's 8 does), and a word unpack
+ * joins each channel's two pairs into the dword vpmaddubsw + vpmaddwd sum: channels 0-3, 8-11
+ * in half 0 and 4-7, 12-15 in half 1 (KT_LANE_SPLIT). */
+KT_AI void KT_(wrow)(const uint8_t *blk, int r, kt_w256 out[2]) {
+    const __m256i bytes = _mm256_loadu_si256((const __m256i *)(blk + (r >> 3) * KTCY_E2M1_SUB_BYTES + (r & 7) * 32));
+    const __m256i nib = _mm256_set1_epi8(0x0F);
+    const __m256i lut = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                         12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(bytes, nib));
+    const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nib));
+    out[0] = kt_int_half(_mm256_unpacklo_epi16(lo, hi));
+    out[1] = kt_int_half(_mm256_unpackhi_epi16(lo, hi));
+}
+KT_AI void KT_(decode_panels)(const uint8_t *src, uint8_t *dst, int64_t blocks) {
+    for (int64_t b = 0; b < blocks; ++b, src += KT_BB, dst += 1024)
+        _Pragma("GCC unroll 16")
+        for (int r = 0; r < 16; ++r) {
+            kt_w256 v[2];
+            KT_(wrow)(src, r, v);
+            _mm256_storeu_si256((__m256i *)(dst + r * 64), v[0].i);
+            _mm256_storeu_si256((__m256i *)(dst + r * 64 + 32), v[1].i);
+        }
+}
+/* A group (an E8M0 block) ends after rows 7 and 15. */
+KT_AI int KT_(has_groups)(const ktcy_weight *w) { (void)w; return 1; }
+KT_AI int64_t KT_(group_at)(const ktcy_weight *w, int64_t kb, int r, int64_t nkb) {
+    (void)w; (void)nkb;
+    return r == 7 ? 2 * kb : r == 15 ? 2 * kb + 1 : -1;
+}
+KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int MB, const ktcy_act *a,
+                               const ktcy_weight *w, int64_t m0, int64_t p, int64_t g) {
+    const __m128i e16 = _mm_loadu_si128((const __m128i *)(KT_A8_SUB(w, p, g) + 256));
+    __m256 s[2];
+    _Pragma("GCC unroll 2")
+    for (int h = 0; h < 2; ++h) { /* half h's channels (KT_LANE_SPLIT): bytes 0-3 and 8-11, or 4-7 and 12-15 */
+        const __m128i e8 = h ? _mm_shuffle_epi32(e16, 0x0D) : _mm_shuffle_epi32(e16, 0x08);
+        const __m256i e = _mm256_min_epu32(_mm256_cvtepu8_epi32(e8), _mm256_set1_epi32(254));
+        s[h] = _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
+    }
+    _Pragma("GCC unroll 8")
+    for (int m = 0; m < MB; ++m) {
+        const __m256i bias = _mm256_set1_epi32(12 * a->group_sum[(m0 + m) * (a->k_pad / KTCY_E2M1_SUB_K) + g]);
+        const __m256 t = _mm256_set1_ps(a->scale[m0 + m] * 0.5f);
+        _Pragma("GCC unroll 2")
+        for (int h = 0; h < 2; ++h) {
+            const __m256 part = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[m][h], bias));
+            facc[m][h] = _mm256_add_ps(facc[m][h], _mm256_mul_ps(_mm256_mul_ps(part, t), s[h]));
+            acc[m][h] = _mm256_setzero_si256();
+        }
+    }
+}
+KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n0) {
+    (void)acc; (void)a; (void)w; (void)m; (void)n0;
+    return facc;
+}
+
+#elif KT_SKEL == KT_SKEL_AVX512
+#define KT_WKIND KT_W_U8
+#define KT_PREDECODE 0
+#define KT_REG_DECODE 1
+typedef struct { __m512i lut, row0, row1; } KT_(ctx);
+KT_AI KT_(ctx) KT_(make_ctx)(void) {
+    KT_(ctx) c;
+    c.lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+    c.row0 = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+    c.row1 = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+    return c;
+}
+/* Rows r, r + 1 (r even: quads r & 7 and r & 7 + 1 of sub-block r >> 3, 64 bytes): both looked
+ * up as 2 e2m1 + 12 as in the AVX2 wrow; the word unpacks leave each 128-bit lane with 4 channels
+ * of one row, and a two-source qword permute per row puts its channels 0-15 in order. */
+KT_AI void KT_(rows)(const KT_(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2]) {
+    const __m512i bytes = _mm512_loadu_si512(blk + (r >> 3) * KTCY_E2M1_SUB_BYTES + (r & 7) * 32);
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    const __m512i lo = _mm512_shuffle_epi8(c->lut, _mm512_and_si512(bytes, nib));
+    const __m512i hi = _mm512_shuffle_epi8(c->lut, _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nib));
+    const __m512i a = _mm512_unpacklo_epi16(lo, hi), b = _mm512_unpackhi_epi16(lo, hi);
+    out[0].v0 = _mm512_permutex2var_epi64(a, c->row0, b);
+    out[1].v0 = _mm512_permutex2var_epi64(a, c->row1, b);
+}
+KT_AI int KT_(has_groups)(const ktcy_weight *w) { (void)w; return 1; }
+KT_AI int64_t KT_(group_at)(const ktcy_weight *w, int64_t kb, int r, int64_t nkb) {
+    (void)w; (void)nkb;
+    return r == 7 ? 2 * kb : r == 15 ? 2 * kb + 1 : -1;
+}
+KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const int MB, const int NP,
+                               const ktcy_act *a, const ktcy_weight *w, int64_t m0, int64_t p0, int64_t g) {
+    __m512 s[4];
+    _Pragma("GCC unroll 8")
+    for (int p = 0; p < NP; ++p) {
+        const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(KT_A8_SUB(w, p0 + p, g) + 256)));
+        s[p] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_min_epu32(e, _mm512_set1_epi32(254)), 23));
+    }
+    _Pragma("GCC unroll 8")
+    for (int m = 0; m < MB; ++m) {
+        const __m512i bias = _mm512_set1_epi32(12 * a->group_sum[(m0 + m) * (a->k_pad / KTCY_E2M1_SUB_K) + g]);
+        const __m512 t = _mm512_set1_ps(a->scale[m0 + m] * 0.5f);
+        _Pragma("GCC unroll 8")
+        for (int p = 0; p < NP; ++p) {
+            const __m512 part = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m][p], bias));
+            facc[m][p] = _mm512_add_ps(facc[m][p], _mm512_mul_ps(_mm512_mul_ps(part, t), s[p]));
+            acc[m][p] = _mm512_setzero_si512();
+        }
+    }
+}
+KT_AI __m512 KT_(final)(KT_(acc_t) acc, __m512 facc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n0) {
+    (void)acc; (void)a; (void)w; (void)m; (void)n0;
+    return facc;
+}
+
+#elif KT_SKEL == KT_SKEL_AMX
+/* The np panels as signed int8 blocks of 2 e2m1 (the INT8 tile layout). */
+KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uint8_t *buf) {
+    const int64_t nkb = w->k_pad / KT_BK;
+    int8_t *dst = (int8_t *)buf;
+    for (int q = 0; q < np; ++q)
+        for (int64_t kb = 0; kb < nkb; ++kb)
+            for (int64_t nn = 0; nn < KTCY_PANEL; ++nn)
+                for (int64_t kk = 0; kk < KT_BK; ++kk)
+                    dst[(q * nkb + kb) * 1024 + ktcy_int8_offset(nn, kk)] = (int8_t)KT_(code2)(w, p + q, nn, kb * KT_BK + kk);
+    return buf;
+}
+KT_AI float KT_(tile_group)(float acc, int32_t c, const ktcy_act *a, int64_t m, const ktcy_weight *w, int64_t n,
+                            int64_t g) {
+    return acc + (float)c * (a->scale[m] * 0.5f) * KT_(block_scale)(w, n / KTCY_PANEL, g, n % KTCY_PANEL);
+}
+KT_AI float KT_(tile_final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
+    (void)a; (void)w; (void)m; (void)n;
+    return acc;
+}
+
+#else
+#error "fmt_mxfp4_a8.h: no traits for this skeleton"
+#endif
+
+#undef KT_A8_SUB
