@@ -58,6 +58,9 @@ KT_AI float KT_(final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64
 /* The weights are 2 e2m1 + 12 in [0, 24]: a vpmaddubsw pair is at most 2 x 24 x 127, so only 4
  * rows of pairs add up in int16 (at most 24384) before vpmaddwd widens them. */
 #define KT_ACC16_ROWS 4
+/* and one-row tiles add them in int16 too (single GEMM M=1 from cache 1.07-1.09x the rate; INT4,
+ * whose rows decode in 2 operations, measured 2-7% slower that way) */
+#define KT_ACC16_ONE_ROW 1
 /* Row r (K 4r'..4r'+3 of sub-block r >> 3, r' = r & 7): 32 bytes hold K pair (0, 1) of each
  * channel in the low nibbles and (2, 3) in the high ones.  vpshufb looks both up as 2 e2m1 + 12
  * (the zero point folds into the activation block sums, as INT4's 8 does), and a word unpack

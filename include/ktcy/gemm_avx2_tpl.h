@@ -33,7 +33,8 @@
  * clears it while it runs;
  * KT_ONE_ROW_PANELS 4: one-row calls of a bf16-activation format take 4 panels per tile, not 2;
  * KT_ACC16_ROWS n: unsigned codes up to c add n rows of vpmaddubsw pairs in int16 (n x 2 x c x 127
- * must stay below 32768; default 8, for 4-bit codes).
+ * must stay below 32768; default 8, for 4-bit codes); KT_ACC16_ONE_ROW 1: one-row tiles add them
+ * in int16 too.
  */
 
 #define KT_CAT_(a, b) a##_##b
@@ -147,10 +148,13 @@ KT_AI __m256i KT_(dp)(__m256i acc, KT_(avec) a, kt_w256 w) {
  * one per row.  The integer sums are the same.  Tiles of 2 or more rows: with it prefill's INT4
  * T=512 took 0.86x the time and 2-4 row decode tiles 0.90x (single GEMM), while one-row decode
  * measured 2-7% slower with it. */
-#define KT_ACC16(PRE, MB) (KT_INT_ACT && KT_WKIND == KT_W_U8 && ((PRE) || (MB) >= 2))
 #ifndef KT_ACC16_ROWS
 #define KT_ACC16_ROWS 8 /* rows of pairs the int16 sums hold (traits with larger codes set fewer) */
 #endif
+#ifndef KT_ACC16_ONE_ROW
+#define KT_ACC16_ONE_ROW 0 /* one-row tiles too (formats whose row decode is long: MXFP4_A8) */
+#endif
+#define KT_ACC16(PRE, MB) (KT_INT_ACT && KT_WKIND == KT_W_U8 && ((PRE) || (MB) >= 2 || KT_ACC16_ONE_ROW))
 
 /* 8 outputs of one row from dst on, the first `valid` of them (fewer at the weight's last channels). */
 KT_AI void KT_(store8)(float *dst, int64_t valid, __m256 v) {
@@ -654,6 +658,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_TILE
 #undef KT_ACC16
 #undef KT_ACC16_ROWS
+#undef KT_ACC16_ONE_ROW
 #undef KT_XSIZE
 #undef KT_HAS_WROW
 #undef KT_CHECKED_ROWS
