@@ -3,15 +3,19 @@
  * exact int8 weights: each 32-K block's dot product is an exact int32, taken to the true partial
  * sum's size by the row's activation scale and the 1/2 first, then by its channel's 2^(e - 127):
  *   t[m] = x_scale[m] * 0.5;   y[m][n] = sum over blocks g in order of
- *          acc + (float)sum_{k in g}(q_x * 2 e2m1) * t[m] * 2^(e[g][n] - 127)
+ *          fma((float)sum_{k in g}(q_x * 2 e2m1) * t[m], 2^(e[g][n] - 127), acc)
  * (in that order: the int32 sum is up to 2^16 times the partial sum's size, so a block scale
  * near E8M0's top would overflow float before the row scale, and 2^(e - 127) * t near its bottom
- * would fall below float's normal range; the power of two last rounds nothing but there).  Integer kernels, so
+ * would fall below float's normal range.  A product by a power of two is exact, so the fused
+ * multiply-add rounds as a multiply and an add would, but for results below float's normal
+ * range, and saves an operation per 8 sums.)  Integer kernels, so
  * every ISA gives the same bits.  Why a second MXFP4 format: AVX2 has no bf16 dot product, and
  * MXFP4 with bf16 activations spends about 13 vector operations per 32 weights there (lookup,
  * widening, two FMAs per pair); vpmaddubsw multiplies 32 byte pairs in one.  What it costs: the
  * activations' int8 rounding (per row, as INT8 and INT4), about 1.6% of a MoE output where bf16
  * activations keep 0.3%.  Included by a skeleton instantiation; no include guard. */
+#include <math.h>
+
 #define KT_ROW KTCY_ROW_MXFP4_A8
 #define KT_FORMATS (1 << KTCY_FMT_MXFP4_A8)
 #include "traits_begin.h"
@@ -40,7 +44,7 @@ KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { (void)w; return KTCY_E2M1_S
 KT_AI int32_t KT_(code)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) { return KT_(code2)(w, p, nn, k); }
 KT_AI float KT_(group)(float acc, int32_t part, const ktcy_act *a, int64_t m, const ktcy_weight *w, int64_t n,
                        int64_t g) {
-    return acc + (float)part * (a->scale[m] * 0.5f) * KT_(block_scale)(w, n / KTCY_PANEL, g, n % KTCY_PANEL);
+    return fmaf((float)part * (a->scale[m] * 0.5f), KT_(block_scale)(w, n / KTCY_PANEL, g, n % KTCY_PANEL), acc);
 }
 KT_AI float KT_(final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
     (void)a; (void)w; (void)m; (void)n;
@@ -109,7 +113,7 @@ KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int M
         _Pragma("GCC unroll 2")
         for (int h = 0; h < 2; ++h) {
             const __m256 part = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[m][h], bias));
-            facc[m][h] = _mm256_add_ps(facc[m][h], _mm256_mul_ps(_mm256_mul_ps(part, t), s[h]));
+            facc[m][h] = _mm256_fmadd_ps(_mm256_mul_ps(part, t), s[h], facc[m][h]);
             acc[m][h] = _mm256_setzero_si256();
         }
     }
@@ -163,7 +167,7 @@ KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const in
         _Pragma("GCC unroll 8")
         for (int p = 0; p < NP; ++p) {
             const __m512 part = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m][p], bias));
-            facc[m][p] = _mm512_add_ps(facc[m][p], _mm512_mul_ps(_mm512_mul_ps(part, t), s[p]));
+            facc[m][p] = _mm512_fmadd_ps(_mm512_mul_ps(part, t), s[p], facc[m][p]);
             acc[m][p] = _mm512_setzero_si512();
         }
     }
@@ -187,7 +191,7 @@ KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uin
 }
 KT_AI float KT_(tile_group)(float acc, int32_t c, const ktcy_act *a, int64_t m, const ktcy_weight *w, int64_t n,
                             int64_t g) {
-    return acc + (float)c * (a->scale[m] * 0.5f) * KT_(block_scale)(w, n / KTCY_PANEL, g, n % KTCY_PANEL);
+    return fmaf((float)c * (a->scale[m] * 0.5f), KT_(block_scale)(w, n / KTCY_PANEL, g, n % KTCY_PANEL), acc);
 }
 KT_AI float KT_(tile_final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
     (void)a; (void)w; (void)m; (void)n;
