@@ -255,6 +255,8 @@ def quantize_weights(int fmt, const float[:, ::1] w, int group=0):
     cdef int64_t units = n, ld_scale = 0, k_pad = k
     if d.code == KTCY_CODE_BF16 or d.scale == KTCY_SCALE_NONE:
         raise ValueError(f"format {FORMATS[fmt]} has no quantizer")
+    if group == 0 and d.scale != KTCY_SCALE_GROUP:
+        group = d.groups  # the one group a format without group scales may have (MXFP4_A8: 32)
     if not ktcy_group_ok(fmt, group):
         raise ValueError(f"group size {group} is not valid for {FORMATS[fmt]}")
     if d.scale == KTCY_SCALE_GROUP:

@@ -16,7 +16,7 @@ import time
 
 from ktcy.checkpoint import Checkpoint
 from ktcy.convert_args import INPUT_TYPES, run_cli
-from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format, has_groups
+from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format, has_groups, weight_group
 from ktcy.loading import MODEL_FILE, block_settings, layer_group_size
 from ktcy.output_guard import (ConvertError, OutputLock, copy_file, refuse_output_in_input, remove,
                                source_fingerprint, write_json, publish)
@@ -206,7 +206,7 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
         layer = ckpt.layer(L)
         fmt = asked or layer.native_format
         g = layer_group_size(layer, fmt) if group_size is None else group  # released INT4 keeps its own groups
-        return {"weight_format": fmt, "group_size": g if has_groups(fmt) else 0, "source_fingerprint": fingerprint,
+        return {"weight_format": fmt, "group_size": weight_group(fmt, g), "source_fingerprint": fingerprint,
                 "layout_version": LAYOUT_VERSION}
 
     with OutputLock(output_path):

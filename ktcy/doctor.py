@@ -209,6 +209,11 @@ def advice(data):
         notes.append("the CPU has AMX but the kernel did not grant tile-data permission (Linux >= 5.16 needed)")
     if data["cpu"]["ktcy_threads"] > (data["cpu"]["usable_cpus"] or 1):
         notes.append("more ktcy threads than usable CPUs: threads will share cores")
+    mx, a8 = data["kernels"].get("MXFP4", {}), data["kernels"].get("MXFP4_A8", {})
+    if mx.get("isa") in ("avx2", "ref") and a8.get("isa") in ("avx2", "avx512", "amx"):
+        notes.append(f"MXFP4 runs on {mx['isa']} here, without a bf16 dot product: MXFP4_A8 (method=\"MXFP4_A8\") "
+                     "keeps the same codes and runs about twice as fast with int8 activations (a MoE output "
+                     "about 2% from float64 instead of 0.3%, more with outlier activations)")
     return notes
 
 

@@ -109,7 +109,7 @@ def mxfp4_a8_exact_reference(x, packed):
     """MXFP4_A8 by the documented epilogue, from integers: per 32-K block the int32 sum of
     q_x * (2 x E2M1 value), acc = acc + float(sum) * (row scale * 0.5) * 2^(e - 127) in float32,
     blocks in order (the kernels' fused multiply-add by the power of two rounds the same while
-    the products are normal floats, as they are where this is used)."""
+    that product is a normal float, as it is where this is used)."""
     n, k = packed.shape
     q_x, s_x = quantize_rows_int8(x)
     twice = (2 * E2M1_VALUES).astype(np.int64)

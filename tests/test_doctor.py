@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import ktcy
 from ktcy import _native, doctor
@@ -86,3 +87,16 @@ def test_text_report():
     for heading in ("ktcy ", "numpy", "Memory:", "Huge pages:", "NUMA:", "AMX:", "Frequency governor:",
                     "Kernel per format:", "KTransformers backends:"):
         assert heading in r.stdout
+
+
+def test_mxfp4_a8_is_advised_where_mxfp4_has_no_bf16_dot_product():
+    """Forced to AVX2 (as on an AVX2-only host) the advice names MXFP4_A8; where MXFP4 runs on
+    AVX-512 or AMX it does not."""
+    if "avx2" not in ktcy.available_isas():
+        pytest.skip("no AVX2 on this host")
+    forced = doctor_json(("KTCY_ISA", "avx2"))
+    assert forced["kernels"]["MXFP4"]["isa"] == "avx2"
+    assert any("MXFP4_A8" in note for note in forced["advice"])
+    auto = doctor_json()
+    if auto["kernels"]["MXFP4"]["isa"] in ("avx512", "amx"):
+        assert not any("MXFP4_A8" in note for note in auto["advice"])

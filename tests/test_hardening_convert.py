@@ -120,6 +120,20 @@ def test_resume_refuses_another_method_group_or_source(src, tmp_path):
     assert r.returncode == 0 and r.stderr.count("already converted, kept") == 3
 
 
+def test_resume_keeps_the_layers_of_a_format_with_a_fixed_group(src, tmp_path):
+    """MXFP4_A8 weights carry the activation-sum group 32 whatever was asked: a resume, and a
+    plain re-run, recognise their own layers."""
+    out = tmp_path / "out"
+    assert cli("--input", src, "--output", out, "--method", "MXFP4_A8").returncode == 0
+    layers = lambda: {k: v for k, v in mtimes(out).items() if k.startswith("ktcy_layer_")}  # noqa: E731
+    before = layers()
+    r = cli("--input", src, "--output", out, "--method", "MXFP4_A8", "--resume")
+    assert r.returncode == 0 and r.stderr.count("already converted, kept") == 3, r.stderr
+    assert layers() == before
+    convert_mod.convert(src, out, method="MXFP4_A8", progress=QUIET)  # converts again, no conflict
+    assert ktcy.load_experts(out, 1).format == "MXFP4_A8"
+
+
 def test_source_edited_in_place_is_a_different_source(src, tmp_path):
     out = tmp_path / "out"
     convert_mod.convert(src, out, method="INT8", progress=QUIET)

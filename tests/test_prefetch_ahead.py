@@ -93,9 +93,10 @@ def _agree_across_threads_isas_and_float64(fmt, x, ids, w, seed, **shape):
         assert np.array_equal(one, two), f"{fmt} on {isa}: thread counts disagree"
         ref = _reference(layer, x.astype(np.float64), ids, w)
         err = np.linalg.norm(one - ref) / np.linalg.norm(ref)
-        # int8 rounding of x and of the intermediate: 1.6% typical for INT8, INT4 and MXFP4_A8 alike,
-        # up to 2.1% over seeds
-        assert err < (2.5e-2 if kernels.descriptor(fmt)["activations"] == "int8" else 5e-3), (fmt, isa, err)
+        # int8 rounding of x and of the intermediate: about 1.6% for INT8, INT4 and MXFP4_A8 alike
+        # at this shape; MXFP4_A8's E2M1 weights reach 2.1% here
+        bound = 2.5e-2 if fmt == "MXFP4_A8" else 2e-2 if kernels.descriptor(fmt)["activations"] == "int8" else 5e-3
+        assert err < bound, (fmt, isa, err)
         outputs[isa] = one
     if kernels.descriptor(fmt)["activations"] == "int8":  # integer paths: the same bits on every ISA
         first = next(iter(outputs.values()))
