@@ -81,11 +81,7 @@ KT_AI int64_t KT_(group_at)(const ktcy_weight *w, int64_t kb, int r, int64_t nkb
     return r == 15 ? kb : -1;
 }
 KT_AI __m256 KT_(group_scale)(const ktcy_weight *w, int64_t p, int64_t g, int h) {
-    const __m128i e16 = _mm_loadu_si128((const __m128i *)(w->data + (p * (w->k_pad / 32) + g) * 272 + 256));
-    /* the exponents of half h's channels (KT_LANE_SPLIT): bytes 0-3 and 8-11, or 4-7 and 12-15 */
-    const __m128i e8 = h ? _mm_shuffle_epi32(e16, 0x0D) : _mm_shuffle_epi32(e16, 0x08);
-    const __m256i e = _mm256_min_epu32(_mm256_cvtepu8_epi32(e8), _mm256_set1_epi32(254));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
+    return kt_e8m0_half(w->data + (p * (w->k_pad / 32) + g) * 272 + 256, h);
 }
 KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n0) {
     (void)acc; (void)a; (void)w; (void)m; (void)n0;

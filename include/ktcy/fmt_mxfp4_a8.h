@@ -22,15 +22,16 @@
 #define KT_FORMATS (1 << KTCY_FMT_MXFP4_A8)
 #include "traits_begin.h"
 
-/* Sub-block (32 K) s of panel p; exponent of channel nn in it, clamped as MXFP4's is (a block of
- * zeros may carry any exponent; scaling its zero sum by 2^128 would make NaN). */
+/* Sub-block (32 K) s of panel p. */
 #define KT_A8_SUB(w, p, s) ((w)->data + ((p) * ((w)->k_pad / KTCY_E2M1_SUB_K) + (s)) * KTCY_E2M1_SUB_BYTES)
+
+#if KT_SKEL == KT_SKEL_REF || KT_SKEL == KT_SKEL_AMX
+/* 2^(e - 127) of channel nn in sub-block s, e clamped as MXFP4's is (a block of zeros may carry
+ * any exponent; scaling its zero sum by 2^128 would make NaN). */
 KT_AI float KT_(block_scale)(const ktcy_weight *w, int64_t p, int64_t s, int64_t nn) {
     const uint32_t e = KT_A8_SUB(w, p, s)[256 + nn];
     return ktcy_bits_f32((e > 254 ? 254 : e) << 23);
 }
-
-#if KT_SKEL == KT_SKEL_REF || KT_SKEL == KT_SKEL_AMX
 /* Twice the E2M1 value of code c, an exact int8. */
 static const int8_t KT_(twice)[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 KT_AI int32_t KT_(code2)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) {
@@ -40,13 +41,17 @@ KT_AI int32_t KT_(code2)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k)
     return KT_(twice)[(r & 1) ? byte >> 4 : byte & 15];
 }
 KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { (void)w; return KTCY_E2M1_SUB_K; }
+/* A block's int32 sum c of output (m, n) folded into acc, as every ISA does it (see the top). */
+KT_AI float KT_(fold)(float acc, int32_t c, const ktcy_act *a, int64_t m, const ktcy_weight *w, int64_t n, int64_t g) {
+    return fmaf((float)c * (a->scale[m] * 0.5f), KT_(block_scale)(w, n / KTCY_PANEL, g, n % KTCY_PANEL), acc);
+}
 #endif
 
 #if KT_SKEL == KT_SKEL_REF
 KT_AI int32_t KT_(code)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) { return KT_(code2)(w, p, nn, k); }
 KT_AI float KT_(group)(float acc, int32_t part, const ktcy_act *a, int64_t m, const ktcy_weight *w, int64_t n,
                        int64_t g) {
-    return fmaf((float)part * (a->scale[m] * 0.5f), KT_(block_scale)(w, n / KTCY_PANEL, g, n % KTCY_PANEL), acc);
+    return KT_(fold)(acc, part, a, m, w, n, g);
 }
 KT_AI float KT_(final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
     (void)a; (void)w; (void)m; (void)n;
@@ -100,14 +105,7 @@ KT_AI int64_t KT_(group_at)(const ktcy_weight *w, int64_t kb, int r, int64_t nkb
 }
 KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int MB, const ktcy_act *a,
                                const ktcy_weight *w, int64_t m0, int64_t p, int64_t g) {
-    const __m128i e16 = _mm_loadu_si128((const __m128i *)(KT_A8_SUB(w, p, g) + 256));
-    __m256 s[2];
-    _Pragma("GCC unroll 2")
-    for (int h = 0; h < 2; ++h) { /* half h's channels (KT_LANE_SPLIT): bytes 0-3 and 8-11, or 4-7 and 12-15 */
-        const __m128i e8 = h ? _mm_shuffle_epi32(e16, 0x0D) : _mm_shuffle_epi32(e16, 0x08);
-        const __m256i e = _mm256_min_epu32(_mm256_cvtepu8_epi32(e8), _mm256_set1_epi32(254));
-        s[h] = _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
-    }
+    const __m256 s[2] = {kt_e8m0_half(KT_A8_SUB(w, p, g) + 256, 0), kt_e8m0_half(KT_A8_SUB(w, p, g) + 256, 1)};
     _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m) {
         const __m256i bias = _mm256_set1_epi32(12 * a->group_sum[(m0 + m) * (a->k_pad / KTCY_E2M1_SUB_K) + g]);
@@ -193,7 +191,7 @@ KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uin
 }
 KT_AI float KT_(tile_group)(float acc, int32_t c, const ktcy_act *a, int64_t m, const ktcy_weight *w, int64_t n,
                             int64_t g) {
-    return fmaf((float)c * (a->scale[m] * 0.5f), KT_(block_scale)(w, n / KTCY_PANEL, g, n % KTCY_PANEL), acc);
+    return KT_(fold)(acc, c, a, m, w, n, g);
 }
 KT_AI float KT_(tile_final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
     (void)a; (void)w; (void)m; (void)n;

@@ -35,6 +35,16 @@ __attribute__((target("avx2"))) static inline kt_w256 kt_bf16_split(__m256i v) {
     w.o = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xFFFF0000u)));
     return w;
 }
+/* Powers of two 2^(e - 127) from 16 E8M0 exponents (channels 0-15), for the 8 channels of half h
+ * as in-lane unpacks leave them (KT_LANE_SPLIT: 0-3, 8-11 | 4-7, 12-15).  Exponents above 254
+ * are clamped: packing lets blocks of zero codes carry any, and 2^128 would turn their zero sums
+ * into NaN. */
+__attribute__((target("avx2"))) static inline __m256 kt_e8m0_half(const uint8_t *e16, int h) {
+    const __m128i e = _mm_loadu_si128((const __m128i *)e16);
+    const __m128i e8 = h ? _mm_shuffle_epi32(e, 0x0D) : _mm_shuffle_epi32(e, 0x08);
+    const __m256i e32 = _mm256_min_epu32(_mm256_cvtepu8_epi32(e8), _mm256_set1_epi32(254));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(e32, 23));
+}
 static inline __attribute__((target("avx2"))) kt_w256 kt_int_half(__m256i v) {
     kt_w256 w;
     w.i = v;
