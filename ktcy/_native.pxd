@@ -105,7 +105,7 @@ cdef extern from "ktcy/ktcy.h" nogil:
                                 int64_t m1, int8_t *q, float *scale, int group, int32_t *gsum)
     void ktcy_convert_act_bf16(const float *x, int64_t ldx, int64_t k, int64_t k_pad, int64_t m0,
                                int64_t m1, uint16_t *out)
-    void ktcy_layout_block_scales(int format, const uint8_t *exps, int64_t ld, int64_t n, int64_t k_pad,
+    void ktcy_layout_block_scales(const uint8_t *exps, int64_t ld, int64_t n, int64_t k_pad,
                                   int64_t p0, int64_t p1, uint8_t *dst)
     void ktcy_layout_panels(int format, const void *codes, int64_t ld, int64_t n, int64_t k,
                             int64_t k_pad, int64_t p0, int64_t p1, uint8_t *dst, int32_t *colsum)

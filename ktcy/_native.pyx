@@ -405,7 +405,7 @@ def layout(int fmt, codes, int64_t n, int64_t k, int group=0, block_scales=None)
     for p in prange(panels, nogil=True, num_threads=_num_threads, schedule="static"):
         ktcy_layout_panels(fmt, src, ld, n, k, k_pad, p, p + 1, &dv[0], cptr)
         if bs_ptr != NULL:
-            ktcy_layout_block_scales(fmt, bs_ptr, bs_ld, n, k_pad, p, p + 1, &dv[0])
+            ktcy_layout_block_scales(bs_ptr, bs_ld, n, k_pad, p, p + 1, &dv[0])
     return data, colsum
 
 # ---------------------------------------------------------------- activations

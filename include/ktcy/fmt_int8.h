@@ -12,8 +12,7 @@ KT_AI int32_t KT_(code)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) 
 KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return w->k_pad; }
 KT_AI float KT_(group)(float acc, int32_t part, const ktcy_act *a, int64_t m, const ktcy_weight *w, int64_t n,
                        int64_t g) {
-    (void)a; (void)m;
-    (void)w; (void)n; (void)g;
+    (void)a; (void)m; (void)w; (void)n; (void)g;
     return acc + (float)part;
 }
 KT_AI float KT_(final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
@@ -53,8 +52,7 @@ KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uin
 KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return w->k_pad; }
 KT_AI float KT_(tile_group)(float acc, int32_t c, const ktcy_act *a, int64_t m, const ktcy_weight *w, int64_t n,
                             int64_t g) {
-    (void)a; (void)m;
-    (void)w; (void)n; (void)g;
+    (void)a; (void)m; (void)w; (void)n; (void)g;
     return acc + (float)c;
 }
 KT_AI float KT_(tile_final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {

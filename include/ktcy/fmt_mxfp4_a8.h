@@ -22,6 +22,8 @@
 #define KT_FORMATS (1 << KTCY_FMT_MXFP4_A8)
 #include "traits_begin.h"
 
+/* 2 x E2M1 value + 12 of codes 0..15, in [0, 24] (2 x 0.5 = 1, ..., 2 x -6 = -12). */
+#define KT_A8_BIASED 12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0
 /* Sub-block (32 K) s of panel p. */
 #define KT_A8_SUB(w, p, s) ((w)->data + ((p) * ((w)->k_pad / KTCY_E2M1_SUB_K) + (s)) * KTCY_E2M1_SUB_BYTES)
 
@@ -32,13 +34,13 @@ KT_AI float KT_(block_scale)(const ktcy_weight *w, int64_t p, int64_t s, int64_t
     const uint32_t e = KT_A8_SUB(w, p, s)[256 + nn];
     return ktcy_bits_f32((e > 254 ? 254 : e) << 23);
 }
-/* Twice the E2M1 value of code c, an exact int8. */
-static const int8_t KT_(twice)[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+/* 2 e2m1 + 12 of code c: the lookup table of every path (the vector ones keep the + 12). */
+static const int8_t KT_(biased)[16] = {KT_A8_BIASED};
 KT_AI int32_t KT_(code2)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) {
     const uint8_t *sub = KT_A8_SUB(w, p, k / KTCY_E2M1_SUB_K);
     const int64_t ks = k % KTCY_E2M1_SUB_K, r = ks >> 1;
     const uint8_t byte = sub[(r >> 1) * 32 + nn * 2 + (ks & 1)];
-    return KT_(twice)[(r & 1) ? byte >> 4 : byte & 15];
+    return KT_(biased)[(r & 1) ? byte >> 4 : byte & 15] - 12; /* twice the E2M1 value, exact */
 }
 KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { (void)w; return KTCY_E2M1_SUB_K; }
 /* A block's int32 sum c of output (m, n) folded into acc, as every ISA does it (see the top). */
@@ -80,8 +82,7 @@ KT_AI float KT_(final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64
 KT_AI void KT_(wrow)(const uint8_t *blk, int r, kt_w256 out[2]) {
     const __m256i bytes = _mm256_loadu_si256((const __m256i *)(blk + (r >> 3) * KTCY_E2M1_SUB_BYTES + (r & 7) * 32));
     const __m256i nib = _mm256_set1_epi8(0x0F);
-    const __m256i lut = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
-                                         12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    const __m256i lut = _mm256_setr_epi8(KT_A8_BIASED, KT_A8_BIASED);
     const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(bytes, nib));
     const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nib));
     out[0] = kt_int_half(_mm256_unpacklo_epi16(lo, hi));
@@ -135,7 +136,7 @@ KT_AI KT_(ctx) KT_(make_ctx)(void) {
         r0[2 * j] = (int16_t)j; r0[2 * j + 1] = (int16_t)(32 + j);
         r1[2 * j] = (int16_t)(16 + j); r1[2 * j + 1] = (int16_t)(48 + j);
     }
-    c.lut = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+    c.lut = _mm512_broadcast_i32x4(_mm_setr_epi8(KT_A8_BIASED));
     c.row0 = _mm512_loadu_si512(r0);
     c.row1 = _mm512_loadu_si512(r1);
     return c;
@@ -209,3 +210,4 @@ KT_AI float KT_(tile_final)(float acc, const ktcy_act *a, const ktcy_weight *w, 
 #endif
 
 #undef KT_A8_SUB
+#undef KT_A8_BIASED

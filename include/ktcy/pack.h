@@ -88,9 +88,8 @@ static inline void ktcy_layout_panels(int format, const void *codes, int64_t ld,
 /* E2M1 formats: writes each 32-K sub-block's 16 E8M0 exponents (from exps [n][k_pad/32], row
  * stride ld) after its codes; padding channels and sub-blocks get 127 (a scale of 1: their codes
  * are zero anyway). */
-static inline void ktcy_layout_block_scales(int format, const uint8_t *exps, int64_t ld, int64_t n, int64_t k_pad,
-                                            int64_t p0, int64_t p1, uint8_t *dst) {
-    (void)format;
+static inline void ktcy_layout_block_scales(const uint8_t *exps, int64_t ld, int64_t n, int64_t k_pad, int64_t p0,
+                                            int64_t p1, uint8_t *dst) {
     const int64_t nkb = k_pad / KTCY_E2M1_SUB_K, code_bytes = KTCY_E2M1_SUB_BYTES - KTCY_PANEL;
     for (int64_t p = p0; p < p1; ++p)
         for (int64_t kb = 0; kb < nkb; ++kb) {

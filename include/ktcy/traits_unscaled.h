@@ -8,8 +8,7 @@ KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return w->k_pad; }
 #if KT_SKEL == KT_SKEL_REF
 KT_AI float KT_(group)(float acc, float part, const ktcy_act *a, int64_t m, const ktcy_weight *w, int64_t n,
                        int64_t g) {
-    (void)a; (void)m;
-    (void)w; (void)n; (void)g;
+    (void)a; (void)m; (void)w; (void)n; (void)g;
     return acc + part;
 }
 KT_AI float KT_(final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
@@ -31,8 +30,7 @@ KT_AI __m512 KT_(final)(KT_(acc_t) acc, __m512 facc, const ktcy_act *a, const kt
 #elif KT_SKEL == KT_SKEL_AMX
 KT_AI float KT_(tile_group)(float acc, float c, const ktcy_act *a, int64_t m, const ktcy_weight *w, int64_t n,
                             int64_t g) {
-    (void)a; (void)m;
-    (void)w; (void)n; (void)g;
+    (void)a; (void)m; (void)w; (void)n; (void)g;
     return acc + c;
 }
 KT_AI float KT_(tile_final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
