@@ -130,6 +130,33 @@ class PackedWeight:
         full = blocks.transpose(0, 3, 1, 2, 4).reshape(n_pad, k_pad)
         return full[:n, :k]
 
+    def padding_is_clear(self):
+        """True when every code past N and past K (the layout's padding) is the zero code, as every
+        packer writes it.  A file whose metadata claims a smaller N or K than its codes fill
+        (hidden_size 64 edited to 49: the same array sizes) would otherwise run on a truncated
+        matrix.  Reads only the last panel and the last K unit of each panel."""
+        n, k = self.shape
+        n_pad, k_pad, _ = _padded(self.format, n, k, self.group_size)
+        if n == n_pad and k == k_pad:
+            return True
+        d = descriptor(self.format)
+        zero = 8 if d["zero_points"] else 0  # INT4_ZP keeps raw nibbles; padding is nibble 8
+        panels = n_pad // 16
+        per_panel = self.data.size // panels
+
+        def codes_of(data, shape):
+            return PackedWeight(self.format, shape, np.ascontiguousarray(data).reshape(-1), None,
+                                group_size=self.group_size).codes()
+
+        if n < n_pad and (codes_of(self.data[-per_panel:], (16, k_pad))[n - (panels - 1) * 16:] != zero).any():
+            return False
+        unit = _padded(self.format, 1, 1, self.group_size)[1]  # K padding comes in whole units
+        if k < k_pad:
+            tails = self.data.reshape(panels, k_pad // unit, -1)[:, -1]
+            if (codes_of(tails, (n_pad, unit))[:, k - (k_pad - unit):] != zero).any():
+                return False
+        return True
+
     def _groups(self):
         if descriptor(self.format)["scale"] != "group":
             raise ValueError(f"{self.format} has no group scales")

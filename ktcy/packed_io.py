@@ -201,6 +201,10 @@ def map_layer(path, isa=None, experts=None) -> MappedLayer:
                     w.native()
                 except (TypeError, ValueError) as err:
                     raise CheckpointError(f"{path}: {proj}[{e}]: {err}") from None
+                if not w.padding_is_clear():
+                    raise CheckpointError(f"{path}: {proj}[{e}]: codes past its {shapes[proj][0]} x "
+                                          f"{shapes[proj][1]} are not zero: hidden_size / intermediate_size in the "
+                                          f"metadata are smaller than the weights the file holds")
                 weights[proj][e] = w
         listed = [p for p in m.get("bias", "").split(",") if p]
         if set(listed) - set(PROJECTIONS):

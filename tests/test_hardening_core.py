@@ -61,6 +61,12 @@ def forward(layer, T=3):
     ("INT4", {"group_size": 128}),
     ("INT4", {"group_size": 48}),
     ("INT8", {"hidden_size": I, "intermediate_size": H}),
+    # a smaller N or K that keeps every array's size (the codes past it are not padding)
+    ("INT4", {"intermediate_size": I - 15}),
+    ("INT4_ZP", {"intermediate_size": I - 15}),
+    ("MXFP4_A8", {"intermediate_size": I - 15}),
+    ("FP8_BLOCK", {"hidden_size": H - 1}),
+    ("BF16", {"intermediate_size": I - 1}),
     ("INT8", {"weight_format": "INT4"}),
     ("BF16", {"weight_format": "INT8"}),
     ("INT8", {"num_experts": E + 1}),
