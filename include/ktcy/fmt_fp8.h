@@ -216,24 +216,43 @@ KT_AI __m512 KT_(final)(KT_(acc_t) acc, __m512 facc, const ktcy_act *a, const kt
 #endif
 
 #elif KT_SKEL == KT_SKEL_AMX
-/* The np panels decoded once to bf16 blocks (the BF16 tile layout). */
+/* The np panels decoded once to bf16 blocks (the BF16 tile layout).  Real tiles come with
+ * AVX-512 BW: the same 128-entry table as ktcy_e4m3_to_bf16, 32 codes per two vpermi2w, since a
+ * scalar decode here costs 30x the TDPs that use it. */
 KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uint8_t *buf) {
-    const int64_t nkb = w->k_pad / 32;
+    const int64_t nkb = w->k_pad / 32, count = np * nkb * 512;
     const uint8_t *src = w->data + p * nkb * 512;
-    for (int64_t i = 0; i < np * nkb * 512; ++i) ((uint16_t *)buf)[i] = ktcy_e4m3_to_bf16(src[i]);
+    uint16_t *dst = (uint16_t *)buf;
+#if KT_AMX_REAL
+    const __m512i t0 = _mm512_loadu_si512(KTCY_E4M3_TO_BF16), t1 = _mm512_loadu_si512(KTCY_E4M3_TO_BF16 + 32);
+    const __m512i t2 = _mm512_loadu_si512(KTCY_E4M3_TO_BF16 + 64), t3 = _mm512_loadu_si512(KTCY_E4M3_TO_BF16 + 96);
+    for (int64_t i = 0; i < count; i += 32) {
+        const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(src + i)));
+        const __m512i low = _mm512_permutex2var_epi16(t0, b, t1), high = _mm512_permutex2var_epi16(t2, b, t3);
+        const __m512i mag = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(b, _mm512_set1_epi16(0x40)), low, high);
+        const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(b, _mm512_set1_epi16(0x80)), 8);
+        _mm512_storeu_si512(dst + i, _mm512_or_si512(mag, sign));
+    }
+#else
+    for (int64_t i = 0; i < count; ++i) dst[i] = ktcy_e4m3_to_bf16(src[i]);
+#endif
     return buf;
 }
 KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return KT_FP8_BLOCKWISE(w) ? KTCY_SCALE_BLOCK : w->k_pad; }
-KT_AI float KT_(tile_group)(float acc, float c, const ktcy_act *a, int64_t m, const ktcy_weight *w, int64_t n,
-                            int64_t g) {
-    (void)a; (void)m;
-    if (!KT_FP8_BLOCKWISE(w)) return acc + c;
-    return acc + c * (n < w->n ? KT_FP8_BLOCK_SCALE(w, n, g) : 0.0f);
+/* Per channel: one group, factor 1 (c x 1 is c, bit for bit); block-wise: the block's scale. */
+KT_AI void KT_(group_cols)(const ktcy_weight *w, int64_t p, int np, int64_t g, float *s) {
+    for (int j = 0; j < 16 * np; ++j) {
+        const int64_t n = p * KTCY_PANEL + j;
+        s[j] = !KT_FP8_BLOCKWISE(w) ? 1.0f : n < w->n ? KT_FP8_BLOCK_SCALE(w, n, g) : 0.0f;
+    }
 }
-KT_AI float KT_(tile_final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
-    (void)a; (void)m;
-    return KT_FP8_BLOCKWISE(w) ? acc : acc * w->scale[n];
+KT_AI float KT_(group_row)(const ktcy_act *a, int64_t m) { (void)a; (void)m; return 1.0f; }
+KT_AI float KT_(tile_group)(float acc, float c, float r, float s) { (void)r; return acc + c * s; }
+KT_AI void KT_(final_cols)(const ktcy_weight *w, int64_t p, int np, float *t) {
+    for (int j = 0; j < 16 * np; ++j) t[j] = KT_FP8_BLOCKWISE(w) ? 1.0f : w->scale[p * KTCY_PANEL + j];
 }
+KT_AI float KT_(final_row)(const ktcy_act *a, int64_t m) { (void)a; (void)m; return 1.0f; }
+KT_AI float KT_(tile_final)(float acc, float r, float t) { (void)r; return acc * t; }
 
 #else
 #error "fmt_fp8.h: no traits for this skeleton"

@@ -153,31 +153,45 @@ KT_AI __m512 KT_(final)(KT_(acc_t) acc, __m512 facc, const ktcy_act *a, const kt
 
 #elif KT_SKEL == KT_SKEL_AMX
 /* The np panels unpacked once to signed int8 blocks nibble - z (the INT8 tile layout). */
+/* A block's byte e holds code e (low nibble: K 0-31 of the block) and code e + 512 (high: K
+ * 32-63); code c sits at tile row c / 64, channel (c / 4) % 16.  So each half of the block is
+ * eight tile rows from one K group (groups are >= 32 and aligned), and its zero points repeat
+ * every 64 bytes: whole-row loops the compiler vectorizes. */
 KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uint8_t *buf) {
     const int64_t nkb = w->k_pad / 64;
-    const uint8_t *src = w->data + p * nkb * 512;
-    int8_t *dst = (int8_t *)buf;
-    for (int64_t i = 0; i < np * nkb * 512; ++i) {
-        const int64_t blk = i / 512, e = i % 512; /* block blk of the np panels, code e and e + 512 */
-        for (int half = 0; half < 2; ++half) {
-            const int64_t code = e + 512 * half, k = (blk % nkb) * 64 + (code >> 6) * 4 + (code & 3);
-            const int64_t n = (p + blk / nkb) * KTCY_PANEL + ((code >> 2) & 15);
-            const int nibble = half ? src[i] >> 4 : src[i] & 0x0F;
-            dst[blk * 1024 + code] = (int8_t)(nibble - KT_INT4_ZERO(w, k / w->group, n));
+    int8_t zlo[64], zhi[64];
+    memset(zlo, 8, sizeof zlo); /* symmetric INT4: z = 8 everywhere */
+    memset(zhi, 8, sizeof zhi);
+    for (int q = 0; q < np; ++q)
+        for (int64_t kb = 0; kb < nkb; ++kb) {
+            const uint8_t *restrict src = w->data + ((p + q) * nkb + kb) * 512;
+            int8_t *restrict dst = (int8_t *)buf + (q * nkb + kb) * 1024;
+            for (int j = 0; w->zero && j < 64; ++j) {
+                const int64_t n = (p + q) * KTCY_PANEL + j / 4;
+                zlo[j] = (int8_t)KT_INT4_ZERO(w, kb * 64 / w->group, n);
+                zhi[j] = (int8_t)KT_INT4_ZERO(w, (kb * 64 + 32) / w->group, n);
+            }
+            for (int r = 0; r < 8; ++r)
+                for (int j = 0; j < 64; ++j) {
+                    const uint8_t byte = src[r * 64 + j];
+                    dst[r * 64 + j] = (int8_t)((byte & 0x0F) - zlo[j]);
+                    dst[512 + r * 64 + j] = (int8_t)((byte >> 4) - zhi[j]);
+                }
         }
-    }
     return buf;
 }
 KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return w->group; }
-KT_AI float KT_(tile_group)(float acc, int32_t c, const ktcy_act *a, int64_t m, const ktcy_weight *w, int64_t n,
-                            int64_t g) {
-    (void)a; (void)m;
-    return acc + (float)c * w->scale[KT_INT4_AT(w, g, n)];
+KT_AI void KT_(group_cols)(const ktcy_weight *w, int64_t p, int np, int64_t g, float *s) {
+    for (int j = 0; j < 16 * np; ++j) s[j] = w->scale[KT_INT4_AT(w, g, p * KTCY_PANEL + j)];
 }
-KT_AI float KT_(tile_final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
-    (void)w; (void)n;
-    return acc * a->scale[m];
+KT_AI float KT_(group_row)(const ktcy_act *a, int64_t m) { (void)a; (void)m; return 1.0f; }
+KT_AI float KT_(tile_group)(float acc, int32_t c, float r, float s) { (void)r; return acc + (float)c * s; }
+KT_AI void KT_(final_cols)(const ktcy_weight *w, int64_t p, int np, float *t) {
+    (void)w; (void)p;
+    for (int j = 0; j < 16 * np; ++j) t[j] = 1.0f;
 }
+KT_AI float KT_(final_row)(const ktcy_act *a, int64_t m) { return a->scale[m]; }
+KT_AI float KT_(tile_final)(float acc, float r, float t) { (void)t; return acc * r; }
 
 #else
 #error "fmt_int4.h: no traits for this skeleton"

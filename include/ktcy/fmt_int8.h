@@ -50,14 +50,16 @@ KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uin
     return w->data + p * (w->k_pad / 64) * 1024; /* the packed block is the B tile */
 }
 KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return w->k_pad; }
-KT_AI float KT_(tile_group)(float acc, int32_t c, const ktcy_act *a, int64_t m, const ktcy_weight *w, int64_t n,
-                            int64_t g) {
-    (void)a; (void)m; (void)w; (void)n; (void)g;
+#include "traits_amx_one_group.h"
+KT_AI float KT_(tile_group)(float acc, int32_t c, float r, float s) {
+    (void)r; (void)s;
     return acc + (float)c;
 }
-KT_AI float KT_(tile_final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
-    return acc * a->scale[m] * w->scale[n];
+KT_AI void KT_(final_cols)(const ktcy_weight *w, int64_t p, int np, float *t) {
+    for (int j = 0; j < 16 * np; ++j) t[j] = w->scale[p * 16 + j];
 }
+KT_AI float KT_(final_row)(const ktcy_act *a, int64_t m) { return a->scale[m]; }
+KT_AI float KT_(tile_final)(float acc, float r, float t) { return acc * r * t; }
 
 #else
 #error "fmt_int8.h: no traits for this skeleton"

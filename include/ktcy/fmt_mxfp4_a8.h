@@ -189,21 +189,49 @@ KT_AI __m512 KT_(final)(KT_(acc_t) acc, __m512 facc, const ktcy_act *a, const kt
 KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uint8_t *buf) {
     const int64_t nkb = w->k_pad / KT_BK;
     int8_t *dst = (int8_t *)buf;
+#if KT_AMX_REAL
+    /* Real tiles come with AVX-512 BW.  Tile row r of a 64-K block is row r % 8 of sub-block
+     * r / 8: its 32 bytes hold channel nn's K pair (4 (r % 8), + 1) in the low nibbles of bytes
+     * 2 nn, 2 nn + 1 and the next pair in the high ones.  vpshufb looks both nibbles up (2 e2m1),
+     * and vpermw interleaves the byte pairs: low pair nn, high pair nn. */
+    const __m256i twice = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
+                                           0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                           6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int q = 0; q < np; ++q)
+        for (int64_t s = 0; s < 2 * nkb; ++s) {
+            const uint8_t *sub = KT_A8_SUB(w, p + q, s);
+            int8_t *out = dst + (q * nkb + s / 2) * 1024 + (s % 2) * 512;
+            for (int r = 0; r < 8; ++r) {
+                const __m256i bytes = _mm256_loadu_si256((const __m256i *)(sub + r * 32));
+                const __m256i low = _mm256_shuffle_epi8(twice, _mm256_and_si256(bytes, _mm256_set1_epi8(15)));
+                const __m256i high = _mm256_shuffle_epi8(twice, _mm256_and_si256(_mm256_srli_epi16(bytes, 4),
+                                                                                 _mm256_set1_epi8(15)));
+                const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
+                _mm512_storeu_si512(out + r * 64, _mm512_permutexvar_epi16(order, both));
+            }
+        }
+#else
     for (int q = 0; q < np; ++q)
         for (int64_t kb = 0; kb < nkb; ++kb)
             for (int64_t nn = 0; nn < KTCY_PANEL; ++nn)
                 for (int64_t kk = 0; kk < KT_BK; ++kk)
                     dst[(q * nkb + kb) * 1024 + ktcy_int8_offset(nn, kk)] = (int8_t)KT_(code2)(w, p + q, nn, kb * KT_BK + kk);
+#endif
     return buf;
 }
-KT_AI float KT_(tile_group)(float acc, int32_t c, const ktcy_act *a, int64_t m, const ktcy_weight *w, int64_t n,
-                            int64_t g) {
-    return KT_(fold)(acc, c, a, m, w, n, g);
+/* KT_(fold) split into its column factor (the block's power of two) and row factor. */
+KT_AI void KT_(group_cols)(const ktcy_weight *w, int64_t p, int np, int64_t g, float *s) {
+    for (int j = 0; j < 16 * np; ++j) s[j] = KT_(block_scale)(w, p + j / 16, g, j % 16);
 }
-KT_AI float KT_(tile_final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
-    (void)a; (void)w; (void)m; (void)n;
-    return acc;
+KT_AI float KT_(group_row)(const ktcy_act *a, int64_t m) { return a->scale[m] * 0.5f; }
+KT_AI float KT_(tile_group)(float acc, int32_t c, float r, float s) { return fmaf((float)c * r, s, acc); }
+KT_AI void KT_(final_cols)(const ktcy_weight *w, int64_t p, int np, float *t) {
+    (void)w; (void)p;
+    for (int j = 0; j < 16 * np; ++j) t[j] = 1.0f;
 }
+KT_AI float KT_(final_row)(const ktcy_act *a, int64_t m) { (void)a; (void)m; return 1.0f; }
+KT_AI float KT_(tile_final)(float acc, float r, float t) { (void)r; (void)t; return acc; }
 
 #else
 #error "fmt_mxfp4_a8.h: no traits for this skeleton"

@@ -3,7 +3,7 @@
  * tile_emu.h (ISA amx_emu).  The instantiation defines KT_GEMM, KT_TRAITS, KT_TARGET and the
  * binding: KT_TILE_CONFIG(cfg) KT_TILE_LOADED(cfg) KT_TILE_LOAD(t, p, stride)
  * KT_TILE_STORE(t, p, stride) KT_TILE_ZERO(t) KT_TILE_DP_I8(c, a, b) KT_TILE_DP_BF16(c, a, b)
- * KT_TILE_FAILED().  No include guard.
+ * KT_TILE_FAILED() KT_AMX_REAL (1: real tiles, so AVX-512 F/BW/VL may decode).  No include guard.
  *
  * Blocking: 2 A tiles (32 rows) x 2 B tiles (2 panels = 32 channels) -> 4 C tiles, as kt-kernel.
  * tmm0..3 = C, tmm4..5 = A, tmm6..7 = B.  Activation buffers hold m_pad rows (a multiple of
@@ -15,11 +15,20 @@
  *                                     panel stride k_pad / KT_BK blocks): the packed data itself, or
  *                                     unpacked / decoded into buf
  *   KT_(group_len)(w)                 K values per scale group (k_pad when the whole row is one)
- *   KT_(tile_group)(acc, c, a, m, w, n, g)  folds one C element (int32 or float) of group g, row m, into acc
- *   KT_(tile_final)(acc, a, w, m, n)  the output
+ *   KT_(group_cols)(w, p, np, g, s)   s[j]: column j's factor for group g of panels p, p + 1
+ *   KT_(group_row)(a, m)              row m's factor for the groups
+ *   KT_(tile_group)(acc, c, r, s)     one C element (int32 or float) folded into acc
+ *   KT_(final_cols)(w, p, np, t)      t[j]: column j's factor for the output
+ *   KT_(final_row)(a, m)              row m's factor for the output
+ *   KT_(tile_final)(acc, r, t)        the output
+ * The epilogues run a row at a time over contiguous columns with the factors hoisted, so the
+ * compiler vectorizes them: on real tiles they follow every group's TDPs and would otherwise
+ * cost more than the TDPs themselves.
  *
  * Per-thread scratch (64-byte aligned):  C tiles [32][32] (4 KiB) | acc [32][32] float (4 KiB) |
- *                                        B blocks of 2 panels when prepare_b unpacks/decodes */
+ *     B blocks of 2 panels when prepare_b unpacks/decodes | KTCY_AMX_A_ROWS activation rows in tile order
+ * Loops: activation chunks of KTCY_AMX_A_ROWS rows (packed once) > panel pairs (B prepared once
+ * per chunk) > 32-row blocks > scale groups > K steps. */
 
 #define KT_CAT_(a, b) a##_##b
 #define KT_CAT(a, b) KT_CAT_(a, b)
@@ -28,6 +37,12 @@
 #define KT_SKEL KT_SKEL_AMX
 
 #include KT_TRAITS
+
+#if KT_INT_ACT
+#define KT_C_T int32_t
+#else
+#define KT_C_T float
+#endif
 
 static const int KT_(formats) = KT_FORMATS; /* the descriptor rows this variant serves, for registry.h */
 
@@ -42,6 +57,9 @@ KT_AI void KT_(configure)(int a_colsb) {
         cfg[16 + 2 * t] = (uint8_t)colsb;
         cfg[48 + t] = (uint8_t)rows;
     }
+    /* GCC 12 does not see that LDTILECFG reads the 64 bytes and dropped the stores above (seen
+     * in a stand-alone test: only byte 0 was written, and the next tile instruction faulted). */
+    __asm__ volatile("" : : "r"(cfg) : "memory");
     if (!KT_TILE_LOADED(cfg)) KT_TILE_CONFIG(cfg); /* once per thread while the shape holds */
 }
 
@@ -72,45 +90,82 @@ KT_AI void KT_(store_c)(void *c, int mt, int np) {
     if (mt == 2) { KT_TILE_STORE(2, base + 16 * 128, 128); if (np == 2) KT_TILE_STORE(3, base + 16 * 128 + 64, 128); }
 }
 
+/* Group g's C tiles (c) folded into acc, for the rows that are outputs. */
+KT_AI void KT_(fold_group)(float *restrict acc, const KT_C_T *restrict c, int rows, int cols, const ktcy_act *a,
+                           int64_t m0, const ktcy_weight *w, int64_t p, int np, int64_t g) {
+    float s[32];
+    KT_(group_cols)(w, p, np, g, s);
+    for (int i = 0; i < rows; ++i) {
+        const float r = KT_(group_row)(a, m0 + i);
+        float *restrict ar = acc + i * 32;
+        const KT_C_T *restrict cr = c + i * 32;
+        for (int j = 0; j < cols; ++j) ar[j] = KT_(tile_group)(ar[j], cr[j], r, s[j]);
+    }
+}
+
+/* Rows [m0, m1) of the activations (m0 a multiple of 32) copied into tile order: per 32-row
+ * block, per K step, its two A tiles of 16 rows x rb bytes back to back.  Loaded in place, the
+ * rows sit a row stride (a power of two: 2-4 KiB) apart and fall into the same L1 sets, and the
+ * A loads stalled the TDPs (bf16 prefill 1.6x the time on a Xeon with AMX). */
+KT_AI void KT_(pack_a)(uint8_t *restrict dst, const uint8_t *restrict rows, int64_t lda, int64_t m0, int64_t m1,
+                       int64_t steps, int64_t rb /* 64, or 32 for 32-K groups of int8 */) {
+    for (int64_t b = m0; b < m1; b += 32) {
+        const int64_t tiles = m1 - b > 16 ? 2 : 1; /* rows past m up to m_pad are zero and present */
+        for (int64_t r = 0; r < 16 * tiles; ++r)
+            for (int64_t s = 0; s < steps; ++s) {
+                uint8_t *to = dst + (((b - m0) / 32 * steps + s) * 32 + r) * rb;
+                const uint8_t *from = rows + (b + r) * lda + s * rb;
+                if (rb == 64) memcpy(to, from, 64); /* constant sizes: inline vector moves */
+                else memcpy(to, from, 32);
+            }
+    }
+}
+
 KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb,
                              int64_t pe, void *scratch) {
     if (!(KT_FORMATS & (1 << w->format))) return KTCY_ERR_FORMAT;
     const int64_t nkb = w->k_pad / KT_BK, lda = a->k_pad * KT_ASIZE;
     const int64_t glen = KT_(group_len)(w), kstep = glen < KT_BK ? glen : KT_BK;
+    const int64_t rb = kstep * KT_ASIZE, steps = w->k_pad / kstep;
     const uint8_t *arows = KT_INT_ACT ? (const uint8_t *)a->q : (const uint8_t *)a->bf16;
-#if KT_INT_ACT
-    int32_t *c = (int32_t *)ktcy_align64(scratch);
-#else
-    float *c = (float *)ktcy_align64(scratch);
-#endif
+    KT_C_T *c = (KT_C_T *)ktcy_align64(scratch);
     float *acc = (float *)(c + 32 * 32);
-    uint8_t *buf = (uint8_t *)(acc + 32 * 32);
-    KT_(configure)((int)(kstep * KT_ASIZE));
-    for (int64_t p = pb; p < pe; p += 2) {
-        const int np = pe - p >= 2 ? 2 : 1;
-        const uint8_t *b0 = KT_(prepare_b)(w, p, np, buf), *b1 = b0 + nkb * 1024;
-        for (int64_t m0 = 0; m0 < a->m; m0 += 32) {
-            const int mt = a->m - m0 > 16 ? 2 : 1;
-            memset(acc, 0, 32 * 32 * sizeof(float));
-            for (int64_t k0 = 0; k0 < w->k_pad; k0 += glen) {
-                KT_(zero_c)();
-                for (int64_t k = k0; k < k0 + glen && k < w->k_pad; k += kstep) {
-                    /* B rows for K offset k: block k / KT_BK, row (k % KT_BK) / KT_KPR, 64 bytes a row */
-                    const int64_t boff = (k / KT_BK) * 1024 + (k % KT_BK) / KT_KPR * 64;
-                    KT_(step)(arows + m0 * lda + k * KT_ASIZE, lda, b0 + boff, b1 + boff, mt, np);
+    uint8_t *buf = (uint8_t *)(acc + 32 * 32), *apack = buf + 2 * nkb * 1024;
+    KT_(configure)((int)rb);
+    for (int64_t mc = 0; mc < a->m; mc += KTCY_AMX_A_ROWS) {
+        const int64_t mce = a->m - mc < KTCY_AMX_A_ROWS ? a->m : mc + KTCY_AMX_A_ROWS;
+        KT_(pack_a)(apack, arows, lda, mc, mce, steps, rb);
+        for (int64_t p = pb; p < pe; p += 2) {
+            const int np = pe - p >= 2 ? 2 : 1;
+            const uint8_t *b0 = KT_(prepare_b)(w, p, np, buf), *b1 = b0 + nkb * 1024;
+            const int cols = 16 * np < w->n - p * 16 ? 16 * np : (int)(w->n - p * 16);
+            float t[32];
+            KT_(final_cols)(w, p, np, t);
+            for (int64_t m0 = mc; m0 < mce; m0 += 32) {
+                const int mt = a->m - m0 > 16 ? 2 : 1, rows = a->m - m0 < 32 ? (int)(a->m - m0) : 32;
+                const uint8_t *ab = apack + (m0 - mc) / 32 * steps * 32 * rb;
+                memset(acc, 0, 32 * 32 * sizeof(float));
+                for (int64_t k0 = 0; k0 < w->k_pad; k0 += glen) {
+                    KT_(zero_c)();
+                    for (int64_t k = k0; k < k0 + glen && k < w->k_pad; k += kstep) {
+                        /* B rows for K offset k: block k / KT_BK, row (k % KT_BK) / KT_KPR, 64 bytes a row */
+                        const int64_t boff = (k / KT_BK) * 1024 + (k % KT_BK) / KT_KPR * 64;
+                        KT_(step)(ab + k / kstep * 32 * rb, rb, b0 + boff, b1 + boff, mt, np);
+                    }
+                    KT_(store_c)(c, mt, np);
+                    KT_(fold_group)(acc, c, rows, cols, a, m0, w, p, np, k0 / glen);
                 }
-                KT_(store_c)(c, mt, np);
-                for (int64_t i = 0; i < 16 * mt; ++i)
-                    for (int64_t j = 0; j < 16 * np; ++j)
-                        acc[i * 32 + j] = KT_(tile_group)(acc[i * 32 + j], c[i * 32 + j], a, m0 + i, w, p * 16 + j,
-                                                                  k0 / glen);
+                for (int i = 0; i < rows; ++i) {
+                    const float r = KT_(final_row)(a, m0 + i);
+                    const float *restrict ar = acc + i * 32;
+                    float *restrict yr = y + (m0 + i) * ldy + p * 16;
+                    for (int j = 0; j < cols; ++j) yr[j] = KT_(tile_final)(ar[j], r, t[j]);
+                }
             }
-            for (int64_t i = 0; i < 16 * mt && m0 + i < a->m; ++i)
-                for (int64_t j = 0; j < 16 * np && p * 16 + j < w->n; ++j)
-                    y[(m0 + i) * ldy + p * 16 + j] = KT_(tile_final)(acc[i * 32 + j], a, w, m0 + i, p * 16 + j);
         }
     }
     return KT_TILE_FAILED() ? KTCY_ERR_TILE : KTCY_OK;
 }
 
+#undef KT_C_T
 #include "traits_end.h"

@@ -283,6 +283,7 @@ static inline __attribute__((target("avx2"))) kt_w256 kt_int_half(__m256i v) {
 #define KT_TILE_DP_I8(c, a, b) ktcy_emu_tdpbssd(c, a, b)
 #define KT_TILE_DP_BF16(c, a, b) ktcy_emu_tdpbf16ps(c, a, b)
 #define KT_TILE_FAILED() (ktcy_emu.error)
+#define KT_AMX_REAL 0
 #define KT_GEMM ktcy_gemm_amx_emu_int8
 #define KT_TRAITS "fmt_int8.h"
 #include "gemm_amx_tpl.h"
@@ -322,6 +323,7 @@ static inline __attribute__((target("avx2"))) kt_w256 kt_int_half(__m256i v) {
 #undef KT_TILE_DP_I8
 #undef KT_TILE_DP_BF16
 #undef KT_TILE_FAILED
+#undef KT_AMX_REAL
 
 /* ---- real AMX tiles ---- */
 #if KTCY_ENABLE_AMX
@@ -341,6 +343,7 @@ static inline void ktcy_amx_forget_config(void) { memset(ktcy_amx_loaded_cfg, 0,
 #define KT_TILE_DP_I8(c, a, b) _tile_dpbssd(c, a, b)
 #define KT_TILE_DP_BF16(c, a, b) _tile_dpbf16ps(c, a, b)
 #define KT_TILE_FAILED() 0
+#define KT_AMX_REAL 1 /* real tiles: the traits may use AVX-512 F/BW/VL beside them */
 #define KT_GEMM ktcy_gemm_amx_int8
 #define KT_TRAITS "fmt_int8.h"
 #include "gemm_amx_tpl.h"
@@ -380,6 +383,7 @@ static inline void ktcy_amx_forget_config(void) { memset(ktcy_amx_loaded_cfg, 0,
 #undef KT_TILE_DP_I8
 #undef KT_TILE_DP_BF16
 #undef KT_TILE_FAILED
+#undef KT_AMX_REAL
 #endif
 
 #endif

@@ -28,13 +28,12 @@ KT_AI __m512 KT_(final)(KT_(acc_t) acc, __m512 facc, const ktcy_act *a, const kt
     return acc;
 }
 #elif KT_SKEL == KT_SKEL_AMX
-KT_AI float KT_(tile_group)(float acc, float c, const ktcy_act *a, int64_t m, const ktcy_weight *w, int64_t n,
-                            int64_t g) {
-    (void)a; (void)m; (void)w; (void)n; (void)g;
-    return acc + c;
+#include "traits_amx_one_group.h"
+KT_AI float KT_(tile_group)(float acc, float c, float r, float s) { (void)r; (void)s; return acc + c; }
+KT_AI void KT_(final_cols)(const ktcy_weight *w, int64_t p, int np, float *t) {
+    (void)w; (void)p;
+    for (int j = 0; j < 16 * np; ++j) t[j] = 1.0f;
 }
-KT_AI float KT_(tile_final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
-    (void)a; (void)w; (void)m; (void)n;
-    return acc;
-}
+KT_AI float KT_(final_row)(const ktcy_act *a, int64_t m) { (void)a; (void)m; return 1.0f; }
+KT_AI float KT_(tile_final)(float acc, float r, float t) { (void)r; (void)t; return acc; }
 #endif

@@ -54,14 +54,18 @@ typedef int (*ktcy_gemm_fn)(const ktcy_act *a, const ktcy_weight *w, float *y, i
  *   | AVX2 bf16-activation decode (fewer rows): the rows as floats [rows][k_pad]   |
  *   |       | a float per row                                                      |
  *   | AMX:  C tiles 32x32 int32/float (4 KiB) | float accumulator 32x32 (4 KiB) |  |
- *   |       2 panels unpacked/decoded to int8/bf16 blocks [2][k_pad/bk][1024 B]    |
+ *   |       2 panels unpacked/decoded to int8/bf16 blocks [2][k_pad/bk][1024 B] |  |
+ *   |       KTCY_AMX_A_ROWS activation rows in tile order (bf16: 2 bytes each)     |
  *   +------------------------------------------------------------------------------+
  */
 #define KTCY_AVX2_F32_ROWS 36 /* activation rows the AVX2 float prefill widens at once (6 tiles) */
+#define KTCY_AMX_A_ROWS 128   /* activation rows AMX packs at once; B is prepared once per 128 */
 static inline int64_t ktcy_gemm_scratch_bytes(int64_t k_pad) {
     const int64_t bf16_panels = 4 * KTCY_PANEL * k_pad * 2 + 4 * 1024 + 32 * 32 * 4;
     const int64_t f32_prefill = (KTCY_PANEL + KTCY_AVX2_F32_ROWS) * k_pad * 4 + KTCY_AVX2_F32_ROWS * 4;
-    return (bf16_panels > f32_prefill ? bf16_panels : f32_prefill) + 64;
+    const int64_t amx = 2 * 32 * 32 * 4 + 2 * KTCY_PANEL * k_pad * 2 + KTCY_AMX_A_ROWS * k_pad * 2;
+    const int64_t most = bf16_panels > f32_prefill ? bf16_panels : f32_prefill;
+    return (most > amx ? most : amx) + 64;
 }
 
 /* The one work partition of the GEMM drivers: `panels` output panels in about `parts`
