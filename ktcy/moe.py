@@ -25,9 +25,13 @@ from ktcy.safetensors_io import CheckpointError
 log = logging.getLogger("ktcy")
 
 # Experts with at least this many rows in a call run the prefill (AMX) kernel; fewer rows run the
-# decode kernel, which streams each weight byte once.  Two AMX A tiles are 32 rows: below that
-# AMX spends most of its tile work on zero padding.
-AMX_MIN_ROWS = 32
+# decode kernel.  Measured on a Xeon with AMX (2 threads, one projection of the Qwen3 layer with
+# its weights beyond the L3, AMX against AVX-512 per row count, bench/README.md): AMX is ahead
+# from 8 rows where the tiles need no per-group epilogue (bf16 activations, INT8), from about 32
+# for INT4 (its 64-K groups store and scale the C tiles every K step), and from about 64 where
+# 32-K groups or zero points add to that.
+AMX_MIN_ROWS = {"BF16": 8, "INT8": 8, "FP8_PERCHANNEL": 8, "FP8_BLOCK": 8, "MXFP4": 8,
+                "INT4": 32, "INT4_ZP": 64, "MXFP4_A8": 64}
 
 _DECODE_LADDER = ("avx512", "avx2", "ref")
 
@@ -90,7 +94,7 @@ class MoE:
         self.isa, self.variant, self.decode_isa, self.decode_variant = big_isa, big, small_isa, small
         self.bias = _checked_bias(bias, E, H, I)
         self._engine = _native.MoEEngine(fmt, [w.native() for w in self.gate], [w.native() for w in self.up],
-                                         [w.native() for w in self.down], big, small, AMX_MIN_ROWS, self.bias,
+                                         [w.native() for w in self.down], big, small, AMX_MIN_ROWS[fmt], self.bias,
                                          config.activation, config.swiglu_alpha, config.swiglu_limit)
         self._lock = threading.Lock()
         log.info("MoE %d experts H=%d I=%d top-%d runs %s", E, H, I, config.top_k, self.kernel)
@@ -136,7 +140,7 @@ class MoE:
         """The format and kernels in use, e.g. 'INT8 on avx512 (int8_avx512_vnni)'."""
         text = f"{self.format} on {self.isa} ({self.variant})"
         if self.decode_variant != self.variant:
-            text += f"; below {AMX_MIN_ROWS} rows per expert: {self.decode_isa} ({self.decode_variant})"
+            text += f"; below {AMX_MIN_ROWS[self.format]} rows per expert: {self.decode_isa} ({self.decode_variant})"
         return text
 
     @property

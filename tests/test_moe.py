@@ -97,20 +97,23 @@ def test_int8_identical_across_isas():
         assert np.array_equal(y, first), isa
 
 
-@pytest.mark.parametrize("fmt", ["INT8", "BF16", "INT4"])
+@pytest.mark.parametrize("fmt", ["INT8", "BF16", "INT4", "MXFP4_A8"])
 def test_amx_emu_prefill_and_decode_branches(fmt, monkeypatch):
-    """Experts with >= AMX_MIN_ROWS rows run the AMX kernel, the others the decode kernel; both
-    are exercised (and must agree with the reference) in one call."""
+    """Experts with >= AMX_MIN_ROWS[fmt] rows run the AMX kernel, the others the decode kernel;
+    both are exercised (and must agree with the reference) in one call."""
     rng = np.random.default_rng(4)
-    E, H, I, k = 4, 128, 96, 2
+    min_rows = ktcy.moe.AMX_MIN_ROWS[fmt]
+    T = max(48, min_rows + 2)
+    E, H, I, k = 1 + -(-T // 6), 128, 96, 2
     gate, up, down = expert_weights(rng, E, H, I)
     layer = ktcy.MoE.from_weights(ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig(fmt), isa="amx_emu"), gate, up, down)
     assert layer.variant.startswith("amx_emu") and not layer.decode_variant.startswith("amx")
-    T = 50
     x = rng.standard_normal((T, H)).astype(np.float32)
     ids = np.zeros((T, k), np.int64)
-    ids[:, 0] = 0                       # expert 0: 50 rows -> AMX
-    ids[:, 1] = 1 + np.arange(T) % 3    # experts 1..3: ~17 rows each -> decode kernel
+    ids[:, 0] = 0                           # expert 0: every row -> AMX
+    ids[:, 1] = 1 + np.arange(T) % (E - 1)  # the others: at most 6 rows each -> decode kernel
+    rows = np.bincount(ids.ravel(), minlength=E)
+    assert rows[0] >= min_rows and rows[1:].max() < min_rows
     w = np.full((T, k), 0.5, np.float32)
     ref = reference(x, ids, w, *dequantized(layer))
     y = layer.forward(x, ids, w)
