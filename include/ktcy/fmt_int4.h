@@ -166,10 +166,14 @@ KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uin
         for (int64_t kb = 0; kb < nkb; ++kb) {
             const uint8_t *restrict src = w->data + ((p + q) * nkb + kb) * 512;
             int8_t *restrict dst = (int8_t *)buf + (q * nkb + kb) * 1024;
-            for (int j = 0; w->zero && j < 64; ++j) {
-                const int64_t n = (p + q) * KTCY_PANEL + j / 4;
-                zlo[j] = (int8_t)KT_INT4_ZERO(w, kb * 64 / w->group, n);
-                zhi[j] = (int8_t)KT_INT4_ZERO(w, (kb * 64 + 32) / w->group, n);
+            if (w->zero) { /* the panel's 16 zero points of each half's group, 4 bytes each */
+                const int64_t n0 = (p + q) * KTCY_PANEL;
+                const uint8_t *zl = w->zero + KT_INT4_AT(w, kb * 64 / w->group, n0);
+                const uint8_t *zh = w->zero + KT_INT4_AT(w, (kb * 64 + 32) / w->group, n0);
+                for (int j = 0; j < 64; ++j) {
+                    zlo[j] = (int8_t)zl[j / 4];
+                    zhi[j] = (int8_t)zh[j / 4];
+                }
             }
             for (int r = 0; r < 8; ++r)
                 for (int j = 0; j < 64; ++j) {

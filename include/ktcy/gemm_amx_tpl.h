@@ -106,7 +106,7 @@ KT_AI void KT_(fold_group)(float *restrict acc, const KT_C_T *restrict c, int ro
 /* Rows [m0, m1) of the activations (m0 a multiple of 32) copied into tile order: per 32-row
  * block, per K step, its two A tiles of 16 rows x rb bytes back to back.  Loaded in place, the
  * rows sit a row stride (a power of two: 2-4 KiB) apart and fall into the same L1 sets, and the
- * A loads stalled the TDPs (bf16 prefill 1.6x the time on a Xeon with AMX). */
+ * A loads stalled the TDPs (a BF16 GEMM of 128 rows from the L3: 1.5x the time on a Xeon). */
 KT_AI void KT_(pack_a)(uint8_t *restrict dst, const uint8_t *restrict rows, int64_t lda, int64_t m0, int64_t m1,
                        int64_t steps, int64_t rb /* 64, or 32 for 32-K groups of int8 */) {
     for (int64_t b = m0; b < m1; b += 32) {
