@@ -28,8 +28,8 @@ log = logging.getLogger("ktcy")
 # decode kernel.  Measured on a Xeon with AMX (2 threads; bench/README.md): on one projection of
 # the Qwen3 layer with its weights beyond the L3, AMX is ahead from 8 rows where the tiles need
 # no per-group epilogue (bf16 activations, INT8).  INT4, INT4_ZP and MXFP4_A8 store and scale
-# the C tiles every 64 or 32 K: the whole layer is fastest with AMX from 64 rows (T = 512: from
-# 32, INT4 1.15x the time; T = 2048: AVX-512 alone 1.06-1.18x).
+# the C tiles every 64 or 32 K: the whole layer is fastest with AMX from 64 rows (T = 512: AMX
+# from 32 rows took INT4 1.15x the time of AVX-512 alone; T = 2048: AVX-512 alone 1.06-1.18x).
 AMX_MIN_ROWS = {"BF16": 8, "INT8": 8, "FP8_PERCHANNEL": 8, "FP8_BLOCK": 8, "MXFP4": 8,
                 "INT4": 64, "INT4_ZP": 64, "MXFP4_A8": 64}
 
