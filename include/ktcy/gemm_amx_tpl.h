@@ -1,7 +1,7 @@
 /* AMX GEMM skeleton, format-agnostic, written once against a tile API and instantiated per
  * (format, binding) by kernels.h: with the real _tile_* instructions (ISA amx) and over
  * tile_emu.h (ISA amx_emu).  The instantiation defines KT_GEMM, KT_TRAITS, KT_TARGET and the
- * binding: KT_TILE_CONFIG(cfg) KT_TILE_LOADED(cfg) KT_TILE_LOAD(t, p, stride)
+ * binding: KT_TILE_CONFIG(cfg) KT_TILE_RELEASE() KT_TILE_LOAD(t, p, stride)
  * KT_TILE_STORE(t, p, stride) KT_TILE_ZERO(t) KT_TILE_DP_I8(c, a, b) KT_TILE_DP_BF16(c, a, b)
  * KT_TILE_FAILED() KT_AMX_REAL (1: real tiles, so AVX-512 F/BW/VL may decode).  No include guard.
  *
@@ -60,7 +60,10 @@ KT_AI void KT_(configure)(int a_colsb) {
     /* GCC 12 does not see that LDTILECFG reads the 64 bytes and dropped the stores above (seen
      * in a stand-alone test: only byte 0 was written, and the next tile instruction faulted). */
     __asm__ volatile("" : : "r"(cfg) : "memory");
-    if (!KT_TILE_LOADED(cfg)) KT_TILE_CONFIG(cfg); /* once per thread while the shape holds */
+    /* Every call: other code on this thread (oneDNN under torch, say) may have loaded its own
+     * configuration or released the tiles since, and a tile instruction then faults (#UD; a
+     * configuration cached per thread crashed the hf tests on a Xeon with AMX). */
+    KT_TILE_CONFIG(cfg);
 }
 
 /* One K step of the 2x2 tile block: A rows from a (row stride lda bytes), B tiles at b0/b1. */
@@ -170,7 +173,9 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
             }
         }
     }
-    return KT_TILE_FAILED() ? KTCY_ERR_TILE : KTCY_OK;
+    const int status = KT_TILE_FAILED() ? KTCY_ERR_TILE : KTCY_OK;
+    KT_TILE_RELEASE(); /* nothing of ours left for a context switch to save or others to trip on */
+    return status;
 }
 
 #undef KT_C_T

@@ -276,7 +276,7 @@ static inline __attribute__((target("avx2"))) kt_w256 kt_int_half(__m256i v) {
 /* ---- AMX over the emulated tile unit: always built, never picked automatically ---- */
 #define KT_TARGET
 #define KT_TILE_CONFIG(cfg) ktcy_emu_ldtilecfg(cfg)
-#define KT_TILE_LOADED(cfg) (memcmp(ktcy_emu.cfg, (cfg), 64) == 0)
+#define KT_TILE_RELEASE() ktcy_emu_tilerelease()
 #define KT_TILE_LOAD(t, p, stride) ktcy_emu_tileloadd(t, p, stride)
 #define KT_TILE_STORE(t, p, stride) ktcy_emu_tilestored(t, p, stride)
 #define KT_TILE_ZERO(t) ktcy_emu_tilezero(t)
@@ -316,7 +316,7 @@ static inline __attribute__((target("avx2"))) kt_w256 kt_int_half(__m256i v) {
 #undef KT_TRAITS
 #undef KT_TARGET
 #undef KT_TILE_CONFIG
-#undef KT_TILE_LOADED
+#undef KT_TILE_RELEASE
 #undef KT_TILE_LOAD
 #undef KT_TILE_STORE
 #undef KT_TILE_ZERO
@@ -327,16 +327,9 @@ static inline __attribute__((target("avx2"))) kt_w256 kt_int_half(__m256i v) {
 
 /* ---- real AMX tiles ---- */
 #if KTCY_ENABLE_AMX
-/* The configuration this thread last loaded (tile state is per thread, like the registers). */
-static _Thread_local uint8_t ktcy_amx_loaded_cfg[64];
-
-/* Anything else that loads a tile configuration on this thread (the roofline probe) must call
- * this afterwards, or the next kernel would trust a configuration that is no longer there. */
-static inline void ktcy_amx_forget_config(void) { memset(ktcy_amx_loaded_cfg, 0, sizeof ktcy_amx_loaded_cfg); }
-
 #define KT_TARGET __attribute__((target("amx-tile,amx-int8,amx-bf16,avx512f,avx512bw,avx512vl")))
-#define KT_TILE_CONFIG(cfg) (_tile_loadconfig(cfg), memcpy(ktcy_amx_loaded_cfg, (cfg), 64))
-#define KT_TILE_LOADED(cfg) (memcmp(ktcy_amx_loaded_cfg, (cfg), 64) == 0)
+#define KT_TILE_CONFIG(cfg) _tile_loadconfig(cfg)
+#define KT_TILE_RELEASE() _tile_release()
 #define KT_TILE_LOAD(t, p, stride) _tile_loadd(t, p, stride)
 #define KT_TILE_STORE(t, p, stride) _tile_stored(t, p, stride)
 #define KT_TILE_ZERO(t) _tile_zero(t)
@@ -376,7 +369,7 @@ static inline void ktcy_amx_forget_config(void) { memset(ktcy_amx_loaded_cfg, 0,
 #undef KT_TRAITS
 #undef KT_TARGET
 #undef KT_TILE_CONFIG
-#undef KT_TILE_LOADED
+#undef KT_TILE_RELEASE
 #undef KT_TILE_LOAD
 #undef KT_TILE_STORE
 #undef KT_TILE_ZERO

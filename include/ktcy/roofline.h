@@ -149,7 +149,6 @@ __attribute__((target("amx-tile,amx-int8,amx-bf16"))) static float ktcy_peak_amx
     }
     _tile_stored(0, out, 64);
     _tile_release();
-    ktcy_amx_forget_config();
     return out[0];
 }
 #else
