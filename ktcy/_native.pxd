@@ -133,6 +133,7 @@ cdef extern from "ktcy/ktcy.h" nogil:
     float ktcy_peak_dpbf16(int64_t iters, float seed)
     float ktcy_peak_dpbusd(int64_t iters, float seed)
     float ktcy_peak_amx(int64_t iters, int bf16)
+    int ktcy_amx_release_tiles()
 
 cdef extern from "ktcy/ktcy.h" nogil:
     ctypedef void (*ktcy_swiglu_fn)(float *g, const float *u, int64_t n)

@@ -648,6 +648,13 @@ def mxcsr(value=None):
         _mm_setcsr(<unsigned int>value)
     return old
 
+def amx_release_tiles():
+    """TILERELEASE on the calling thread, as other code sharing ktcy's threads may do (tests).
+    Only where AMX is usable: elsewhere the instruction faults."""
+    if "amx" not in available_isas():
+        raise UnsupportedISAError("amx_release_tiles: AMX is not usable here")
+    ktcy_amx_release_tiles()
+
 # ---------------------------------------------------------------- emulated tile unit, instruction level
 
 def emu_reset():

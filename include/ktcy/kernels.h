@@ -377,6 +377,12 @@ static inline __attribute__((target("avx2"))) kt_w256 kt_int_half(__m256i v) {
 #undef KT_TILE_DP_BF16
 #undef KT_TILE_FAILED
 #undef KT_AMX_REAL
+
+/* TILERELEASE on the calling thread: the tests' stand-in for other code on ktcy's threads
+ * (oneDNN under torch) that releases the tiles between two ktcy calls.  -1: AMX not built. */
+__attribute__((target("amx-tile"))) static inline int ktcy_amx_release_tiles(void) { _tile_release(); return 0; }
+#else
+static inline int ktcy_amx_release_tiles(void) { return -1; }
 #endif
 
 #endif
