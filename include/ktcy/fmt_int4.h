@@ -152,8 +152,8 @@ KT_AI __m512 KT_(final)(KT_(acc_t) acc, __m512 facc, const ktcy_act *a, const kt
 #endif
 
 #elif KT_SKEL == KT_SKEL_AMX
-/* The np panels unpacked once to signed int8 blocks nibble - z (the INT8 tile layout). */
-/* A block's byte e holds code e (low nibble: K 0-31 of the block) and code e + 512 (high: K
+/* The np panels unpacked once to signed int8 blocks nibble - z (the INT8 tile layout).
+ * A block's byte e holds code e (low nibble: K 0-31 of the block) and code e + 512 (high: K
  * 32-63); code c sits at tile row c / 64, channel (c / 4) % 16.  So each half of the block is
  * eight tile rows from one K group (groups are >= 32 and aligned), and its zero points repeat
  * every 64 bytes: whole-row loops the compiler vectorizes. */
