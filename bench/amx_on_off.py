@@ -31,15 +31,25 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--formats", default=",".join(AMX_MIN_ROWS))
     args = ap.parse_args()
+    formats = args.formats.split(",")
+    unknown = [f for f in formats if f not in AMX_MIN_ROWS]
+    if unknown:
+        ap.error(f"--formats: unknown {', '.join(unknown)}; choose from {', '.join(AMX_MIN_ROWS)}")
+    try:
+        tokens = [int(t) for t in args.tokens.split(",")]
+    except ValueError:
+        ap.error(f"--tokens: {args.tokens!r} is not a comma-separated list of integers")
+    if min(tokens) < 1 or args.rounds < 1:
+        ap.error("--tokens and --rounds must be at least 1")
     if "amx" not in ktcy.available_isas():
         raise SystemExit("amx_on_off: this CPU (or its OS, or CPUINFER_ENABLE_AMX) does not allow AMX")
-    for fmt in args.formats.split(","):
+    for fmt in formats:
         rng = np.random.default_rng(0)
         weights = [rng.standard_normal(s, np.float32) * 0.02 for s in ((E, I, H), (E, I, H), (E, H, I))]
         layer = ktcy.MoE.from_weights(ktcy.MoeConfig(E, TOP_K, H, I, ktcy.QuantConfig(fmt)), *weights)
         del weights
         engines = {"amx": engine(layer, AMX_MIN_ROWS[fmt]), "avx512": engine(layer, 1 << 40)}
-        for T in (int(t) for t in args.tokens.split(",")):
+        for T in tokens:
             x = rng.standard_normal((T, H), np.float32)
             w = rng.random((T, TOP_K), np.float32)
             ids = [np.argsort(rng.random((T, E)), axis=1)[:, :TOP_K] for _ in range(4)]
