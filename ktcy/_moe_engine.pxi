@@ -21,7 +21,8 @@
 # is released after its call instead of holding the memory for the layer's life.
 #
 # The activation kind (int8 codes + row scales + group sums, or bf16 bits) comes from the format
-# descriptor; SwiGLU runs on the ISA of the selected kernels (all its versions give the same bits).
+# descriptor; SwiGLU and the int8 activation quantizer run on the ISA of the selected kernels (all
+# their versions give the same bits).
 
 from libc.string cimport memcpy
 from cython.parallel cimport parallel
@@ -45,6 +46,12 @@ cdef ktcy_swiglu_fn _swiglu_for(str isa_a, str isa_b):
     if rank == 1:
         return ktcy_swiglu_avx2
     return ktcy_swiglu_ref
+
+cdef ktcy_quant_act_fn _engine_quant_act_for(str isa_a, str isa_b):
+    """The int8 activation quantizer on the same rule as _swiglu_for (all versions give the same
+    bytes)."""
+    rank = min(_ISA_RANK[isa_a], _ISA_RANK[isa_b])
+    return _quant_act_for(KTCY_NEED_AVX512 if rank == 2 else KTCY_NEED_AVX2 if rank == 1 else 0)
 
 cdef ktcy_glu_clamped_fn _glu_clamped_for(str isa_a, str isa_b):
     """GPT-OSS's clamped GLU on the same rule as _swiglu_for."""
@@ -106,6 +113,7 @@ cdef class MoEEngine:
     cdef ktcy_weight *down_w
     cdef ktcy_gemm_fn big_fn, small_fn
     cdef ktcy_swiglu_fn swiglu
+    cdef ktcy_quant_act_fn quant_act
     cdef ktcy_glu_clamped_fn glu_clamped
     cdef int activation
     cdef float alpha, limit
@@ -164,6 +172,7 @@ cdef class MoEEngine:
         isa_big = ISAS[KTCY_VARIANTS[_variant_index(format_name, big_variant)].isa]
         isa_small = ISAS[KTCY_VARIANTS[_variant_index(format_name, small_variant)].isa]
         self.swiglu = _swiglu_for(isa_big, isa_small)
+        self.quant_act = _engine_quant_act_for(isa_big, isa_small)
         self.glu_clamped = _glu_clamped_for(isa_big, isa_small)
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation {activation!r}: choose one of {', '.join(ACTIVATIONS)}")
@@ -366,6 +375,7 @@ cdef class MoEEngine:
         cdef int64_t m, p0, p1, seg0, col, col_end, tid, base
         cdef float wgt
         cdef ktcy_swiglu_fn swiglu = self.swiglu
+        cdef ktcy_quant_act_fn quant_act = self.quant_act
         cdef ktcy_glu_clamped_fn glu_clamped = self.glu_clamped
         cdef int clamped = self.activation == 1
         cdef float alpha = self.alpha, limit = self.limit
@@ -386,7 +396,7 @@ cdef class MoEEngine:
             # 0. convert every token once, then gather its rows into the expert segments
             for t in prange(T, schedule="static"):
                 if integer:
-                    ktcy_quantize_act_int8(&x[0, 0], H, H, kh, t, t + 1, &xq[0, 0], &xs[0], group, &xg[0, 0])
+                    quant_act(&x[0, 0], H, H, kh, t, t + 1, &xq[0, 0], &xs[0], group, &xg[0, 0])
                 else:
                     ktcy_convert_act_bf16(&x[0, 0], H, H, kh, t, t + 1, &xb[0, 0])
             for r in prange(rows, schedule="static"):
@@ -449,7 +459,7 @@ cdef class MoEEngine:
             for r in prange(rows, schedule="static"):
                 if rtok[r] >= 0:
                     if integer:
-                        ktcy_quantize_act_int8(&hg[0, 0], I, I, ki, r, r + 1, &q2[0, 0], &s2[0], group, &g2[0, 0])
+                        quant_act(&hg[0, 0], I, I, ki, r, r + 1, &q2[0, 0], &s2[0], group, &g2[0, 0])
                     else:
                         ktcy_convert_act_bf16(&hg[0, 0], I, I, ki, r, r + 1, &b2[0, 0])
             # 3. down

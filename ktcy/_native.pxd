@@ -101,8 +101,14 @@ cdef extern from "ktcy/ktcy.h" nogil:
                                    uint8_t *q, int64_t ldq, float *scale)
     int64_t ktcy_quantize_fp8_block_rows(const float *w, int64_t ldw, int64_t n, int64_t k, int64_t n0,
                                          uint8_t *q, int64_t ldq, float *scale_inv)
+    ctypedef void (*ktcy_quant_act_fn)(const float *x, int64_t ldx, int64_t k, int64_t k_pad, int64_t m0,
+                                       int64_t m1, int8_t *q, float *scale, int group, int32_t *gsum)
     void ktcy_quantize_act_int8(const float *x, int64_t ldx, int64_t k, int64_t k_pad, int64_t m0,
                                 int64_t m1, int8_t *q, float *scale, int group, int32_t *gsum)
+    void ktcy_quantize_act_int8_avx2(const float *x, int64_t ldx, int64_t k, int64_t k_pad, int64_t m0,
+                                     int64_t m1, int8_t *q, float *scale, int group, int32_t *gsum)
+    void ktcy_quantize_act_int8_avx512(const float *x, int64_t ldx, int64_t k, int64_t k_pad, int64_t m0,
+                                       int64_t m1, int8_t *q, float *scale, int group, int32_t *gsum)
     void ktcy_convert_act_bf16(const float *x, int64_t ldx, int64_t k, int64_t k_pad, int64_t m0,
                                int64_t m1, uint16_t *out)
     void ktcy_layout_block_scales(const uint8_t *exps, int64_t ld, int64_t n, int64_t k_pad,

@@ -410,6 +410,45 @@ def layout(int fmt, codes, int64_t n, int64_t k, int group=0, block_scales=None)
 
 # ---------------------------------------------------------------- activations
 
+cdef ktcy_quant_act_fn _quant_act_for(int need) noexcept:
+    """The int8 activation quantizer of the widest ISA in `need` (KTCY_NEED_* bits) that this CPU
+    runs; every version writes the same bytes (act_quant.h)."""
+    if need & KTCY_NEED_AVX512 and _satisfied & KTCY_NEED_AVX512:
+        return ktcy_quantize_act_int8_avx512
+    if need & (KTCY_NEED_AVX512 | KTCY_NEED_AVX2) and _satisfied & KTCY_NEED_AVX2:
+        return ktcy_quantize_act_int8_avx2
+    return ktcy_quantize_act_int8
+
+_QUANT_ACT_NEEDS = {"ref": 0, "avx2": KTCY_NEED_AVX2, "avx512": KTCY_NEED_AVX512}
+
+def quantize_act_int8(str isa, const float[:, ::1] x, int64_t k_pad, int group=0):
+    """(codes [m, k_pad] int8, scales [m] float32, group sums [m, k_pad // group] int32 or None)
+    of the rows of x by the activation quantizer of one ISA (ref, avx2, avx512): the tests hold
+    the vector versions to the portable one byte for byte."""
+    if isa not in _QUANT_ACT_NEEDS:
+        raise ValueError(f"unknown quantizer ISA {isa!r}; choose one of {', '.join(_QUANT_ACT_NEEDS)}")
+    cdef int need = _QUANT_ACT_NEEDS[isa]
+    if need & ~_satisfied:
+        raise UnsupportedISAError(f"this CPU cannot run the {isa} activation quantizer")
+    cdef int64_t m = x.shape[0], k = x.shape[1]
+    if k_pad < k or group < 0 or (group and k_pad % group):
+        raise ValueError(f"k_pad {k_pad} does not hold K = {k} in groups of {group}")
+    q = np.ones((m, k_pad), np.int8)  # not zeros: the padding must be written
+    scale = np.zeros(m, np.float32)
+    sums = np.zeros((m, k_pad // group), np.int32) if group else None
+    cdef int8_t[:, ::1] qv = q
+    cdef float[::1] sv = scale
+    cdef int32_t[:, ::1] gv
+    cdef int32_t *gptr = NULL
+    if group:
+        gv = sums
+        gptr = &gv[0, 0]
+    cdef ktcy_quant_act_fn fn = _quant_act_for(need)
+    if m > 0:
+        with nogil:
+            fn(&x[0, 0], k, k, k_pad, 0, m, &qv[0, 0], &sv[0], group, gptr)
+    return q, scale, sums
+
 cdef class Activations:
     """Rows converted once for a format: int8 codes + scales (+ group sums) or bf16 bits, padded
     to m_pad = a multiple of 16 rows (zeros) so AMX tiles and rounded-up micro-tiles stay inside."""
@@ -431,6 +470,7 @@ cdef class Activations:
         cdef float[::1] sv
         cdef int32_t[:, ::1] gv
         cdef int32_t *gptr = NULL
+        cdef ktcy_quant_act_fn quant_act
         memset(&self.view, 0, sizeof(ktcy_act))
         self.view.m, self.view.m_pad, self.view.k_pad, self.view.group = m, m_pad, k_pad, gsum_group
         if d.act == KTCY_ACT_INT8:
@@ -443,8 +483,9 @@ cdef class Activations:
                 gptr = &gv[0, 0]
             self.view.q, self.view.scale, self.view.group_sum = &qv[0, 0], &sv[0], gptr
             if m > 0 and k > 0:
+                quant_act = _quant_act_for(KTCY_NEED_AVX512)
                 for r in prange(m, nogil=True, num_threads=_num_threads, schedule="static"):
-                    ktcy_quantize_act_int8(&x[0, 0], k, k, k_pad, r, r + 1, &qv[0, 0], &sv[0], gsum_group, gptr)
+                    quant_act(&x[0, 0], k, k, k_pad, r, r + 1, &qv[0, 0], &sv[0], gsum_group, gptr)
         else:
             self.bf16 = np.zeros((m_pad, k_pad), np.uint16)
             bv = self.bf16

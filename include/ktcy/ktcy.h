@@ -1,6 +1,7 @@
 /* Umbrella header for the Cython layer. */
 #ifndef KTCY_H
 #define KTCY_H
+#include "act_quant.h"
 #include "activation.h"
 #include "cpu.h"
 #include "numeric.h"

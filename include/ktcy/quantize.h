@@ -1,6 +1,6 @@
-/* Weight quantization (float32 rows -> codes + scales) and activation conversion.
- * One portable definition each: every ISA reads what these write, so the numbers a kernel
- * sees do not depend on the machine that packed them. */
+/* Weight quantization (float32 rows -> codes + scales) and bf16 activation conversion (int8
+ * activations: act_quant.h).  One portable definition each: every ISA reads what these write,
+ * so the numbers a kernel sees do not depend on the machine that packed them. */
 #ifndef KTCY_QUANTIZE_H
 #define KTCY_QUANTIZE_H
 
@@ -8,37 +8,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "act_quant.h"
 #include "formats.h"
 #include "numeric.h"
-
-/* Round half to even for |v| < 2^22 by adding and removing 1.5 * 2^23 (exact in the default
- * rounding mode; without -ffast-math the compiler may not fold it away): unlike nearbyintf it
- * vectorises with the baseline SSE2 the package is built for. */
-static inline float ktcy_rint_small(float v) {
-    const float magic = 12582912.0f;
-    return (v + magic) - magic;
-}
-
-static inline float ktcy_clamp127(float v) { return v < -127.0f ? -127.0f : v > 127.0f ? 127.0f : v; }
-
-static inline int ktcy_row_finite(const float *x, int64_t k) {
-    int finite = 1;
-    for (int64_t i = 0; i < k; ++i) finite &= isfinite(x[i]) != 0;
-    return finite;
-}
-
-/* The largest |x[i]|, for finite rows (every caller checks them, and ignores this otherwise).
- * Taken on the bits: |x| of a finite float orders as its bit pattern does, and an integer max
- * vectorizes where a float one (fmaxf's NaN rule, or a compare whose signed zeros the
- * compiler must respect) does not; every MoE call's activation rows come through here. */
-static inline float ktcy_row_amax(const float *x, int64_t k) {
-    int32_t amax = 0;
-    for (int64_t i = 0; i < k; ++i) {
-        const int32_t a = (int32_t)(ktcy_f32_bits(x[i]) & 0x7FFFFFFFu);
-        amax = a > amax ? a : amax;
-    }
-    return ktcy_bits_f32((uint32_t)amax);
-}
 
 /* INT8 per output channel: scale = amax/127, q = rint(w/scale) (half to even), saturated.
  * Returns the first row in [n0, n1) that is not finite, or -1. */
@@ -208,37 +180,6 @@ static inline int64_t ktcy_quantize_fp8_block_rows(const float *w, int64_t ldw, 
                 q[r * ldq + k0 + i] = s > 0.0f ? ktcy_f32_to_e4m3(w[r * ldw + k0 + i] / s) : 0;
     }
     return -1;
-}
-
-/* Activations, INT8/INT4 formats: symmetric int8 per row, scale = amax/127.  A row holding NaN
- * or infinity gets a NaN scale and zero codes, so the non-finite value reaches that row's
- * outputs (and no other row's).  Codes past k are zero up to k_pad.  When group > 0 the
- * per-group code sums (INT4 kernels subtract 8 * sum) are written too. */
-static inline void ktcy_quantize_act_int8(const float *x, int64_t ldx, int64_t k, int64_t k_pad, int64_t m0,
-                                          int64_t m1, int8_t *q, float *scale, int group, int32_t *gsum) {
-    for (int64_t m = m0; m < m1; ++m) {
-        const float *row = x + m * ldx;
-        int8_t *out = q + m * k_pad;
-        float amax = ktcy_row_amax(row, k);
-        if (!ktcy_row_finite(row, k)) {
-            scale[m] = NAN;
-            memset(out, 0, (size_t)k_pad);
-        } else {
-            float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-            scale[m] = amax / 127.0f;
-            for (int64_t i = 0; i < k; ++i)
-                out[i] = (int8_t)ktcy_clamp127(ktcy_rint_small(row[i] * inv));
-            memset(out + k, 0, (size_t)(k_pad - k));
-        }
-        if (group > 0) {
-            int64_t groups = k_pad / group;
-            for (int64_t g = 0; g < groups; ++g) {
-                int32_t s = 0;
-                for (int i = 0; i < group; ++i) s += out[g * group + i];
-                gsum[m * groups + g] = s;
-            }
-        }
-    }
 }
 
 static inline void ktcy_convert_act_bf16(const float *x, int64_t ldx, int64_t k, int64_t k_pad, int64_t m0,

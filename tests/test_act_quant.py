@@ -1,0 +1,83 @@
+"""The int8 activation quantizer's AVX2 and AVX-512 versions (act_quant.h) against the portable
+one, byte for byte, and all of them against numpy's rule: the INT8/INT4/MXFP4_A8 kernels see the
+same codes whichever machine quantized the tokens."""
+import numpy as np
+import pytest
+
+from conftest import quantize_rows_int8
+from ktcy import _native
+from ktcy.errors import UnsupportedISAError
+
+QUANT_ISAS = ("ref", "avx2", "avx512")
+
+
+def quant_params():
+    out = []
+    for isa in QUANT_ISAS:
+        marks = () if isa in _native.available_isas() else (
+            pytest.mark.skip(reason=f"ISA {isa} is not usable on this CPU/OS/build"),)
+        out.append(pytest.param(isa, marks=marks, id=isa))
+    return out
+
+
+def rows(rng, m, k):
+    """Rows that reach every path: scales from 1e-30 to 1e30, exact ties of the rounding (x * inv
+    landing on .5), zeros, negative zeros, a subnormal-only row and non-finite rows."""
+    x = rng.standard_normal((m, k)).astype(np.float32) * np.float32(10.0) ** rng.integers(-30, 30, (m, 1))
+    x = x.astype(np.float32)
+    if m > 3 and k > 2:
+        x[0] = 0.0
+        x[1] = -0.0
+        x[1, k // 2] = -3.0
+        x[2] = (np.arange(k, dtype=np.float32) - k / 2) * np.float32(0.5)  # many exact .5 products
+        x[3] = np.float32(1e-40) * rng.integers(-3, 4, k)  # subnormals
+    if m > 6 and k > 1:
+        x[4, k - 1] = np.nan  # in the tail lanes
+        x[5, 0] = np.inf
+        x[6, k // 3] = -np.inf
+    return np.ascontiguousarray(x)
+
+
+@pytest.mark.parametrize("isa", quant_params())
+@pytest.mark.parametrize("k", [1, 7, 8, 15, 16, 17, 31, 33, 64, 129, 768, 2050])
+@pytest.mark.parametrize("group", [0, 32, 64])
+def test_same_bytes_as_portable(isa, k, group):
+    rng = np.random.default_rng(k * 7 + group)
+    k_pad = -(-k // 64) * 64 + (64 if k % 3 == 0 else 0)  # some rows with padding past the block
+    x = rows(rng, 11, k)
+    q0, s0, g0 = _native.quantize_act_int8("ref", x, k_pad, group)
+    q1, s1, g1 = _native.quantize_act_int8(isa, x, k_pad, group)
+    np.testing.assert_array_equal(q1, q0)
+    np.testing.assert_array_equal(s1.view(np.uint32), s0.view(np.uint32))  # NaN scales included
+    if group:
+        np.testing.assert_array_equal(g1, g0)
+        np.testing.assert_array_equal(g1, q1.reshape(len(x), -1, group).sum(axis=2, dtype=np.int32))
+    assert not q1[:, k:].any()  # the padding is written (the buffer started as ones)
+    finite = np.isfinite(x).all(axis=1)
+    assert np.isnan(s1[~finite]).all() and not q1[~finite].any()
+    tiny = finite & (np.abs(np.where(np.isfinite(x), x, 0)).max(axis=1) < np.float32(2.0 ** -120))
+    assert (s1[tiny] == 0).all() and not q1[tiny].any()  # zero rows too; 127/amax would overflow
+    normal = finite & ~tiny
+    q_ref, s_ref = quantize_rows_int8(x[normal])
+    np.testing.assert_array_equal(q1[normal, :k], q_ref)
+    np.testing.assert_array_equal(s1[normal], s_ref)
+
+
+@pytest.mark.parametrize("isa", quant_params())
+def test_no_rows(isa):
+    q, s, g = _native.quantize_act_int8(isa, np.zeros((0, 5), np.float32), 64, 32)
+    assert q.shape == (0, 64) and s.shape == (0,) and g.shape == (0, 2)
+
+
+def test_bad_arguments():
+    x = np.ones((2, 70), np.float32)
+    with pytest.raises(ValueError, match="unknown quantizer ISA"):
+        _native.quantize_act_int8("amx", x, 128)
+    with pytest.raises(ValueError, match="does not hold"):
+        _native.quantize_act_int8("ref", x, 64)
+    with pytest.raises(ValueError, match="does not hold"):
+        _native.quantize_act_int8("ref", x, 128, 48)
+    for isa in ("avx2", "avx512"):
+        if isa not in _native.available_isas():
+            with pytest.raises(UnsupportedISAError):
+                _native.quantize_act_int8(isa, x, 128)
