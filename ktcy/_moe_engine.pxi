@@ -21,7 +21,7 @@
 # is released after its call instead of holding the memory for the layer's life.
 #
 # The activation kind (int8 codes + row scales + group sums, or bf16 bits) comes from the format
-# descriptor; SwiGLU and the int8 activation quantizer run on the ISA of the selected kernels (all
+# descriptor; SwiGLU and the activation conversions run on the ISA of the selected kernels (all
 # their versions give the same bits).
 
 from libc.string cimport memcpy
@@ -47,11 +47,19 @@ cdef ktcy_swiglu_fn _swiglu_for(str isa_a, str isa_b):
         return ktcy_swiglu_avx2
     return ktcy_swiglu_ref
 
+cdef int _engine_need(str isa_a, str isa_b):
+    """KTCY_NEED_* bits of the less capable of the two ISAs a layer runs (ref, amx_emu: none)."""
+    rank = min(_ISA_RANK[isa_a], _ISA_RANK[isa_b])
+    return KTCY_NEED_AVX512 if rank == 2 else KTCY_NEED_AVX2 if rank == 1 else 0
+
 cdef ktcy_quant_act_fn _engine_quant_act_for(str isa_a, str isa_b):
     """The int8 activation quantizer on the same rule as _swiglu_for (all versions give the same
     bytes)."""
-    rank = min(_ISA_RANK[isa_a], _ISA_RANK[isa_b])
-    return _quant_act_for(KTCY_NEED_AVX512 if rank == 2 else KTCY_NEED_AVX2 if rank == 1 else 0)
+    return _quant_act_for(_engine_need(isa_a, isa_b))
+
+cdef ktcy_bf16_act_fn _engine_bf16_act_for(str isa_a, str isa_b):
+    """The bf16 activation conversion on the same rule."""
+    return _bf16_act_for(_engine_need(isa_a, isa_b))
 
 cdef ktcy_glu_clamped_fn _glu_clamped_for(str isa_a, str isa_b):
     """GPT-OSS's clamped GLU on the same rule as _swiglu_for."""
@@ -114,6 +122,7 @@ cdef class MoEEngine:
     cdef ktcy_gemm_fn big_fn, small_fn
     cdef ktcy_swiglu_fn swiglu
     cdef ktcy_quant_act_fn quant_act
+    cdef ktcy_bf16_act_fn bf16_act
     cdef ktcy_glu_clamped_fn glu_clamped
     cdef int activation
     cdef float alpha, limit
@@ -173,6 +182,7 @@ cdef class MoEEngine:
         isa_small = ISAS[KTCY_VARIANTS[_variant_index(format_name, small_variant)].isa]
         self.swiglu = _swiglu_for(isa_big, isa_small)
         self.quant_act = _engine_quant_act_for(isa_big, isa_small)
+        self.bf16_act = _engine_bf16_act_for(isa_big, isa_small)
         self.glu_clamped = _glu_clamped_for(isa_big, isa_small)
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation {activation!r}: choose one of {', '.join(ACTIVATIONS)}")
@@ -376,6 +386,7 @@ cdef class MoEEngine:
         cdef float wgt
         cdef ktcy_swiglu_fn swiglu = self.swiglu
         cdef ktcy_quant_act_fn quant_act = self.quant_act
+        cdef ktcy_bf16_act_fn bf16_act = self.bf16_act
         cdef ktcy_glu_clamped_fn glu_clamped = self.glu_clamped
         cdef int clamped = self.activation == 1
         cdef float alpha = self.alpha, limit = self.limit
@@ -398,7 +409,7 @@ cdef class MoEEngine:
                 if integer:
                     quant_act(&x[0, 0], H, H, kh, t, t + 1, &xq[0, 0], &xs[0], group, &xg[0, 0])
                 else:
-                    ktcy_convert_act_bf16(&x[0, 0], H, H, kh, t, t + 1, &xb[0, 0])
+                    bf16_act(&x[0, 0], H, H, kh, t, t + 1, &xb[0, 0])
             for r in prange(rows, schedule="static"):
                 t = rtok[r]
                 if t >= 0:
@@ -461,7 +472,7 @@ cdef class MoEEngine:
                     if integer:
                         quant_act(&hg[0, 0], I, I, ki, r, r + 1, &q2[0, 0], &s2[0], group, &g2[0, 0])
                     else:
-                        ktcy_convert_act_bf16(&hg[0, 0], I, I, ki, r, r + 1, &b2[0, 0])
+                        bf16_act(&hg[0, 0], I, I, ki, r, r + 1, &b2[0, 0])
             # 3. down
             for team_slot in prange(nthreads, schedule="static", chunksize=1):
                 c = ktcy_take(&taken2)

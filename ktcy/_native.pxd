@@ -109,8 +109,14 @@ cdef extern from "ktcy/ktcy.h" nogil:
                                      int64_t m1, int8_t *q, float *scale, int group, int32_t *gsum)
     void ktcy_quantize_act_int8_avx512(const float *x, int64_t ldx, int64_t k, int64_t k_pad, int64_t m0,
                                        int64_t m1, int8_t *q, float *scale, int group, int32_t *gsum)
+    ctypedef void (*ktcy_bf16_act_fn)(const float *x, int64_t ldx, int64_t k, int64_t k_pad, int64_t m0,
+                                      int64_t m1, uint16_t *out)
     void ktcy_convert_act_bf16(const float *x, int64_t ldx, int64_t k, int64_t k_pad, int64_t m0,
                                int64_t m1, uint16_t *out)
+    void ktcy_convert_act_bf16_avx2(const float *x, int64_t ldx, int64_t k, int64_t k_pad, int64_t m0,
+                                    int64_t m1, uint16_t *out)
+    void ktcy_convert_act_bf16_avx512(const float *x, int64_t ldx, int64_t k, int64_t k_pad, int64_t m0,
+                                      int64_t m1, uint16_t *out)
     void ktcy_layout_block_scales(const uint8_t *exps, int64_t ld, int64_t n, int64_t k_pad,
                                   int64_t p0, int64_t p1, uint8_t *dst)
     void ktcy_layout_panels(int format, const void *codes, int64_t ld, int64_t n, int64_t k,

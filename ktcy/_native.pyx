@@ -419,17 +419,29 @@ cdef ktcy_quant_act_fn _quant_act_for(int need) noexcept:
         return ktcy_quantize_act_int8_avx2
     return ktcy_quantize_act_int8
 
+cdef ktcy_bf16_act_fn _bf16_act_for(int need) noexcept:
+    """The bf16 activation conversion on the same rule as _quant_act_for."""
+    if need & KTCY_NEED_AVX512 and _satisfied & KTCY_NEED_AVX512:
+        return ktcy_convert_act_bf16_avx512
+    if need & (KTCY_NEED_AVX512 | KTCY_NEED_AVX2) and _satisfied & KTCY_NEED_AVX2:
+        return ktcy_convert_act_bf16_avx2
+    return ktcy_convert_act_bf16
+
 _QUANT_ACT_NEEDS = {"ref": 0, "avx2": KTCY_NEED_AVX2, "avx512": KTCY_NEED_AVX512}
 
-def quantize_act_int8(str isa, const float[:, ::1] x, int64_t k_pad, int group=0):
-    """(codes [m, k_pad] int8, scales [m] float32, group sums [m, k_pad // group] int32 or None)
-    of the rows of x by the activation quantizer of one ISA (ref, avx2, avx512): the tests hold
-    the vector versions to the portable one byte for byte."""
+cdef int _act_isa_need(str isa) except -1:
     if isa not in _QUANT_ACT_NEEDS:
         raise ValueError(f"unknown quantizer ISA {isa!r}; choose one of {', '.join(_QUANT_ACT_NEEDS)}")
     cdef int need = _QUANT_ACT_NEEDS[isa]
     if need & ~_satisfied:
         raise UnsupportedISAError(f"this CPU cannot run the {isa} activation quantizer")
+    return need
+
+def quantize_act_int8(str isa, const float[:, ::1] x, int64_t k_pad, int group=0):
+    """(codes [m, k_pad] int8, scales [m] float32, group sums [m, k_pad // group] int32 or None)
+    of the rows of x by the activation quantizer of one ISA (ref, avx2, avx512): the tests hold
+    the vector versions to the portable one byte for byte."""
+    cdef int need = _act_isa_need(isa)
     cdef int64_t m = x.shape[0], k = x.shape[1]
     if k_pad < k or group < 0 or (group and k_pad % group):
         raise ValueError(f"k_pad {k_pad} does not hold K = {k} in groups of {group}")
@@ -448,6 +460,21 @@ def quantize_act_int8(str isa, const float[:, ::1] x, int64_t k_pad, int group=0
         with nogil:
             fn(&x[0, 0], k, k, k_pad, 0, m, &qv[0, 0], &sv[0], group, gptr)
     return q, scale, sums
+
+def convert_act_bf16(str isa, const float[:, ::1] x, int64_t k_pad):
+    """The bf16 bits [m, k_pad] of the rows of x by the conversion of one ISA (ref, avx2, avx512),
+    for the tests."""
+    cdef int need = _act_isa_need(isa)
+    cdef int64_t m = x.shape[0], k = x.shape[1]
+    if k_pad < k:
+        raise ValueError(f"k_pad {k_pad} does not hold K = {k}")
+    out = np.ones((m, k_pad), np.uint16)  # not zeros: the padding must be written
+    cdef uint16_t[:, ::1] ov = out
+    cdef ktcy_bf16_act_fn fn = _bf16_act_for(need)
+    if m > 0:
+        with nogil:
+            fn(&x[0, 0], k, k, k_pad, 0, m, &ov[0, 0])
+    return out
 
 cdef class Activations:
     """Rows converted once for a format: int8 codes + scales (+ group sums) or bf16 bits, padded
@@ -471,6 +498,7 @@ cdef class Activations:
         cdef int32_t[:, ::1] gv
         cdef int32_t *gptr = NULL
         cdef ktcy_quant_act_fn quant_act
+        cdef ktcy_bf16_act_fn bf16_act
         memset(&self.view, 0, sizeof(ktcy_act))
         self.view.m, self.view.m_pad, self.view.k_pad, self.view.group = m, m_pad, k_pad, gsum_group
         if d.act == KTCY_ACT_INT8:
@@ -491,8 +519,9 @@ cdef class Activations:
             bv = self.bf16
             self.view.bf16 = &bv[0, 0]
             if m > 0 and k > 0:
+                bf16_act = _bf16_act_for(KTCY_NEED_AVX512)
                 for r in prange(m, nogil=True, num_threads=_num_threads, schedule="static"):
-                    ktcy_convert_act_bf16(&x[0, 0], k, k, k_pad, r, r + 1, &bv[0, 0])
+                    bf16_act(&x[0, 0], k, k, k_pad, r, r + 1, &bv[0, 0])
 
 # ---------------------------------------------------------------- GEMM driver
 

@@ -1,6 +1,7 @@
-"""The int8 activation quantizer's AVX2 and AVX-512 versions (act_quant.h) against the portable
-one, byte for byte, and all of them against numpy's rule: the INT8/INT4/MXFP4_A8 kernels see the
-same codes whichever machine quantized the tokens."""
+"""The activation conversions' AVX2 and AVX-512 versions (act_quant.h: int8 codes with row scales
+and group sums, bf16 bits) against the portable ones, byte for byte, and all of them against
+numpy's rule: the kernels see the same inputs whichever machine converted the tokens."""
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -81,3 +82,46 @@ def test_bad_arguments():
         if isa not in _native.available_isas():
             with pytest.raises(UnsupportedISAError):
                 _native.quantize_act_int8(isa, x, 128)
+
+
+def bf16_rows(rng, m, k):
+    """Rounding ties both ways, values that round up to infinity, subnormals, signed zeros, NaNs
+    with payloads (signalling and quiet, both signs) and infinities."""
+    bits = rng.integers(0, 2 ** 32, (m, k), dtype=np.uint64).astype(np.uint32)
+    bits[:, ::5] = (bits[:, ::5] & 0xFFFF0000) | 0x8000  # exact ties
+    bits[:, 1::7] = 0x7F7FFFFF  # largest finite: rounds up to infinity
+    bits[:, 2::9] = 0x00000001  # smallest subnormal
+    bits[:, 3::11] = 0x80000000  # -0
+    bits[:, 4::13] = 0x7F800001  # signalling NaN
+    bits[:, 5::13] = 0xFFC12345  # quiet negative NaN with a payload
+    bits[:, 6::17] = 0xFF800000  # -inf
+    return bits.view(np.float32)
+
+
+def bf16_expected(x):
+    """ktcy_f32_to_bf16 written in numpy: round to nearest even on the bits, NaN quieted."""
+    u = x.view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    return np.where(nan, (u >> 16) | 0x40, rounded).astype(np.uint16)
+
+
+@pytest.mark.parametrize("isa", quant_params())
+@pytest.mark.parametrize("k", [1, 7, 8, 15, 16, 17, 33, 768, 2050])
+def test_bf16_same_bits_as_portable(isa, k):
+    rng = np.random.default_rng(k)
+    x = bf16_rows(rng, 5, k)
+    k_pad = -(-k // 32) * 32 + (32 if k % 2 else 0)
+    out = _native.convert_act_bf16(isa, x, k_pad)
+    np.testing.assert_array_equal(out, _native.convert_act_bf16("ref", x, k_pad))
+    np.testing.assert_array_equal(out[:, :k], bf16_expected(x))
+    assert not out[:, k:].any()
+    finite = np.isfinite(x)  # and numpy's own bfloat16 agrees where both are numbers
+    np.testing.assert_array_equal(out[:, :k][finite], x[finite].astype(ml_dtypes.bfloat16).view(np.uint16))
+
+
+def test_bf16_bad_arguments():
+    with pytest.raises(ValueError, match="does not hold"):
+        _native.convert_act_bf16("ref", np.ones((1, 40), np.float32), 32)
+    with pytest.raises(ValueError, match="unknown quantizer ISA"):
+        _native.convert_act_bf16("amx_emu", np.ones((1, 4), np.float32), 32)

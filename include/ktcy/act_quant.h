@@ -1,7 +1,8 @@
-/* Activation rows -> symmetric int8 codes per row (+ per-group code sums), for the INT8-activation
- * formats: the portable definition and AVX2 / AVX-512 versions that write the same bytes.  Every
- * MoE call quantizes its tokens and every SwiGLU row through here; at T = 512 the portable loop
- * (built for baseline SSE2) took about 8% of an AMX INT8 layer's time on one thread.
+/* Activation rows -> what the kernels multiply: symmetric int8 codes per row (+ per-group code
+ * sums) for the INT8-activation formats, bf16 bits for the others.  Each has the portable
+ * definition and AVX2 / AVX-512 versions that write the same bytes.  Every MoE call converts its
+ * tokens and every SwiGLU row through here; at T = 512 the portable int8 loop (built for baseline
+ * SSE2) took about 8% of an AMX INT8 layer's time on one thread.
  *
  * Why the vector versions are exact: they do the portable version's float operations in the same
  * order (x * inv, then + and - 1.5 * 2^23 for round-half-to-even, then the clamp to +-127), each
@@ -20,6 +21,8 @@
 
 typedef void (*ktcy_quant_act_fn)(const float *x, int64_t ldx, int64_t k, int64_t k_pad, int64_t m0, int64_t m1,
                                   int8_t *q, float *scale, int group, int32_t *gsum);
+typedef void (*ktcy_bf16_act_fn)(const float *x, int64_t ldx, int64_t k, int64_t k_pad, int64_t m0, int64_t m1,
+                                 uint16_t *out);
 
 /* Round half to even for |v| < 2^22 by adding and removing 1.5 * 2^23 (exact in the default
  * rounding mode; without -ffast-math the compiler may not fold it away): unlike nearbyintf it
@@ -164,6 +167,62 @@ __attribute__((target("avx512f,avx512bw"))) static void ktcy_quantize_act_int8_a
             }
         }
         ktcy_act_row_tail(out, k, k_pad, group, group > 0 ? gsum + m * (k_pad / group) : 0);
+    }
+}
+
+/* bf16 rows: round to nearest even, NaN kept NaN (quieted), codes past k zero up to k_pad. */
+static inline void ktcy_convert_act_bf16(const float *x, int64_t ldx, int64_t k, int64_t k_pad, int64_t m0,
+                                         int64_t m1, uint16_t *out) {
+    for (int64_t m = m0; m < m1; ++m) {
+        for (int64_t i = 0; i < k; ++i) out[m * k_pad + i] = ktcy_f32_to_bf16(x[m * ldx + i]);
+        memset(out + m * k_pad + k, 0, (size_t)(k_pad - k) * 2);
+    }
+}
+
+/* ktcy_f32_to_bf16 on 8 lanes, in integers as it is written (no vcvtneps2bf16: AVX2 has none). */
+__attribute__((target("avx2"))) static inline __m256i ktcy_bf16_bits8(__m256i u) {
+    const __m256i mag = _mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF));
+    const __m256i nan = _mm256_cmpgt_epi32(mag, _mm256_set1_epi32(0x7F800000));
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), odd), 16);
+    const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    return _mm256_blendv_epi8(rounded, quiet, nan);
+}
+
+__attribute__((target("avx2"))) static void ktcy_convert_act_bf16_avx2(const float *x, int64_t ldx, int64_t k,
+                                                                      int64_t k_pad, int64_t m0, int64_t m1,
+                                                                      uint16_t *out) {
+    for (int64_t m = m0; m < m1; ++m) {
+        const float *row = x + m * ldx;
+        uint16_t *o = out + m * k_pad;
+        int64_t i = 0;
+        for (; i + 8 <= k; i += 8) {
+            const __m256i b = ktcy_bf16_bits8(_mm256_loadu_si256((const __m256i *)(row + i)));
+            /* values lie in 0..0xFFFF, which packus keeps as they are */
+            const __m128i lo = _mm256_castsi256_si128(b), hi = _mm256_extracti128_si256(b, 1);
+            _mm_storeu_si128((__m128i *)(o + i), _mm_packus_epi32(lo, hi));
+        }
+        for (; i < k; ++i) o[i] = ktcy_f32_to_bf16(row[i]);
+        memset(o + k, 0, (size_t)(k_pad - k) * 2);
+    }
+}
+
+__attribute__((target("avx512f,avx512bw"))) static void ktcy_convert_act_bf16_avx512(
+    const float *x, int64_t ldx, int64_t k, int64_t k_pad, int64_t m0, int64_t m1, uint16_t *out) {
+    const __m512i abs_mask = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000);
+    for (int64_t m = m0; m < m1; ++m) {
+        const float *row = x + m * ldx;
+        uint16_t *o = out + m * k_pad;
+        for (int64_t i = 0; i < k; i += 16) {
+            const __mmask16 lanes = k - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (k - i)) - 1u);
+            const __m512i u = _mm512_maskz_loadu_epi32(lanes, row + i);
+            const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, abs_mask), inf);
+            const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+            __m512i b = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), odd), 16);
+            b = _mm512_mask_or_epi32(b, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+            _mm512_mask_cvtepi32_storeu_epi16(o + i, lanes, b);
+        }
+        memset(o + k, 0, (size_t)(k_pad - k) * 2);
     }
 }
 

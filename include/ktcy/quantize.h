@@ -1,6 +1,6 @@
-/* Weight quantization (float32 rows -> codes + scales) and bf16 activation conversion (int8
- * activations: act_quant.h).  One portable definition each: every ISA reads what these write,
- * so the numbers a kernel sees do not depend on the machine that packed them. */
+/* Weight quantization (float32 rows -> codes + scales; activations: act_quant.h).  One portable
+ * definition each: every ISA reads what these write, so the numbers a kernel sees do not depend
+ * on the machine that packed them. */
 #ifndef KTCY_QUANTIZE_H
 #define KTCY_QUANTIZE_H
 
@@ -180,14 +180,6 @@ static inline int64_t ktcy_quantize_fp8_block_rows(const float *w, int64_t ldw, 
                 q[r * ldq + k0 + i] = s > 0.0f ? ktcy_f32_to_e4m3(w[r * ldw + k0 + i] / s) : 0;
     }
     return -1;
-}
-
-static inline void ktcy_convert_act_bf16(const float *x, int64_t ldx, int64_t k, int64_t k_pad, int64_t m0,
-                                         int64_t m1, uint16_t *out) {
-    for (int64_t m = m0; m < m1; ++m) {
-        for (int64_t i = 0; i < k; ++i) out[m * k_pad + i] = ktcy_f32_to_bf16(x[m * ldx + i]);
-        memset(out + m * k_pad + k, 0, (size_t)(k_pad - k) * 2);
-    }
 }
 
 #endif
