@@ -5,7 +5,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from conftest import quantize_rows_int8
+from conftest import isa_params, quantize_rows_int8
 from ktcy import _native
 from ktcy.errors import UnsupportedISAError
 
@@ -13,12 +13,8 @@ QUANT_ISAS = ("ref", "avx2", "avx512")
 
 
 def quant_params():
-    out = []
-    for isa in QUANT_ISAS:
-        marks = () if isa in _native.available_isas() else (
-            pytest.mark.skip(reason=f"ISA {isa} is not usable on this CPU/OS/build"),)
-        out.append(pytest.param(isa, marks=marks, id=isa))
-    return out
+    """The vector ISAs (and ref) with conftest's skips where this machine lacks one."""
+    return [p for p in isa_params() if p.id in QUANT_ISAS]
 
 
 def rows(rng, m, k):

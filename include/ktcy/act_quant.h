@@ -59,6 +59,19 @@ static inline float ktcy_row_amax(const float *x, int64_t k) {
  * activations are that small. */
 #define KTCY_ABS_BITS_TINY 0x03800000u
 
+/* A row's scale from its largest |x| bit pattern.  Returns 127 / amax, or 0 for a row this
+ * writes as zero codes itself: non-finite (scale NaN) or tiny (scale 0). */
+static inline float ktcy_act_row_start(uint32_t amax_bits, float *scale, int8_t *out, int64_t k) {
+    if (amax_bits >= KTCY_ABS_BITS_INF || amax_bits < KTCY_ABS_BITS_TINY) {
+        *scale = amax_bits >= KTCY_ABS_BITS_INF ? NAN : 0.0f;
+        memset(out, 0, (size_t)k);
+        return 0.0f;
+    }
+    const float amax = ktcy_bits_f32(amax_bits);
+    *scale = amax / 127.0f;
+    return 127.0f / amax;
+}
+
 /* The row's codes past k and its group sums, shared by every version (integer work). */
 static inline void ktcy_act_row_tail(int8_t *out, int64_t k, int64_t k_pad, int group, int32_t *gsum_row) {
     memset(out + k, 0, (size_t)(k_pad - k));
@@ -79,18 +92,10 @@ static inline void ktcy_quantize_act_int8(const float *x, int64_t ldx, int64_t k
     for (int64_t m = m0; m < m1; ++m) {
         const float *row = x + m * ldx;
         int8_t *out = q + m * k_pad;
-        const float amax = ktcy_row_amax(row, k);
-        if (!ktcy_row_finite(row, k)) {
-            scale[m] = NAN;
-            memset(out, 0, (size_t)k);
-        } else if (ktcy_f32_bits(amax) < KTCY_ABS_BITS_TINY) {
-            scale[m] = 0.0f;
-            memset(out, 0, (size_t)k);
-        } else {
-            const float inv = 127.0f / amax;
-            scale[m] = amax / 127.0f;
+        const uint32_t bits = ktcy_row_finite(row, k) ? ktcy_f32_bits(ktcy_row_amax(row, k)) : KTCY_ABS_BITS_INF;
+        const float inv = ktcy_act_row_start(bits, scale + m, out, k);
+        if (inv > 0.0f)
             for (int64_t i = 0; i < k; ++i) out[i] = (int8_t)ktcy_clamp127(ktcy_rint_small(row[i] * inv));
-        }
         ktcy_act_row_tail(out, k, k_pad, group, group > 0 ? gsum + m * (k_pad / group) : 0);
     }
 }
@@ -115,12 +120,8 @@ __attribute__((target("avx2"))) static void ktcy_quantize_act_int8_avx2(const fl
             const uint32_t a = ktcy_f32_bits(row[i]) & 0x7FFFFFFFu;
             bits = a > bits ? a : bits;
         }
-        if (bits >= KTCY_ABS_BITS_INF || bits < KTCY_ABS_BITS_TINY) {
-            scale[m] = bits >= KTCY_ABS_BITS_INF ? NAN : 0.0f;
-            memset(out, 0, (size_t)k);
-        } else {
-            const float amax = ktcy_bits_f32(bits), inv = 127.0f / amax;
-            scale[m] = amax / 127.0f;
+        const float inv = ktcy_act_row_start(bits, scale + m, out, k);
+        if (inv > 0.0f) {
             const __m256 vinv = _mm256_set1_ps(inv), magic = _mm256_set1_ps(12582912.0f);
             const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
             for (int64_t i = 0; i < k8; i += 8) {
@@ -151,12 +152,8 @@ __attribute__((target("avx512f,avx512bw"))) static void ktcy_quantize_act_int8_a
         if (tail) /* masked-off lanes load as zero */
             vmax = _mm512_max_epi32(vmax, _mm512_and_si512(_mm512_maskz_loadu_epi32(tail, row + k16), abs_mask));
         const uint32_t bits = (uint32_t)_mm512_reduce_max_epi32(vmax);
-        if (bits >= KTCY_ABS_BITS_INF || bits < KTCY_ABS_BITS_TINY) {
-            scale[m] = bits >= KTCY_ABS_BITS_INF ? NAN : 0.0f;
-            memset(out, 0, (size_t)k);
-        } else {
-            const float amax = ktcy_bits_f32(bits), inv = 127.0f / amax;
-            scale[m] = amax / 127.0f;
+        const float inv = ktcy_act_row_start(bits, scale + m, out, k);
+        if (inv > 0.0f) {
             const __m512 vinv = _mm512_set1_ps(inv), magic = _mm512_set1_ps(12582912.0f);
             const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
             for (int64_t i = 0; i < k; i += 16) {
