@@ -102,14 +102,17 @@ cdef inline int64_t _decode_per(int64_t panels, int64_t panel_bytes, int64_t act
 cdef inline int _expert_gemm(ktcy_gemm_fn fn, const ktcy_weight *w, float *y, int64_t ldy, int64_t p0,
                              int64_t p1, void *scratch, int64_t m, int64_t k_pad, int group, const int8_t *q,
                              const float *scale, const int32_t *gsum, const uint16_t *bf16,
-                             const ktcy_weight *next_w, int64_t next_p0, int64_t next_p1) noexcept nogil:
+                             const ktcy_weight *next_w, int64_t next_p0, int64_t next_p1,
+                             int rows_in_scratch=0) noexcept nogil:
     """One expert's rows [m] through panels [p0, p1); the descriptor is a local of this call.
-    next_w (or NULL): the weight whose panels [next_p0, next_p1) this thread multiplies next."""
+    next_w (or NULL): the weight whose panels [next_p0, next_p1) this thread multiplies next.
+    rows_in_scratch: the call before on this scratch was fn on the same rows (gate, then up)."""
     cdef ktcy_act act
     memset(&act, 0, sizeof(ktcy_act))
     act.m, act.m_pad, act.k_pad, act.group = m, _round16(m), k_pad, group
     act.q, act.scale, act.group_sum, act.bf16 = q, scale, gsum, bf16
     act.next_w, act.next_pb, act.next_pe = next_w, next_p0, next_p1
+    act.rows_in_scratch = rows_in_scratch
     return fn(&act, w, y, ldy, p0, p1, scratch)
 
 
@@ -442,12 +445,12 @@ cdef class MoEEngine:
                         st[c] = _expert_gemm(fn, &self.gate_w[e], &hg[seg0, 0], I, p0, p1, my_scratch, m, kh, group,
                                              &q1[seg0, 0], &s1[seg0], &g1[seg0, 0], NULL, &self.up_w[e], p0, p1)
                         st[c] |= _expert_gemm(fn, &self.up_w[e], &hu[seg0, 0], I, p0, p1, my_scratch, m, kh, group,
-                                              &q1[seg0, 0], &s1[seg0], &g1[seg0, 0], NULL, next_w, np0, np1)
+                                              &q1[seg0, 0], &s1[seg0], &g1[seg0, 0], NULL, next_w, np0, np1, 1)
                     else:
                         st[c] = _expert_gemm(fn, &self.gate_w[e], &hg[seg0, 0], I, p0, p1, my_scratch, m, kh, 0,
                                              NULL, NULL, NULL, &b1[seg0, 0], &self.up_w[e], p0, p1)
                         st[c] |= _expert_gemm(fn, &self.up_w[e], &hu[seg0, 0], I, p0, p1, my_scratch, m, kh, 0,
-                                              NULL, NULL, NULL, &b1[seg0, 0], next_w, np0, np1)
+                                              NULL, NULL, NULL, &b1[seg0, 0], next_w, np0, np1, 1)
                     if st[c] != KTCY_OK:
                         _take_message(st[c], <char *>&msg[tid, 0])
                     col_end = p1 * KTCY_PANEL

@@ -56,6 +56,7 @@ cdef extern from "ktcy/ktcy.h" nogil:
         int32_t group
         const ktcy_weight *next_w
         int64_t next_pb, next_pe
+        int32_t rows_in_scratch
 
     ctypedef int (*ktcy_gemm_fn)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy,
                                  int64_t panel_begin, int64_t panel_end, void *scratch)

@@ -148,7 +148,8 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
     KT_(configure)((int)rb);
     for (int64_t mc = 0; mc < a->m; mc += KTCY_AMX_A_ROWS) {
         const int64_t mce = a->m - mc < KTCY_AMX_A_ROWS ? a->m : mc + KTCY_AMX_A_ROWS;
-        KT_(pack_a)(apack, arows, lda, mc, mce, steps, rb);
+        /* gate then up over the same rows: the up call finds them packed (one chunk only) */
+        if (!(a->rows_in_scratch && mc == 0 && mce == a->m)) KT_(pack_a)(apack, arows, lda, mc, mce, steps, rb);
         for (int64_t p = pb; p < pe; p += 2) {
             const int np = pe - p >= 2 ? 2 : 1;
             const uint8_t *b0 = KT_(prepare_b)(w, p, np, buf), *b1 = b0 + nkb * 1024;

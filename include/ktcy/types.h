@@ -37,6 +37,8 @@ typedef struct {
     int32_t group;           /* group size the sums were taken over (0: none) */
     const ktcy_weight *next_w; /* optional hint (NULL: none): the weight, same format, whose */
     int64_t next_pb, next_pe;  /* panels [next_pb, next_pe) this thread multiplies next       */
+    int32_t rows_in_scratch;   /* 1: the call before on this scratch, same variant and these rows,  */
+                               /* left them in the kernel's own form there (AMX tile order): reuse */
 } ktcy_act;
 
 /* One GEMM entry point per kernel variant: Y[m][n] for every row and for the output channels
