@@ -38,35 +38,25 @@ ARENA_KEEP_BYTES = 256 << 20
 
 _ISA_RANK = {"ref": 0, "amx_emu": 0, "avx2": 1, "avx512": 2, "amx": 2}
 
-cdef ktcy_swiglu_fn _swiglu_for(str isa_a, str isa_b):
-    """The SwiGLU of the less capable of the two ISAs a layer runs (ref and amx_emu: portable C)."""
-    rank = min(_ISA_RANK[isa_a], _ISA_RANK[isa_b])
-    if rank == 2:
-        return ktcy_swiglu_avx512
-    if rank == 1:
-        return ktcy_swiglu_avx2
-    return ktcy_swiglu_ref
-
-cdef int _engine_need(str isa_a, str isa_b):
-    """KTCY_NEED_* bits of the less capable of the two ISAs a layer runs (ref, amx_emu: none)."""
+cdef int _layer_need(str isa_a, str isa_b):
+    """The KTCY_NEED_* bit (AVX-512, AVX2 or none) of the less capable of the two ISAs a layer
+    runs: its SwiGLU and activation conversions run there (all their versions give the same
+    bits; ref and amx_emu take the portable C)."""
     rank = min(_ISA_RANK[isa_a], _ISA_RANK[isa_b])
     return KTCY_NEED_AVX512 if rank == 2 else KTCY_NEED_AVX2 if rank == 1 else 0
 
-cdef ktcy_quant_act_fn _engine_quant_act_for(str isa_a, str isa_b):
-    """The int8 activation quantizer on the same rule as _swiglu_for (all versions give the same
-    bytes)."""
-    return _quant_act_for(_engine_need(isa_a, isa_b))
+cdef ktcy_swiglu_fn _swiglu_for(int need):
+    if need & KTCY_NEED_AVX512:
+        return ktcy_swiglu_avx512
+    if need & KTCY_NEED_AVX2:
+        return ktcy_swiglu_avx2
+    return ktcy_swiglu_ref
 
-cdef ktcy_bf16_act_fn _engine_bf16_act_for(str isa_a, str isa_b):
-    """The bf16 activation conversion on the same rule."""
-    return _bf16_act_for(_engine_need(isa_a, isa_b))
-
-cdef ktcy_glu_clamped_fn _glu_clamped_for(str isa_a, str isa_b):
-    """GPT-OSS's clamped GLU on the same rule as _swiglu_for."""
-    rank = min(_ISA_RANK[isa_a], _ISA_RANK[isa_b])
-    if rank == 2:
+cdef ktcy_glu_clamped_fn _glu_clamped_for(int need):
+    """GPT-OSS's clamped GLU."""
+    if need & KTCY_NEED_AVX512:
         return ktcy_glu_clamped_avx512
-    if rank == 1:
+    if need & KTCY_NEED_AVX2:
         return ktcy_glu_clamped_avx2
     return ktcy_glu_clamped_ref
 
@@ -183,10 +173,11 @@ cdef class MoEEngine:
         self.small_fn = KTCY_VARIANTS[_variant_index(format_name, small_variant)].fn
         isa_big = ISAS[KTCY_VARIANTS[_variant_index(format_name, big_variant)].isa]
         isa_small = ISAS[KTCY_VARIANTS[_variant_index(format_name, small_variant)].isa]
-        self.swiglu = _swiglu_for(isa_big, isa_small)
-        self.quant_act = _engine_quant_act_for(isa_big, isa_small)
-        self.bf16_act = _engine_bf16_act_for(isa_big, isa_small)
-        self.glu_clamped = _glu_clamped_for(isa_big, isa_small)
+        need = _layer_need(isa_big, isa_small)
+        self.swiglu = _swiglu_for(need)
+        self.quant_act = _quant_act_for(need)
+        self.bf16_act = _bf16_act_for(need)
+        self.glu_clamped = _glu_clamped_for(need)
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation {activation!r}: choose one of {', '.join(ACTIVATIONS)}")
         self.activation, self.alpha, self.limit = ACTIVATIONS.index(activation), alpha, limit
@@ -546,13 +537,13 @@ def swiglu(str isa, const float[::1] g, const float[::1] u, str activation="silu
         raise ValueError(f"unknown ISA {isa!r}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation {activation!r}: choose one of {', '.join(ACTIVATIONS)}")
-    needs = {"avx2": KTCY_NEED_AVX2, "avx512": KTCY_NEED_AVX512, "amx": KTCY_NEED_AVX512}.get(isa, 0)
+    cdef int needs = _layer_need(isa, isa)
     if needs & ~_satisfied:
         raise UnsupportedISAError(f"this CPU cannot run the {isa} activation")
     out = np.array(g, np.float32)
     cdef float[::1] ov = out
-    cdef ktcy_swiglu_fn fn = _swiglu_for(isa, isa)
-    cdef ktcy_glu_clamped_fn clamped = _glu_clamped_for(isa, isa)
+    cdef ktcy_swiglu_fn fn = _swiglu_for(needs)
+    cdef ktcy_glu_clamped_fn clamped = _glu_clamped_for(needs)
     if out.shape[0] and activation == "silu":
         fn(&ov[0], &u[0], out.shape[0])
     elif out.shape[0]:

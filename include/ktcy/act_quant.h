@@ -34,6 +34,9 @@ static inline float ktcy_rint_small(float v) {
 
 static inline float ktcy_clamp127(float v) { return v < -127.0f ? -127.0f : v > 127.0f ? 127.0f : v; }
 
+/* One activation's code: x * inv rounded half to even, clamped (the vector versions' order too). */
+static inline int8_t ktcy_act_code(float x, float inv) { return (int8_t)ktcy_clamp127(ktcy_rint_small(x * inv)); }
+
 static inline int ktcy_row_finite(const float *x, int64_t k) {
     int finite = 1;
     for (int64_t i = 0; i < k; ++i) finite &= isfinite(x[i]) != 0;
@@ -95,7 +98,7 @@ static inline void ktcy_quantize_act_int8(const float *x, int64_t ldx, int64_t k
         const uint32_t bits = ktcy_row_finite(row, k) ? ktcy_f32_bits(ktcy_row_amax(row, k)) : KTCY_ABS_BITS_INF;
         const float inv = ktcy_act_row_start(bits, scale + m, out, k);
         if (inv > 0.0f)
-            for (int64_t i = 0; i < k; ++i) out[i] = (int8_t)ktcy_clamp127(ktcy_rint_small(row[i] * inv));
+            for (int64_t i = 0; i < k; ++i) out[i] = ktcy_act_code(row[i], inv);
         ktcy_act_row_tail(out, k, k_pad, group, group > 0 ? gsum + m * (k_pad / group) : 0);
     }
 }
@@ -115,11 +118,8 @@ __attribute__((target("avx2"))) static void ktcy_quantize_act_int8_avx2(const fl
         __m128i h = _mm_max_epi32(_mm256_castsi256_si128(vmax), _mm256_extracti128_si256(vmax, 1));
         h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0x4E));
         h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0xB1));
-        uint32_t bits = (uint32_t)_mm_cvtsi128_si32(h);
-        for (int64_t i = k8; i < k; ++i) {
-            const uint32_t a = ktcy_f32_bits(row[i]) & 0x7FFFFFFFu;
-            bits = a > bits ? a : bits;
-        }
+        const uint32_t head = (uint32_t)_mm_cvtsi128_si32(h), tail = ktcy_f32_bits(ktcy_row_amax(row + k8, k - k8));
+        const uint32_t bits = head > tail ? head : tail;
         const float inv = ktcy_act_row_start(bits, scale + m, out, k);
         if (inv > 0.0f) {
             const __m256 vinv = _mm256_set1_ps(inv), magic = _mm256_set1_ps(12582912.0f);
@@ -131,7 +131,7 @@ __attribute__((target("avx2"))) static void ktcy_quantize_act_int8_avx2(const fl
                 const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
                 _mm_storel_epi64((__m128i *)(out + i), _mm_packs_epi16(w, w));
             }
-            for (int64_t i = k8; i < k; ++i) out[i] = (int8_t)ktcy_clamp127(ktcy_rint_small(row[i] * inv));
+            for (int64_t i = k8; i < k; ++i) out[i] = ktcy_act_code(row[i], inv);
         }
         ktcy_act_row_tail(out, k, k_pad, group, group > 0 ? gsum + m * (k_pad / group) : 0);
     }
