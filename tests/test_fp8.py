@@ -299,3 +299,45 @@ def test_a_caller_flushing_subnormals_changes_nothing(fmt, m):
             assert np.array_equal(got, plain), v
     finally:
         ktcy.set_num_threads(threads)
+
+
+def mixed_codes(rng, n, k, subnormal_share):
+    """E4M3 bytes of both signs, no NaN: a share of them subnormal (magnitude 1-7), in every byte
+    position of the packed rows."""
+    codes = rng.integers(0, 256, (n, k)).astype(np.uint8)
+    codes[(codes & 0x7F) == 0x7F] ^= 0x01
+    small = rng.random((n, k)) < subnormal_share
+    codes[small] = (codes[small] & 0x80) | rng.integers(1, 8, int(small.sum())).astype(np.uint8)
+    return codes
+
+
+@pytest.mark.parametrize("fmt", ["FP8_PERCHANNEL", "FP8_BLOCK"])
+@pytest.mark.parametrize("n,k", [(50, 200), (64, 256), (16, 32), (131, 389)])
+@pytest.mark.parametrize("share", [0.0, 0.002, 0.3])
+def test_one_row_calls_with_subnormal_codes_anywhere(fmt, n, k, share):
+    """One-row calls: the AVX-512 float decode takes a row pair holding subnormal codes apart
+    (as normal floats, in sums of their own); those sums must land where float64 puts them,
+    with panels and K groups that do not fill their blocks."""
+    rng = np.random.default_rng(n * k)
+    codes = mixed_codes(rng, n, k, share)
+    scale = (rng.random(n) + 0.5).astype(np.float32) * 1e-2 if fmt == "FP8_PERCHANNEL" else \
+        (rng.random((-(-n // 128), -(-k // 128))) + 0.5).astype(np.float32) * 1e-2
+    p = kernels.pack_quantized(codes, scale, fmt)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    ref = bf16_round(x).astype(np.float64) @ p.dequantize().astype(np.float64).T
+    for v in runnable_variants(fmt):
+        assert rel_err_rows(kernels.linear_variant(x, p, v), ref) <= 1e-5, v
+
+
+@pytest.mark.parametrize("fmt", ["FP8_PERCHANNEL", "FP8_BLOCK"])
+@pytest.mark.parametrize("size", [2.0 ** -130, 2.0 ** -126, 2.0 ** -120, 1e-3, 1.0, 2.0 ** 10, 1.5e4, 2.0 ** 15, 1e30])
+def test_one_row_calls_anywhere_in_the_bf16_range(fmt, size):
+    """The float decodes (AVX2, and AVX-512 for one row) widen the row times 2^k from its largest
+    value: rows down to bf16 subnormals come out as float64 computes them; rows from 2^15 on take
+    the bf16 (AVX-512) or wide (AVX2) decode.  The bf16 dot products of AMX read bf16 subnormals
+    as zeros, so AMX is held to this for normal rows only."""
+    X, p, ref = extreme_case(fmt, 1, [size])
+    for v in runnable_variants(fmt):
+        if "amx" in v and size < 2.0 ** -100:
+            continue
+        assert rel_err_rows(kernels.linear_variant(X, p, v), ref) <= 1e-5, (v, size)

@@ -1,7 +1,8 @@
 /* FP8 E4M3 traits, for both descriptor rows FP8_PERCHANNEL (one scale per output channel,
  * applied at the end) and FP8_BLOCK (one scale per 128 x 128 block of W, DeepSeek-V3's
  * weight_scale_inv, applied to each 128-wide K group's partial sum).  Codes decode exactly to
- * bf16 (numeric.h); activations are bf16, sums float.
+ * bf16 (numeric.h), or, on AVX2 and in AVX-512 one-row calls, by bit moves to floats worth the
+ * value x 2^-120; activations are bf16, sums float.
  * Included by a skeleton instantiation; no include guard. */
 #define KT_ROW KTCY_ROW_FP8_PERCHANNEL
 #define KT_FORMATS ((1 << KTCY_FMT_FP8_PERCHANNEL) | (1 << KTCY_FMT_FP8_BLOCK))
@@ -196,6 +197,126 @@ KT_AI void KT_(decode_panels)(const KT_(ctx) *c, const uint8_t *src, uint8_t *ds
 #endif
     }
 }
+/* One-row calls (decode) on floats: the AVX2 bit-move decode, 64 codes per 10 integer
+ * operations and 4 FMAs, in place of the bf16 decode (5 byte permutes) and vdpbf16ps.  A 64-byte
+ * load holds block rows r and r+1; its dword d has channels 2(d%8) and 2(d%8)+1 of row r + d/8,
+ * even and odd K element each, so byte j of every dword is one float vector whose lanes d < 8
+ * and d >= 8 take the activations of two K elements (a broadcast pair per vector), and the sums'
+ * halves are added at the end.  The weights come out times 2^-120 and the activation row times
+ * 2^k (f32_rows' rule for the AVX2 path): the products are exact and normal.  Subnormal codes
+ * would make subnormal floats, which cost Intel cores a microcode assist per FMA (a weight with
+ * 5e-4 of them ran 20% slower): a row pair holding one takes them apart into sums of their own,
+ * 8 times larger (byte_lane).  Calls holding a NaN code or a row past 2^14 keep the bf16 path. */
+#define KT_F32_GEMV 1
+#define KT_F32_WIDE_FIELD 141 /* bf16 exponent field of 2^14 */
+KT_AI __m512 KT_(fold_halves)(__m512 even, __m512 odd) {
+    const __m512i interleave = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    even = _mm512_add_ps(even, _mm512_shuffle_f32x4(even, even, 0x4E));
+    odd = _mm512_add_ps(odd, _mm512_shuffle_f32x4(odd, odd, 0x4E));
+    return _mm512_permutex2var_ps(even, interleave, odd);
+}
+/* Byte j of every dword of the signed int8 lanes v, times 2^-126: a subnormal code's value times
+ * 2^-117, 8 times the fast decode's scale and a normal float. */
+KT_AI __m512 KT_(byte_lane)(__m512i v, const int j) {
+    const __m512 ints = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * j), 24));
+    return _mm512_mul_ps(ints, _mm512_set1_ps(0x1p-126f));
+}
+/* The sums of NP panels from p0 for the float activation row x. */
+KT_AI void KT_(f32_gemv_tile)(const int NP, const float *x, const ktcy_weight *w, int64_t p0, float f, float *y,
+                              ktcy_span cont) {
+    const int64_t nkb = w->k_pad / 32;
+    const __m512i keep = _mm512_set1_epi32((int)0x87F00000u);
+    __m512 acc[4][2], sub[4][2], facc[4][2];
+    const uint8_t *panel[4];
+    _Pragma("GCC unroll 4")
+    for (int p = 0; p < NP; ++p) {
+        panel[p] = w->data + (p0 + p) * nkb * 512;
+        acc[p][0] = acc[p][1] = sub[p][0] = sub[p][1] = facc[p][0] = facc[p][1] = _mm512_setzero_ps();
+    }
+    for (int64_t kb = 0; kb < nkb; ++kb) {
+        uintptr_t fetch[4];
+        _Pragma("GCC unroll 4")
+        for (int p = 0; p < NP; ++p) fetch[p] = ktcy_stream_ahead(cont, p, panel[p], kb, nkb, KT_AHEAD, 512);
+        const float *xk = x + kb * 32;
+        _Pragma("GCC unroll 8")
+        for (int r2 = 0; r2 < 16; r2 += 2) {
+            const __m512 a0 = _mm512_mask_broadcastss_ps(_mm512_set1_ps(xk[2 * r2]), 0xFF00, _mm_load_ss(xk + 2 * r2 + 2));
+            const __m512 a1 = _mm512_mask_broadcastss_ps(_mm512_set1_ps(xk[2 * r2 + 1]), 0xFF00, _mm_load_ss(xk + 2 * r2 + 3));
+            _Pragma("GCC unroll 4")
+            for (int p = 0; p < NP; ++p) {
+                _mm_prefetch((const char *)(fetch[p] + (uintptr_t)(r2 * 32)), _MM_HINT_T0);
+                __m512i v = _mm512_loadu_si512(panel[p] + kb * 512 + r2 * 32);
+                const __mmask64 small = _mm512_mask_test_epi8_mask(_mm512_testn_epi8_mask(v, _mm512_set1_epi8(0x78)), v,
+                                                                  _mm512_set1_epi8(0x07));
+                if (__builtin_expect(small != 0, 0)) {
+                    const __m512i mag = _mm512_and_si512(_mm512_maskz_mov_epi8(small, v), _mm512_set1_epi8(0x07));
+                    const __m512i sv = _mm512_mask_sub_epi8(mag, _mm512_movepi8_mask(v), _mm512_setzero_si512(), mag);
+                    sub[p][0] = _mm512_fmadd_ps(a0, KT_(byte_lane)(sv, 0), sub[p][0]);
+                    sub[p][0] = _mm512_fmadd_ps(a1, KT_(byte_lane)(sv, 1), sub[p][0]);
+                    sub[p][1] = _mm512_fmadd_ps(a0, KT_(byte_lane)(sv, 2), sub[p][1]);
+                    sub[p][1] = _mm512_fmadd_ps(a1, KT_(byte_lane)(sv, 3), sub[p][1]);
+                    v = _mm512_maskz_mov_epi8(~small, v);
+                }
+                const __m512i even = _mm512_srai_epi16(_mm512_slli_epi16(v, 8), 4), odd = _mm512_srai_epi16(v, 4);
+                acc[p][0] = _mm512_fmadd_ps(a0, _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(even, 16), keep)), acc[p][0]);
+                acc[p][0] = _mm512_fmadd_ps(a1, _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(odd, 16), keep)), acc[p][0]);
+                acc[p][1] = _mm512_fmadd_ps(a0, _mm512_castsi512_ps(_mm512_and_si512(even, keep)), acc[p][1]);
+                acc[p][1] = _mm512_fmadd_ps(a1, _mm512_castsi512_ps(_mm512_and_si512(odd, keep)), acc[p][1]);
+            }
+        }
+        if (KT_FP8_BLOCKWISE(w) && ((kb + 1) % 4 == 0 || kb + 1 == nkb)) {
+            _Pragma("GCC unroll 4")
+            for (int p = 0; p < NP; ++p) {
+                const __m512 s = _mm512_set1_ps(KT_FP8_BLOCK_SCALE(w, (p0 + p) * 16, kb / 4));
+                _Pragma("GCC unroll 2")
+                for (int h = 0; h < 2; ++h) {
+                    const __m512 sum = _mm512_fmadd_ps(sub[p][h], _mm512_set1_ps(0.125f), acc[p][h]);
+                    facc[p][h] = _mm512_fmadd_ps(sum, s, facc[p][h]);
+                    acc[p][h] = sub[p][h] = _mm512_setzero_ps();
+                }
+            }
+        }
+    }
+    _Pragma("GCC unroll 4")
+    for (int p = 0; p < NP; ++p) {
+        const int64_t n0 = (p0 + p) * 16, valid = w->n - n0 < 16 ? w->n - n0 : 16;
+        __m512 out;
+        if (KT_FP8_BLOCKWISE(w)) {
+            out = _mm512_mul_ps(KT_(fold_halves)(facc[p][0], facc[p][1]), _mm512_set1_ps(f));
+        } else {
+            const __m512 e = _mm512_fmadd_ps(sub[p][0], _mm512_set1_ps(0.125f), acc[p][0]);
+            const __m512 o = _mm512_fmadd_ps(sub[p][1], _mm512_set1_ps(0.125f), acc[p][1]);
+            out = _mm512_mul_ps(KT_(fold_halves)(e, o), _mm512_mul_ps(_mm512_loadu_ps(w->scale + n0), _mm512_set1_ps(f)));
+        }
+        _mm512_mask_storeu_ps(y + n0, (__mmask16)((1u << valid) - 1u), out);
+    }
+}
+/* 0: the call keeps the bf16 path (a NaN code, or a row too wide for the 2^-120 weights). */
+KT_AI int KT_(f32_gemv)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t pb, int64_t pe, void *scratch) {
+    if (w->nan_codes) return 0;
+    const uint16_t *src = a->bf16;
+    __m512i top = _mm512_setzero_si512();
+    for (int64_t k = 0; k < a->k_pad; k += 32)
+        top = _mm512_max_epu16(top, _mm512_and_si512(_mm512_loadu_si512(src + k), _mm512_set1_epi16(0x7F80)));
+    const int field = _mm512_reduce_max_epi32(_mm512_max_epu16(top, _mm512_srli_epi32(top, 16))) >> 7 & 0xFF;
+    if (field > KT_F32_WIDE_FIELD) return 0;
+    const int shift = field > 252 - 120 ? 252 - field : 120;
+    float *x = (float *)ktcy_align64(scratch);
+    const __m512 times = _mm512_castsi512_ps(_mm512_set1_epi32((127 + shift) << 23));
+    for (int64_t k = 0; k < a->k_pad; k += 16) {
+        const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + k)));
+        _mm512_store_ps(x + k, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), times));
+    }
+    const float f = ktcy_pow2(120 - shift);
+    for (int64_t p = pb; p < pe;) {
+        const int np = pe - p >= 4 ? 4 : 1;
+        const ktcy_span next = ktcy_next_group(a, w, p + np, pe, np, 32, 512);
+        if (np == 4) KT_(f32_gemv_tile)(4, x, w, p, f, y, next);
+        else KT_(f32_gemv_tile)(1, x, w, p, f, y, next);
+        p += np;
+    }
+    return 1;
+}
 KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const int MB, const int NP,
                                const ktcy_act *a, const ktcy_weight *w, int64_t m0, int64_t p0, int64_t g) {
     (void)a; (void)m0;
@@ -261,3 +382,4 @@ KT_AI float KT_(tile_final)(float acc, float r, float t) { (void)r; return acc *
 #undef KT_FP8_BLOCKWISE
 #undef KT_FP8_KBLOCKS
 #undef KT_FP8_BLOCK_SCALE
+#undef KT_F32_WIDE_FIELD

@@ -22,6 +22,8 @@
  * KT_PRE_SCALED 1: decode_panels folds the group scales in (predecoded tiles skip the epilogue).
  * KT_FUSED_PREDECODE 1: rows() yields decode_panels' bytes, so a group's first row tile decodes
  *   in registers and keeps the rows for the others instead of a separate decode pass.
+ * KT_F32_GEMV 1: KT_(f32_gemv)(a, w, y, pb, pe, scratch) serves one-row calls its own way (with
+ *   MXCSR.DAZ cleared), or returns 0 to leave the call to the tiles below.
  *
  * Every packed block has 16 rows of 64 bytes once loaded; row r pairs with the activation dword
  * at k0 + r * KT_KPR.  A micro-tile keeps MB x NP accumulators of 16 channels in registers: large
@@ -32,6 +34,7 @@
 #define KT_(x) KT_CAT(KT_GEMM, x)
 #define KT_AI static inline __attribute__((always_inline)) KT_TARGET
 #define KT_SKEL KT_SKEL_AVX512
+#define KT_AHEAD 8 /* blocks of software prefetch ahead of the decode stream */
 
 #include KT_TRAITS
 
@@ -112,7 +115,6 @@ KT_AI void KT_(merge_split)(KT_(acc_t) acc[6][4], const int NP) {
     for (int p = 0; p < NP; ++p) { acc[0][p] = KT_ACC_ADD(acc[0][p], acc[1][p]); acc[1][p] = KT_ACC_ZERO; }
 }
 
-#define KT_AHEAD 8 /* blocks of software prefetch ahead of the decode stream */
 #ifndef KT_ONE_PANEL_ROWS
 #define KT_ONE_PANEL_ROWS 0
 #endif
@@ -124,6 +126,9 @@ KT_AI void KT_(merge_split)(KT_(acc_t) acc[6][4], const int NP) {
 #endif
 #ifndef KT_FUSED_PREDECODE
 #define KT_FUSED_PREDECODE 0
+#endif
+#ifndef KT_F32_GEMV
+#define KT_F32_GEMV 0
 #endif
 
 /* MB rows from m0, NP panels from p0.  PRE: the panels were decoded to bf16 blocks beforehand,
@@ -252,6 +257,16 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const int KEEP,
 KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb,
                              int64_t pe, void *scratch) {
     if (!(KT_FORMATS & (1 << w->format))) return KTCY_ERR_FORMAT;
+#if KT_F32_GEMV
+    if (a->m == 1) {
+        /* this thread's MXCSR without DAZ (subnormal activations count), restored after */
+        const unsigned int csr = _mm_getcsr();
+        if (csr & 0x40) _mm_setcsr(csr & ~0x40u);
+        const int done = KT_(f32_gemv)(a, w, y, pb, pe, scratch);
+        if (csr & 0x40) _mm_setcsr(csr | (_mm_getcsr() & 0x3F));
+        if (done) return KTCY_OK;
+    }
+#endif
     const KT_(ctx) c = KT_(make_ctx)();
     /* The F paths and in-register decoding get fewer rows per micro-tile: their extra registers
      * (split halves, tables) would spill in the inner loop.  Formats with group scales keep the
@@ -328,4 +343,5 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_ONE_PANEL_ROWS
 #undef KT_PRE_SCALED
 #undef KT_FUSED_PREDECODE
+#undef KT_F32_GEMV
 #include "traits_end.h"
