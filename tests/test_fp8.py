@@ -246,28 +246,30 @@ WIDE_ROWS = [(1e38, 1e-5), (3.38e38, 1e-20), (1e35, 1e-20), (1e30, 1e-12), (1e6,
 @pytest.mark.parametrize("m", [1, 2, 5])
 def test_a_huge_value_whose_weights_are_zero_leaves_the_small_ones_exact(fmt, big, small, m):
     """A row's small values decide its outputs when its huge value meets a zero weight column: the
-    AVX2 bit-move decode (weights x 2^-120, rows scaled from their largest value) would push their
-    products below the normal range, so rows from 2^15 on take the wide decode.  Under a caller's
-    DAZ and FTZ (torch.set_flush_denormal) too."""
+    bit-move decodes (weights x 2^-120, rows scaled from their largest value: AVX2, AVX-512 one-row
+    calls) would push their products below the normal range, so rows from 2^15 on take the wide
+    (AVX2) or bf16 (AVX-512) decode.  The huge value sits in an even K column, then in an odd one
+    (the two bf16 of a pair).  Under a caller's DAZ and FTZ (torch.set_flush_denormal) too."""
     rng = np.random.default_rng(m)
     W = (rng.standard_normal((40, 96)) * 0.02).astype(np.float32)
-    W[:, 0] = 0
+    W[:, [0, 37]] = 0
     p = kernels.pack(W, fmt)
-    X = (rng.standard_normal((m, 96)) * small).astype(np.float32)
-    X[0, 0] = big
-    ref = bf16_round(X).astype(np.float64) @ p.dequantize().astype(np.float64).T
-    if "fp8_avx2" not in runnable_variants(fmt):
-        pytest.skip("this CPU cannot run the AVX2 kernels")
-    assert rel_err_rows(kernels.linear_variant(X, p, "fp8_avx2"), ref) <= 1e-5
+    variants = [v for v in runnable_variants(fmt) if "amx" not in v]
     threads = ktcy.get_num_threads()
     ktcy.set_num_threads(1)  # the kernel runs on this thread, whose MXCSR is set below
     try:
-        old = _native.mxcsr(_native.mxcsr() | 0x8040)
-        try:
-            got = kernels.linear_variant(X, p, "fp8_avx2")
-        finally:
-            _native.mxcsr(old)
-        assert rel_err_rows(got, ref) <= 1e-5
+        for column in (0, 37):
+            X = (rng.standard_normal((m, 96)) * small).astype(np.float32)
+            X[0, column] = big
+            ref = bf16_round(X).astype(np.float64) @ p.dequantize().astype(np.float64).T
+            for v in variants:
+                assert rel_err_rows(kernels.linear_variant(X, p, v), ref) <= 1e-5, (v, column)
+                old = _native.mxcsr(_native.mxcsr() | 0x8040)
+                try:
+                    got = kernels.linear_variant(X, p, v)
+                finally:
+                    _native.mxcsr(old)
+                assert rel_err_rows(got, ref) <= 1e-5, (v, column)
     finally:
         ktcy.set_num_threads(threads)
 

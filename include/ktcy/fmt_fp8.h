@@ -298,7 +298,9 @@ KT_AI int KT_(f32_gemv)(const ktcy_act *a, const ktcy_weight *w, float *y, int64
     __m512i top = _mm512_setzero_si512();
     for (int64_t k = 0; k < a->k_pad; k += 32)
         top = _mm512_max_epu16(top, _mm512_and_si512(_mm512_loadu_si512(src + k), _mm512_set1_epi16(0x7F80)));
-    const int field = _mm512_reduce_max_epi32(_mm512_max_epu16(top, _mm512_srli_epi32(top, 16))) >> 7 & 0xFF;
+    /* each dword's low word: the larger of its two words */
+    const __m512i pairs = _mm512_max_epu16(top, _mm512_srli_epi32(top, 16));
+    const int field = _mm512_reduce_max_epi32(_mm512_and_si512(pairs, _mm512_set1_epi32(0xFFFF))) >> 7;
     if (field > KT_F32_WIDE_FIELD) return 0;
     const int shift = field > 252 - 120 ? 252 - field : 120;
     float *x = (float *)ktcy_align64(scratch);
