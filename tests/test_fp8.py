@@ -343,3 +343,53 @@ def test_one_row_calls_anywhere_in_the_bf16_range(fmt, size):
         if "amx" in v and size < 2.0 ** -100:
             continue
         assert rel_err_rows(kernels.linear_variant(X, p, v), ref) <= 1e-5, (v, size)
+
+
+@pytest.mark.parametrize("small,scale,flushing", [(-126, 0.613, False), (-126, 0.7071, False), (-126, 0.8191, False),
+                                                   (-126, 0.9337, False), (-110, 0.613 * 2.0 ** -10, True)])
+def test_tiny_outputs_of_wide_rows_keep_their_bits(small, scale, flushing):
+    """A row of 2^14 (row factor 2^9 in the float decodes) whose only product meeting a non-zero
+    weight is tiny: the block scale must take the sums after the row factor, or a normal output
+    near 2^-117 passes through float subnormals (9 bits lost), and to zero under a caller's FTZ
+    where the products themselves are normal (the last case)."""
+    codes = np.full((16, 128), 0x38, np.uint8)  # 1.0
+    codes[:, 0] = 0
+    X = np.zeros((1, 128), np.float32)
+    X[0, 0] = 2.0 ** 14
+    X[0, 1] = np.float32(1.875 * 2.0 ** small)
+    p = kernels.pack_quantized(codes, np.array([[scale]], np.float32), "FP8_BLOCK")
+    want = float(X[0, 1]) * float(np.float32(scale))
+    threads = ktcy.get_num_threads()
+    ktcy.set_num_threads(1)  # the kernel runs on this thread, whose MXCSR is set below
+    try:
+        for v in runnable_variants("FP8_BLOCK"):
+            if "amx" in v:
+                continue
+            got = float(kernels.linear_variant(X, p, v)[0, 0])
+            assert abs(got - want) <= 1e-6 * want, (v, got, want)
+            if flushing:
+                old = _native.mxcsr(_native.mxcsr() | 0x8040)
+                try:
+                    got = float(kernels.linear_variant(X, p, v)[0, 0])
+                finally:
+                    _native.mxcsr(old)
+                assert abs(got - want) <= 1e-6 * want, (v, "DAZ+FTZ", got, want)
+    finally:
+        ktcy.set_num_threads(threads)
+
+
+def test_a_scale_near_the_float_maximum_does_not_overflow_one_row_calls():
+    """Per-channel scale 2e36 and a row of 2^13 (row factor 2^8 in the float decodes): the output
+    2.56e38 is finite, as two rows (the bf16 path) and the portable path give it.  (AVX2's float
+    decode multiplies the scale by the row factor, which may then overflow: documented there.)"""
+    codes = np.zeros((16, 32), np.uint8)
+    codes[:, 1] = 0x08  # 2^-6
+    X = np.zeros((1, 32), np.float32)
+    X[0, 1] = 2.0 ** 13
+    p = kernels.pack_quantized(codes, np.full(16, 2e36, np.float32), "FP8_PERCHANNEL")
+    want = 2.0 ** 7 * float(np.float32(2e36))
+    for v in runnable_variants("FP8_PERCHANNEL"):
+        if v == "fp8_avx2":
+            continue
+        got = float(kernels.linear_variant(X, p, v)[0, 0])
+        assert abs(got - want) <= 1e-6 * want, (v, got)

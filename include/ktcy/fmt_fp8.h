@@ -264,6 +264,10 @@ KT_AI void KT_(f32_gemv_tile)(const int NP, const float *x, const ktcy_weight *w
                 acc[p][1] = _mm512_fmadd_ps(a1, _mm512_castsi512_ps(_mm512_and_si512(odd, keep)), acc[p][1]);
             }
         }
+        /* The sums times the row factor f first (a power of two of at least 1: exact, and the
+         * true sums of rows below 2^15 cannot overflow), then the scale: no output passes
+         * through subnormals where the true one would not, and a scale near the float maximum
+         * does not overflow times f. */
         if (KT_FP8_BLOCKWISE(w) && ((kb + 1) % 4 == 0 || kb + 1 == nkb)) {
             _Pragma("GCC unroll 4")
             for (int p = 0; p < NP; ++p) {
@@ -271,7 +275,7 @@ KT_AI void KT_(f32_gemv_tile)(const int NP, const float *x, const ktcy_weight *w
                 _Pragma("GCC unroll 2")
                 for (int h = 0; h < 2; ++h) {
                     const __m512 sum = _mm512_fmadd_ps(sub[p][h], _mm512_set1_ps(0.125f), acc[p][h]);
-                    facc[p][h] = _mm512_fmadd_ps(sum, s, facc[p][h]);
+                    facc[p][h] = _mm512_fmadd_ps(_mm512_mul_ps(sum, _mm512_set1_ps(f)), s, facc[p][h]);
                     acc[p][h] = sub[p][h] = _mm512_setzero_ps();
                 }
             }
@@ -282,11 +286,12 @@ KT_AI void KT_(f32_gemv_tile)(const int NP, const float *x, const ktcy_weight *w
         const int64_t n0 = (p0 + p) * 16, valid = w->n - n0 < 16 ? w->n - n0 : 16;
         __m512 out;
         if (KT_FP8_BLOCKWISE(w)) {
-            out = _mm512_mul_ps(KT_(fold_halves)(facc[p][0], facc[p][1]), _mm512_set1_ps(f));
+            out = KT_(fold_halves)(facc[p][0], facc[p][1]);
         } else {
             const __m512 e = _mm512_fmadd_ps(sub[p][0], _mm512_set1_ps(0.125f), acc[p][0]);
             const __m512 o = _mm512_fmadd_ps(sub[p][1], _mm512_set1_ps(0.125f), acc[p][1]);
-            out = _mm512_mul_ps(KT_(fold_halves)(e, o), _mm512_mul_ps(_mm512_loadu_ps(w->scale + n0), _mm512_set1_ps(f)));
+            const __m512 fv = _mm512_set1_ps(f);
+            out = _mm512_mul_ps(KT_(fold_halves)(_mm512_mul_ps(e, fv), _mm512_mul_ps(o, fv)), _mm512_loadu_ps(w->scale + n0));
         }
         _mm512_mask_storeu_ps(y + n0, (__mmask16)((1u << valid) - 1u), out);
     }
