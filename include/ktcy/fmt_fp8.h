@@ -206,7 +206,8 @@ KT_AI void KT_(decode_panels)(const KT_(ctx) *c, const uint8_t *src, uint8_t *ds
  * 2^k (f32_rows' rule for the AVX2 path): the products are exact and normal.  Subnormal codes
  * would make subnormal floats, which cost Intel cores a microcode assist per FMA (a weight with
  * 5e-4 of them ran 20% slower): a row pair holding one takes them apart into sums of their own,
- * 8 times larger (byte_lane).  Calls holding a NaN code or a row past 2^14 keep the bf16 path. */
+ * 8 times larger (byte_lane).  Calls holding a NaN code or a row of 2^15 or more keep the bf16
+ * path. */
 #define KT_F32_GEMV 1
 #define KT_F32_WIDE_FIELD 141 /* bf16 exponent field of 2^14 */
 KT_AI __m512 KT_(fold_halves)(__m512 even, __m512 odd) {
