@@ -9,6 +9,25 @@ from ktcy import _native, kernels
 from ktcy.formats import canonical_format, fp8_scale_kind
 
 ALL_CODES = np.arange(256, dtype=np.uint8)
+FLUSHING = 0x8040  # MXCSR's FTZ and DAZ, what torch.set_flush_denormal(True) sets
+
+
+@pytest.fixture
+def one_thread():
+    """The kernels run on the calling thread, whose MXCSR flushed() sets."""
+    threads = ktcy.get_num_threads()
+    ktcy.set_num_threads(1)
+    yield
+    ktcy.set_num_threads(threads)
+
+
+def flushed(call):
+    """(call(), MXCSR as call() left it) under a caller's FTZ and DAZ; the caller's word back."""
+    old = _native.mxcsr(_native.mxcsr() | FLUSHING)
+    try:
+        return call(), _native.mxcsr()
+    finally:
+        _native.mxcsr(old)
 
 
 def test_scalar_decode_matches_ml_dtypes_for_all_256_codes():
@@ -244,7 +263,7 @@ WIDE_ROWS = [(1e38, 1e-5), (3.38e38, 1e-20), (1e35, 1e-20), (1e30, 1e-12), (1e6,
 @pytest.mark.parametrize("fmt", ["FP8_PERCHANNEL", "FP8_BLOCK"])
 @pytest.mark.parametrize("big,small", WIDE_ROWS)
 @pytest.mark.parametrize("m", [1, 2, 5])
-def test_a_huge_value_whose_weights_are_zero_leaves_the_small_ones_exact(fmt, big, small, m):
+def test_a_huge_value_whose_weights_are_zero_leaves_the_small_ones_exact(fmt, big, small, m, one_thread):
     """A row's small values decide its outputs when its huge value meets a zero weight column: the
     bit-move decodes (weights x 2^-120, rows scaled from their largest value: AVX2, AVX-512 one-row
     calls) would push their products below the normal range, so rows from 2^15 on take the wide
@@ -255,28 +274,19 @@ def test_a_huge_value_whose_weights_are_zero_leaves_the_small_ones_exact(fmt, bi
     W[:, [0, 37]] = 0
     p = kernels.pack(W, fmt)
     variants = [v for v in runnable_variants(fmt) if "amx" not in v]
-    threads = ktcy.get_num_threads()
-    ktcy.set_num_threads(1)  # the kernel runs on this thread, whose MXCSR is set below
-    try:
-        for column in (0, 37):
-            X = (rng.standard_normal((m, 96)) * small).astype(np.float32)
-            X[0, column] = big
-            ref = bf16_round(X).astype(np.float64) @ p.dequantize().astype(np.float64).T
-            for v in variants:
-                assert rel_err_rows(kernels.linear_variant(X, p, v), ref) <= 1e-5, (v, column)
-                old = _native.mxcsr(_native.mxcsr() | 0x8040)
-                try:
-                    got = kernels.linear_variant(X, p, v)
-                finally:
-                    _native.mxcsr(old)
-                assert rel_err_rows(got, ref) <= 1e-5, (v, column)
-    finally:
-        ktcy.set_num_threads(threads)
+    for column in (0, 37):
+        X = (rng.standard_normal((m, 96)) * small).astype(np.float32)
+        X[0, column] = big
+        ref = bf16_round(X).astype(np.float64) @ p.dequantize().astype(np.float64).T
+        for v in variants:
+            assert rel_err_rows(kernels.linear_variant(X, p, v), ref) <= 1e-5, (v, column)
+            got, _ = flushed(lambda: kernels.linear_variant(X, p, v))
+            assert rel_err_rows(got, ref) <= 1e-5, (v, column)
 
 
 @pytest.mark.parametrize("fmt", ["FP8_PERCHANNEL", "FP8_BLOCK"])
 @pytest.mark.parametrize("m", [1, 3, 9])
-def test_a_caller_flushing_subnormals_changes_nothing(fmt, m):
+def test_a_caller_flushing_subnormals_changes_nothing(fmt, m, one_thread):
     """torch.set_flush_denormal(True) sets MXCSR's DAZ and FTZ: AVX2's decode makes E4M3
     subnormals float subnormals, which DAZ would read as zeros.  The GEMM clears DAZ while it
     runs and restores the caller's control word."""
@@ -285,22 +295,12 @@ def test_a_caller_flushing_subnormals_changes_nothing(fmt, m):
     W[:, ::3] *= 1e-4
     p = kernels.pack(W, fmt)
     X = rng.standard_normal((m, 256)).astype(np.float32)
-    threads = ktcy.get_num_threads()
-    ktcy.set_num_threads(1)  # the kernel runs on this thread, whose MXCSR is set below
-    try:
-        for v in runnable_variants(fmt):
-            plain = kernels.linear_variant(X, p, v)
-            flushing = _native.mxcsr() | 0x8040
-            old = _native.mxcsr(flushing)
-            try:
-                got = kernels.linear_variant(X, p, v)
-                after = _native.mxcsr()
-            finally:
-                _native.mxcsr(old)
-            assert (after & ~0x3F) == (flushing & ~0x3F), v  # the control bits; flags may be raised
-            assert np.array_equal(got, plain), v
-    finally:
-        ktcy.set_num_threads(threads)
+    for v in runnable_variants(fmt):
+        plain = kernels.linear_variant(X, p, v)
+        flushing = _native.mxcsr() | FLUSHING
+        got, after = flushed(lambda: kernels.linear_variant(X, p, v))
+        assert (after & ~0x3F) == (flushing & ~0x3F), v  # the control bits; flags may be raised
+        assert np.array_equal(got, plain), v
 
 
 def mixed_codes(rng, n, k, subnormal_share):
@@ -347,7 +347,7 @@ def test_one_row_calls_anywhere_in_the_bf16_range(fmt, size):
 
 @pytest.mark.parametrize("small,scale,flushing", [(-126, 0.613, False), (-126, 0.7071, False), (-126, 0.8191, False),
                                                    (-126, 0.9337, False), (-110, 0.613 * 2.0 ** -10, True)])
-def test_tiny_outputs_of_wide_rows_keep_their_bits(small, scale, flushing):
+def test_tiny_outputs_of_wide_rows_keep_their_bits(small, scale, flushing, one_thread):
     """A row of 2^14 (row factor 2^9 in the float decodes) whose only product meeting a non-zero
     weight is tiny: the block scale must take the sums after the row factor, or a normal output
     near 2^-117 passes through float subnormals (9 bits lost), and to zero under a caller's FTZ
@@ -359,23 +359,14 @@ def test_tiny_outputs_of_wide_rows_keep_their_bits(small, scale, flushing):
     X[0, 1] = np.float32(1.875 * 2.0 ** small)
     p = kernels.pack_quantized(codes, np.array([[scale]], np.float32), "FP8_BLOCK")
     want = float(X[0, 1]) * float(np.float32(scale))
-    threads = ktcy.get_num_threads()
-    ktcy.set_num_threads(1)  # the kernel runs on this thread, whose MXCSR is set below
-    try:
-        for v in runnable_variants("FP8_BLOCK"):
-            if "amx" in v:
-                continue
-            got = float(kernels.linear_variant(X, p, v)[0, 0])
-            assert abs(got - want) <= 1e-6 * want, (v, got, want)
-            if flushing:
-                old = _native.mxcsr(_native.mxcsr() | 0x8040)
-                try:
-                    got = float(kernels.linear_variant(X, p, v)[0, 0])
-                finally:
-                    _native.mxcsr(old)
-                assert abs(got - want) <= 1e-6 * want, (v, "DAZ+FTZ", got, want)
-    finally:
-        ktcy.set_num_threads(threads)
+    for v in runnable_variants("FP8_BLOCK"):
+        if "amx" in v:
+            continue
+        got = float(kernels.linear_variant(X, p, v)[0, 0])
+        assert abs(got - want) <= 1e-6 * want, (v, got, want)
+        if flushing:
+            got = float(flushed(lambda: kernels.linear_variant(X, p, v))[0][0, 0])
+            assert abs(got - want) <= 1e-6 * want, (v, "DAZ+FTZ", got, want)
 
 
 def test_a_scale_near_the_float_maximum_does_not_overflow_one_row_calls():

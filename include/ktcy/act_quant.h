@@ -103,10 +103,10 @@ static inline void ktcy_quantize_act_int8(const float *x, int64_t ldx, int64_t k
     }
 }
 
-__attribute__((target("avx2"))) static void ktcy_quantize_act_int8_avx2(const float *x, int64_t ldx, int64_t k,
-                                                                       int64_t k_pad, int64_t m0, int64_t m1,
-                                                                       int8_t *q, float *scale, int group,
-                                                                       int32_t *gsum) {
+__attribute__((target("avx2"))) static inline void ktcy_quantize_act_int8_avx2(const float *x, int64_t ldx, int64_t k,
+                                                                              int64_t k_pad, int64_t m0, int64_t m1,
+                                                                              int8_t *q, float *scale, int group,
+                                                                              int32_t *gsum) {
     const __m256i abs_mask = _mm256_set1_epi32(0x7FFFFFFF);
     for (int64_t m = m0; m < m1; ++m) {
         const float *row = x + m * ldx;
@@ -137,7 +137,7 @@ __attribute__((target("avx2"))) static void ktcy_quantize_act_int8_avx2(const fl
     }
 }
 
-__attribute__((target("avx512f,avx512bw"))) static void ktcy_quantize_act_int8_avx512(
+__attribute__((target("avx512f,avx512bw"))) static inline void ktcy_quantize_act_int8_avx512(
     const float *x, int64_t ldx, int64_t k, int64_t k_pad, int64_t m0, int64_t m1, int8_t *q, float *scale,
     int group, int32_t *gsum) {
     const __m512i abs_mask = _mm512_set1_epi32(0x7FFFFFFF);
@@ -186,9 +186,9 @@ __attribute__((target("avx2"))) static inline __m256i ktcy_bf16_bits8(__m256i u)
     return _mm256_blendv_epi8(rounded, quiet, nan);
 }
 
-__attribute__((target("avx2"))) static void ktcy_convert_act_bf16_avx2(const float *x, int64_t ldx, int64_t k,
-                                                                      int64_t k_pad, int64_t m0, int64_t m1,
-                                                                      uint16_t *out) {
+__attribute__((target("avx2"))) static inline void ktcy_convert_act_bf16_avx2(const float *x, int64_t ldx, int64_t k,
+                                                                             int64_t k_pad, int64_t m0, int64_t m1,
+                                                                             uint16_t *out) {
     for (int64_t m = m0; m < m1; ++m) {
         const float *row = x + m * ldx;
         uint16_t *o = out + m * k_pad;
@@ -204,7 +204,7 @@ __attribute__((target("avx2"))) static void ktcy_convert_act_bf16_avx2(const flo
     }
 }
 
-__attribute__((target("avx512f,avx512bw"))) static void ktcy_convert_act_bf16_avx512(
+__attribute__((target("avx512f,avx512bw"))) static inline void ktcy_convert_act_bf16_avx512(
     const float *x, int64_t ldx, int64_t k, int64_t k_pad, int64_t m0, int64_t m1, uint16_t *out) {
     const __m512i abs_mask = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000);
     for (int64_t m = m0; m < m1; ++m) {

@@ -61,8 +61,8 @@ KT_AI int64_t KT_(group_at)(const ktcy_weight *w, int64_t kb, int r, int64_t nkb
 #define KT_HAS_WROW 1
 #define KT_CHECKED_ROWS 1
 #define KT_LANE_SPLIT 1
-#define KT_ROW_PRESCALE 120
-#define KT_WIDE_FIELD 141 /* bf16 exponent field of 2^14 */
+#define KT_ROW_PRESCALE KTCY_E4M3_BITMOVE_SHIFT
+#define KT_WIDE_FIELD KTCY_E4M3_WIDE_FIELD
 #define KT_WIDE_FACTOR 256.0f
 #define KT_CLEAR_DAZ 1
 KT_AI void KT_(wrow)(const uint8_t *blk, int r, kt_w256 out[2]) {
@@ -203,13 +203,12 @@ KT_AI void KT_(decode_panels)(const KT_(ctx) *c, const uint8_t *src, uint8_t *ds
  * even and odd K element each, so byte j of every dword is one float vector whose lanes d < 8
  * and d >= 8 take the activations of two K elements (a broadcast pair per vector), and the sums'
  * halves are added at the end.  The weights come out times 2^-120 and the activation row times
- * 2^k (f32_rows' rule for the AVX2 path): the products are exact and normal.  Subnormal codes
+ * 2^k (ktcy_prescale_shift, the AVX2 path's rule): the products are exact and normal.  Subnormal codes
  * would make subnormal floats, which cost Intel cores a microcode assist per FMA (a weight with
  * 5e-4 of them ran 20% slower): a row pair holding one takes them apart into sums of their own,
  * 8 times larger (byte_lane).  Calls holding a NaN code or a row of 2^15 or more keep the bf16
  * path. */
 #define KT_F32_GEMV 1
-#define KT_F32_WIDE_FIELD 141 /* bf16 exponent field of 2^14 */
 KT_AI __m512 KT_(fold_halves)(__m512 even, __m512 odd) {
     const __m512i interleave = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
     even = _mm512_add_ps(even, _mm512_shuffle_f32x4(even, even, 0x4E));
@@ -307,15 +306,15 @@ KT_AI int KT_(f32_gemv)(const ktcy_act *a, const ktcy_weight *w, float *y, int64
     /* each dword's low word: the larger of its two words */
     const __m512i pairs = _mm512_max_epu16(top, _mm512_srli_epi32(top, 16));
     const int field = _mm512_reduce_max_epi32(_mm512_and_si512(pairs, _mm512_set1_epi32(0xFFFF))) >> 7;
-    if (field > KT_F32_WIDE_FIELD) return 0;
-    const int shift = field > 252 - 120 ? 252 - field : 120;
+    if (field > KTCY_E4M3_WIDE_FIELD) return 0;
+    const int shift = ktcy_prescale_shift(field);
     float *x = (float *)ktcy_align64(scratch);
     const __m512 times = _mm512_castsi512_ps(_mm512_set1_epi32((127 + shift) << 23));
     for (int64_t k = 0; k < a->k_pad; k += 16) {
         const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + k)));
         _mm512_store_ps(x + k, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), times));
     }
-    const float f = ktcy_pow2(120 - shift);
+    const float f = ktcy_pow2(KTCY_E4M3_BITMOVE_SHIFT - shift);
     for (int64_t p = pb; p < pe;) {
         const int np = pe - p >= 4 ? 4 : 1;
         const ktcy_span next = ktcy_next_group(a, w, p + np, pe, np, 32, 512);
@@ -390,4 +389,3 @@ KT_AI float KT_(tile_final)(float acc, float r, float t) { (void)r; return acc *
 #undef KT_FP8_BLOCKWISE
 #undef KT_FP8_KBLOCKS
 #undef KT_FP8_BLOCK_SCALE
-#undef KT_F32_WIDE_FIELD

@@ -434,7 +434,7 @@ KT_AI int KT_(f32_rows)(const ktcy_act *a, int64_t m0, int64_t rows, float *dst,
         __m256 times = _mm256_set1_ps(1.0f);
 #if KT_ROW_PRESCALE
         const int k = wide ? (field[i] < 107 ? 120 : 227 - field[i])
-                           : (field[i] > 252 - KT_ROW_PRESCALE ? 252 - field[i] : KT_ROW_PRESCALE);
+                           : ktcy_prescale_shift(field[i]);
         times = _mm256_castsi256_ps(_mm256_set1_epi32((127 + k) << 23));
         rowf[i] = (wide ? KT_WIDE_FACTOR : ktcy_pow2(KT_ROW_PRESCALE)) * ktcy_pow2(-k);
 #endif
@@ -647,11 +647,9 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
                              int64_t pe, void *scratch) {
     if (!(KT_FORMATS & (1 << w->format))) return KTCY_ERR_FORMAT;
     if (!KT_CLEAR_DAZ) return KT_(split_calls)(a, w, y, ldy, pb, pe, scratch);
-    /* this thread's MXCSR, restored before returning */
-    const unsigned int csr = _mm_getcsr();
-    if (csr & 0x40) _mm_setcsr(csr & ~0x40u);
+    const unsigned int csr = ktcy_clear_daz();
     const int status = KT_(split_calls)(a, w, y, ldy, pb, pe, scratch);
-    if (csr & 0x40) _mm_setcsr(csr | (_mm_getcsr() & 0x3F)); /* the caller's control, every flag raised */
+    ktcy_restore_daz(csr);
     return status;
 }
 

@@ -259,11 +259,9 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
     if (!(KT_FORMATS & (1 << w->format))) return KTCY_ERR_FORMAT;
 #if KT_F32_GEMV
     if (a->m == 1) {
-        /* this thread's MXCSR without DAZ (subnormal activations count), restored after */
-        const unsigned int csr = _mm_getcsr();
-        if (csr & 0x40) _mm_setcsr(csr & ~0x40u);
+        const unsigned int csr = ktcy_clear_daz(); /* subnormal activations count */
         const int done = KT_(f32_gemv)(a, w, y, pb, pe, scratch);
-        if (csr & 0x40) _mm_setcsr(csr | (_mm_getcsr() & 0x3F));
+        ktcy_restore_daz(csr);
         if (done) return KTCY_OK;
     }
 #endif

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "fp_env.h"
 #include "numeric.h"
 #include "pack.h"
 #include "prefetch.h"

@@ -15,6 +15,19 @@ static inline float ktcy_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); retu
 static inline float ktcy_pow2(int e) { return ktcy_bits_f32((uint32_t)(e + 127) << 23); }
 static inline float ktcy_bf16_to_f32(uint16_t h) { return ktcy_bits_f32((uint32_t)h << 16); }
 
+/* E4M3 codes placed by bit moves into a float (sign at bit 31, the 7 magnitude bits at 20..26)
+ * are worth the value x 2^-KTCY_E4M3_BITMOVE_SHIFT, exactly (E4M3 subnormals become float
+ * subnormals).  The float decodes widen each activation row times 2^k with
+ * k = ktcy_prescale_shift(field): field the row's largest bf16 exponent field, |x| 2^k < 2^126,
+ * so no product (below 2^-111) nor K of them can overflow.  Rows whose field passes
+ * KTCY_E4M3_WIDE_FIELD (2^15 and up) would push their small values' products below the normal
+ * range: those take another decode. */
+#define KTCY_E4M3_BITMOVE_SHIFT 120
+#define KTCY_E4M3_WIDE_FIELD 141 /* bf16 exponent field of 2^14 */
+static inline int ktcy_prescale_shift(int field) {
+    return field > 252 - KTCY_E4M3_BITMOVE_SHIFT ? 252 - field : KTCY_E4M3_BITMOVE_SHIFT;
+}
+
 /* Round to nearest even; NaN stays NaN (quieted), infinities stay infinite. */
 static inline uint16_t ktcy_f32_to_bf16(float f) {
     uint32_t u = ktcy_f32_bits(f);
