@@ -58,6 +58,7 @@ cdef int _check_format_code(int fmt) except -1:
 cdef ktcy_cpu _cpu
 ktcy_cpu_probe(&_cpu)
 cdef int _satisfied = ktcy_satisfied_needs(&_cpu)
+cdef int32_t _one_panel_rows = ktcy_one_panel_rows(&_cpu)  # every ktcy_act built here carries it
 
 def cpu_features():
     """Feature flags from cpuid/xgetbv (and the Linux AMX permission), as Python bools."""
@@ -501,6 +502,7 @@ cdef class Activations:
         cdef ktcy_bf16_act_fn bf16_act
         memset(&self.view, 0, sizeof(ktcy_act))
         self.view.m, self.view.m_pad, self.view.k_pad, self.view.group = m, m_pad, k_pad, gsum_group
+        self.view.one_panel_rows = _one_panel_rows
         if d.act == KTCY_ACT_INT8:
             self.q = np.zeros((m_pad, k_pad), np.int8)
             self.scale = np.zeros(m_pad, np.float32)

@@ -18,6 +18,7 @@ typedef struct {
     int amx_tile, amx_int8, amx_bf16;
     /* operating-system state */
     int os_avx, os_avx512, os_amx, amx_permitted;
+    int amd; /* an AMD (or Hygon) core: some tile shapes are chosen by vendor (registry.h) */
     char model_name[49];
 } ktcy_cpu;
 
@@ -51,6 +52,10 @@ static inline void ktcy_cpu_probe(ktcy_cpu *cpu) {
     memset(cpu, 0, sizeof *cpu);
     max_leaf = __get_cpuid_max(0, 0);
     if (max_leaf < 1) return;
+    __cpuid(0, a, b, c, d);
+    const unsigned amd_b = 0x68747541u, amd_d = 0x69746e65u, amd_c = 0x444d4163u;  /* "AuthenticAMD" */
+    const unsigned hygon_b = 0x6f677948u, hygon_d = 0x6e65476eu, hygon_c = 0x656e6975u; /* "HygonGenuine" */
+    cpu->amd = (b == amd_b && d == amd_d && c == amd_c) || (b == hygon_b && d == hygon_d && c == hygon_c);
     __cpuid_count(1, 0, a, b, c, d);
     int osxsave = (c >> 27) & 1;
     cpu->fma = (c >> 12) & 1;

@@ -16,8 +16,9 @@
 #define KT_INT4_ZERO(w, g, n) ((w)->zero ? (int32_t)(w)->zero[KT_INT4_AT(w, g, n)] : 8)
 /* How far ahead the scale and zero-point streams are fetched, in groups.  Panel-major rows
  * follow each other, so past a panel's last group this is the next panel's first: the one a
- * decode tile's slot usually reads next.  Addresses are integers: past the arrays' end a
- * prefetch is harmless, a C pointer is not. */
+ * one-panel tile reads next (a tile of NP panels adds (NP - 1) rows to reach its slot's next
+ * one).  Addresses are integers: past the arrays' end a prefetch is harmless, a C pointer is
+ * not. */
 #define KT_INT4_AHEAD 16
 #define KT_INT4_FETCH_SIDE(w, at)                                                                            \
     do {                                                                                                     \
@@ -49,7 +50,7 @@ KT_AI int64_t KT_(group_at)(const ktcy_weight *w, int64_t kb, int r, int64_t nkb
     (void)nkb;
     if (!(r == 15 || (r == 7 && w->group == 32))) return -1;
     if (w->group == 128 && !(kb & 1)) return -1;
-    return (kb * 64 + r * 4) / w->group;
+    return (kb * 64 + r * 4) >> __builtin_ctz((unsigned)w->group); /* a power of two: no division */
 }
 
 #if KT_SKEL == KT_SKEL_AVX2
@@ -83,7 +84,7 @@ KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int M
                           : _mm256_set1_epi32(8);
     _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m) {
-        const __m256i gsum = _mm256_set1_epi32(a->group_sum[(m0 + m) * (a->k_pad / a->group) + g]);
+        const __m256i gsum = _mm256_set1_epi32(a->group_sum[(m0 + m) * (a->k_pad >> __builtin_ctz((unsigned)a->group)) + g]);
         _Pragma("GCC unroll 8")
         for (int h = 0; h < 2; ++h) {
             __m256 s = _mm256_loadu_ps(w->scale + at + h * 8);
@@ -103,10 +104,10 @@ KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_
 #define KT_WKIND KT_W_U8
 #define KT_PREDECODE 0
 #define KT_REG_DECODE 0
-/* Up to 4 rows stream one panel at a time: a MoE layer at T = 1, 4, 32 took 0.88-0.94x the
- * time of 4-panel tiles (FP8 and MXFP4, whose decode chains need the 4 panels' independent
- * work, were 1.5x slower that way; INT8 gained nothing). */
-#define KT_ONE_PANEL_ROWS 4
+/* Few-row calls may stream one panel at a time where the CPU prefers it (registry.h); FP8 and
+ * MXFP4, whose decode chains need four panels' independent work, were 1.5x slower that way on
+ * the Zen 5 that preferred it for INT4, and INT8 gained nothing. */
+#define KT_ONE_PANEL_OK 1
 typedef struct { int unused; } KT_(ctx);
 KT_AI KT_(ctx) KT_(make_ctx)(void) { KT_(ctx) c = {0}; return c; }
 KT_AI __m512i KT_(row)(const uint8_t *blk, int r) {
@@ -127,15 +128,16 @@ KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const in
     for (int p = 0; p < NP; ++p) at[p] = at0 + p * groups * 16; /* the next panel's row */
     /* slow streams (see the AVX2 epilogue); many-row tiles too: the panels' scale rows lie a
      * row of groups apart, and without it their loads missed L1 (INT4 M=512 +8%) */
+    const int64_t wrap = g + KT_INT4_AHEAD >= groups ? (NP - 1) * groups * 16 : 0;
     _Pragma("GCC unroll 8")
-    for (int p = 0; p < NP; ++p) KT_INT4_FETCH_SIDE(w, at[p]);
+    for (int p = 0; p < NP; ++p) KT_INT4_FETCH_SIDE(w, at[p] + wrap);
     _Pragma("GCC unroll 8")
     for (int p = 0; p < NP; ++p)
         zero[p] = w->zero ? _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w->zero + at[p])))
                           : _mm512_set1_epi32(8);
     _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m) {
-        const __m512i gsum = _mm512_set1_epi32(a->group_sum[(m0 + m) * (a->k_pad / a->group) + g]);
+        const __m512i gsum = _mm512_set1_epi32(a->group_sum[(m0 + m) * (a->k_pad >> __builtin_ctz((unsigned)a->group)) + g]);
         _Pragma("GCC unroll 8")
         for (int p = 0; p < NP; ++p) {
             __m512 s = _mm512_loadu_ps(w->scale + at[p]);

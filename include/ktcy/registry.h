@@ -106,4 +106,10 @@ static inline int ktcy_satisfied_needs(const ktcy_cpu *c) {
     return s;
 }
 
+/* ktcy_act.one_panel_rows for this CPU: the AVX-512 tile width of few-row calls in the formats
+ * that allow one panel (KT_ONE_PANEL_OK).  Measured per vendor, MoE layer at T = 1/4/32: a Zen 5
+ * ran INT4 with one-panel tiles in 0.88-0.94x the time of four-panel ones, a Xeon (Sapphire
+ * Rapids class) with four-panel tiles in 0.78-0.87x the time of one-panel ones. */
+static inline int32_t ktcy_one_panel_rows(const ktcy_cpu *c) { return c->amd ? 4 : 0; }
+
 #endif
