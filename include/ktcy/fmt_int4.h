@@ -71,13 +71,14 @@ KT_AI void KT_(decode_panels)(const uint8_t *src, uint8_t *dst, int64_t blocks) 
             _Pragma("GCC unroll 2")
             for (int h = 0; h < 2; ++h) _mm256_storeu_si256((__m256i *)(dst + r * 64 + h * 32), KT_(nibbles)(src, r, h));
 }
-KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int MB, const ktcy_act *a,
-                               const ktcy_weight *w, int64_t m0, int64_t p, int64_t g) {
+KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int MB, const int NP,
+                               const ktcy_act *a, const ktcy_weight *w, int64_t m0, int64_t p, int64_t g) {
     __m256i zero[2];
     const int64_t at = KT_INT4_AT(w, g, p * 16);
     /* a slow stream (a line per group, or per four) that the decode stream would outrun: ask
-     * for the scales (and zero points) ahead */
-    KT_INT4_FETCH_SIDE(w, at);
+     * for the scales (and zero points) ahead, past the panel's end in the one this slot reads
+     * next (NP panels on) */
+    KT_INT4_FETCH_SIDE(w, at + (g + KT_INT4_AHEAD >= KT_INT4_GROUPS(w) ? (NP - 1) * KT_INT4_GROUPS(w) * 16 : 0));
     _Pragma("GCC unroll 2")
     for (int h = 0; h < 2; ++h)
         zero[h] = w->zero ? _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w->zero + at + h * 8)))

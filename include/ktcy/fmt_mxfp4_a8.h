@@ -104,8 +104,9 @@ KT_AI int64_t KT_(group_at)(const ktcy_weight *w, int64_t kb, int r, int64_t nkb
     (void)w; (void)nkb;
     return r == 7 ? 2 * kb : r == 15 ? 2 * kb + 1 : -1;
 }
-KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int MB, const ktcy_act *a,
-                               const ktcy_weight *w, int64_t m0, int64_t p, int64_t g) {
+KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int MB, const int NP,
+                               const ktcy_act *a, const ktcy_weight *w, int64_t m0, int64_t p, int64_t g) {
+    (void)NP; /* the exponents lie in the code stream */
     const __m256 s[2] = {kt_e8m0_half(KT_A8_SUB(w, p, g) + 256, 0), kt_e8m0_half(KT_A8_SUB(w, p, g) + 256, 1)};
     _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m) {

@@ -17,7 +17,8 @@
  *   KT_(group_scale)(w, p, g, h) -> __m256                   bf16-activation formats with groups: the
  *                                                            multipliers of group g, channels p*16+8h..
  *                                                            (the skeleton scales their float sums)
- *   KT_(group_epilogue)(acc[4][2], facc[4][2], MB, a, w, m0, p, g)   integer formats with groups
+ *   KT_(group_epilogue)(acc[4][2], facc[4][2], MB, NP, a, w, m0, p, g)   integer formats with groups
+ *                                                            (panel p of a tile of NP)
  *   KT_(final)(acc, facc, a, w, m, n0)                       8 outputs of one row
  * and may set KT_WIDE_TILE 1: prefill tiles (more than 4 rows) of 3 rows x 2 panels, 12 integer
  * accumulators sharing each activation broadcast (formats without groups only); KT_LANE_SPLIT 1:
@@ -325,7 +326,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
                     _Pragma("GCC unroll 4")
                     for (int q = 0; q < NP; ++q) {
 #if KT_INT_ACT
-                        KT_(group_epilogue)(acc[q], facc[q], MB, a, w, m0, p + q, g);
+                        KT_(group_epilogue)(acc[q], facc[q], MB, NP, a, w, m0, p + q, g);
 #else
                         _Pragma("GCC unroll 2")
                         for (int h = 0; h < 2; ++h) {
@@ -589,6 +590,15 @@ KT_TARGET static int KT_(run)(const ktcy_act *a, const ktcy_weight *w, float *y,
             else if (a->m == 1) KT_(micro)(1, 2, 0, a, x, rowf, w, 0, p, y, ldy, decoded, ktcy_no_ahead(), next);
             else KT_(micro)(2, 2, 0, a, x, rowf, w, 0, p, y, ldy, decoded, ktcy_no_ahead(), next);
             p += np;
+            continue;
+        }
+#else
+        /* one row: two panels per tile (twice the streams and chains) where the CPU prefers it
+         * (ktcy_one_panel_rows): MoE T = 1 on a Xeon 0.80-0.92x the time */
+        if (a->m == 1 && a->m > a->one_panel_rows && pe - p >= 2) {
+            const ktcy_span next = ktcy_next_group(a, w, p + 2, pe, 2, KT_BK, KT_BB);
+            KT_(micro)(1, 2, 0, a, x, rowf, w, 0, p, y, ldy, decoded, ktcy_no_ahead(), next);
+            p += 2;
             continue;
         }
 #endif

@@ -106,10 +106,13 @@ static inline int ktcy_satisfied_needs(const ktcy_cpu *c) {
     return s;
 }
 
-/* ktcy_act.one_panel_rows for this CPU: the AVX-512 tile width of few-row calls in the formats
- * that allow one panel (KT_ONE_PANEL_OK).  Measured per vendor, MoE layer at T = 1/4/32: a Zen 5
- * ran INT4 with one-panel tiles in 0.88-0.94x the time of four-panel ones, a Xeon (Sapphire
- * Rapids class) with four-panel tiles in 0.78-0.87x the time of one-panel ones. */
+/* ktcy_act.one_panel_rows for this CPU: calls of at most this many rows stream one panel per
+ * tile in AVX-512 INT4 (KT_ONE_PANEL_OK) and AVX2's integer formats, where they would otherwise
+ * take four (AVX-512) or two (AVX2, one row).  Measured per vendor, MoE layer: a Zen 5 ran
+ * AVX-512 INT4 at T = 1/4/32 with one-panel tiles in 0.88-0.94x the time of four-panel ones; a
+ * Xeon (Sapphire Rapids class) ran it with four-panel tiles in 0.78-0.87x the time of one-panel
+ * ones, and AVX2 INT8/INT4/MXFP4_A8 at T = 1 with two-panel tiles in 0.80-0.92x.  AMD keeps the
+ * one-panel tiles it was tuned with (AVX2 two-panel integer tiles: not measured there). */
 static inline int32_t ktcy_one_panel_rows(const ktcy_cpu *c) { return c->amd ? 4 : 0; }
 
 #endif

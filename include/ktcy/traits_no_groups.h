@@ -11,9 +11,9 @@ KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const in
     (void)acc; (void)facc; (void)MB; (void)NP; (void)a; (void)w; (void)m0; (void)p0; (void)g;
 }
 #elif KT_SKEL == KT_SKEL_AVX2
-KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int MB, const ktcy_act *a,
-                               const ktcy_weight *w, int64_t m0, int64_t p, int64_t g) {
-    (void)acc; (void)facc; (void)MB; (void)a; (void)w; (void)m0; (void)p; (void)g;
+KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int MB, const int NP,
+                               const ktcy_act *a, const ktcy_weight *w, int64_t m0, int64_t p, int64_t g) {
+    (void)acc; (void)facc; (void)MB; (void)NP; (void)a; (void)w; (void)m0; (void)p; (void)g;
 }
 KT_AI __m256 KT_(group_scale)(const ktcy_weight *w, int64_t p, int64_t g, int h) {
     (void)w; (void)p; (void)g; (void)h;

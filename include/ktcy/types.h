@@ -39,8 +39,8 @@ typedef struct {
     int64_t next_pb, next_pe;  /* panels [next_pb, next_pe) this thread multiplies next       */
     int32_t rows_in_scratch;   /* 1: the call before on this scratch, same variant and these rows,  */
                                /* left them in the kernel's own form there (AMX tile order): reuse */
-    int32_t one_panel_rows;    /* AVX-512, formats with KT_ONE_PANEL_OK: calls of at most this many */
-                               /* rows take one panel per tile, not four (ktcy_one_panel_rows)      */
+    int32_t one_panel_rows;    /* calls of at most this many rows take one panel per tile where a */
+                               /* skeleton offers more (ktcy_one_panel_rows); 0: never            */
 } ktcy_act;
 
 /* One GEMM entry point per kernel variant: Y[m][n] for every row and for the output channels
