@@ -652,9 +652,14 @@ cdef int _variant_index(str format_name, str variant_name) except -1:
             return i
     raise ValueError(f"no kernel named {variant_name!r} in this build")
 
-def gemm(str format_name, str variant_name, Activations act, Weight weight, float[:, ::1] out):
-    """out[m, :n] = act @ weight.T with one kernel variant; the GIL is released."""
+def gemm(str format_name, str variant_name, Activations act, Weight weight, float[:, ::1] out,
+         int one_panel_rows=-1):
+    """out[m, :n] = act @ weight.T with one kernel variant; the GIL is released.  one_panel_rows >= 0
+    replaces this CPU's tile choice (ktcy_one_panel_rows), so tests reach both on any CPU."""
     cdef ktcy_gemm_fn fn = KTCY_VARIANTS[_variant_index(format_name, variant_name)].fn
+    cdef ktcy_act view = act.view
+    if one_panel_rows >= 0:
+        view.one_panel_rows = one_panel_rows
     cdef char message[160]
     cdef int st
     cdef int64_t panels = weight.view.n_pad // KTCY_PANEL
@@ -668,7 +673,7 @@ def gemm(str format_name, str variant_name, Activations act, Weight weight, floa
     if out.shape[0] < act.view.m or out.shape[1] < weight.view.n:
         raise ValueError("output buffer too small")
     with nogil:
-        st = _gemm_parallel(fn, &act.view, &weight.view, &out[0, 0] if out.shape[0] > 0 else NULL,
+        st = _gemm_parallel(fn, &view, &weight.view, &out[0, 0] if out.shape[0] > 0 else NULL,
                             out.shape[1], 0, panels, _num_threads, message)
     _raise_status(st, message)
 

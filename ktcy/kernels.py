@@ -407,9 +407,10 @@ def linear(X: np.ndarray, packed: PackedWeight, isa: Optional[str] = None,
     return linear_variant(X, packed, variant, out)
 
 
-def linear_variant(X, packed, variant, out=None):
+def linear_variant(X, packed, variant, out=None, one_panel_rows=None):
     """linear() on one named kernel variant (see ktcy._native.variants()), for tests and benchmarks
-    that must reach variants the dispatcher would not pick on this CPU."""
+    that must reach variants the dispatcher would not pick on this CPU.  one_panel_rows: the
+    few-row tile choice this CPU's vendor would not make (registry.h), None for this CPU's."""
     weight = packed.native()  # checks every array against the descriptor first
     act = prepare_activations(X, packed)
     m, n = np.shape(X)[0], packed.shape[0]
@@ -418,5 +419,5 @@ def linear_variant(X, packed, variant, out=None):
     elif out.shape != (m, n) or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError(f"out must be a C-contiguous float32 array of shape {(m, n)}")
     if m and n:
-        _native.gemm(packed.format, variant, act, weight, out)
+        _native.gemm(packed.format, variant, act, weight, out, -1 if one_panel_rows is None else int(one_panel_rows))
     return out

@@ -1,0 +1,33 @@
+"""The few-row tile width chosen per CPU vendor (registry.h: ktcy_one_panel_rows) changes which
+tiles run, never the numbers: each panel's sums run in the same order either way.  Both choices
+are reached here on any CPU, so an AMD host tests the tiles an Intel host runs and back."""
+import numpy as np
+import pytest
+
+from ktcy import _native, kernels
+
+VECTOR_VARIANTS = [v for v in _native.variants() if v["isa"] in ("avx2", "avx512")]
+
+
+def _runnable(v):
+    if not v["runnable"]:
+        pytest.skip(f"{v['name']}: this CPU lacks {', '.join(v['needs'])}")
+
+
+@pytest.mark.parametrize("variant", VECTOR_VARIANTS, ids=[v["name"] for v in VECTOR_VARIANTS])
+def test_one_and_many_panel_tiles_give_the_same_bits(variant):
+    _runnable(variant)
+    rng = np.random.default_rng(7)
+    n, k = 16 * 9 + 5, 200  # 10 panels: a four-panel group, then tails; K not a multiple of a block
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    for fmt in variant["formats"]:
+        packed = kernels.pack(w, fmt)
+        reference = packed.dequantize(np.float64)
+        for m in (1, 2, 3, 4, 5):
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            one = kernels.linear_variant(x, packed, variant["name"], one_panel_rows=8)
+            many = kernels.linear_variant(x, packed, variant["name"], one_panel_rows=0)
+            assert one.tobytes() == many.tobytes(), f"{fmt} {variant['name']} m={m}"
+            exact = x.astype(np.float64) @ reference.T
+            err = np.abs(many - exact).max() / np.abs(exact).max()
+            assert err < 0.03, f"{fmt} {variant['name']} m={m}: {err:.2e} from float64"  # int8 activations: ~1%
