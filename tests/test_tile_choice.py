@@ -4,30 +4,43 @@ are reached here on any CPU, so an AMD host tests the tiles an Intel host runs a
 import numpy as np
 import pytest
 
+import ktcy
 from ktcy import _native, kernels
 
 VECTOR_VARIANTS = [v for v in _native.variants() if v["isa"] in ("avx2", "avx512")]
 
 
-def _runnable(v):
-    if not v["runnable"]:
-        pytest.skip(f"{v['name']}: this CPU lacks {', '.join(v['needs'])}")
+@pytest.fixture
+def one_thread():
+    """One call covers all 11 panels: an AVX-512 four-panel group twice, then one-panel tails;
+    AVX2 two-panel tiles five times, then one (more threads would split the panels first)."""
+    threads = ktcy.get_num_threads()
+    ktcy.set_num_threads(1)
+    yield
+    ktcy.set_num_threads(threads)
+
+
+def _cases(variant):
+    for fmt in variant["formats"]:
+        for group in ((32, 64, 128) if fmt in ("INT4", "INT4_ZP") else (None,)):
+            yield fmt, group
 
 
 @pytest.mark.parametrize("variant", VECTOR_VARIANTS, ids=[v["name"] for v in VECTOR_VARIANTS])
-def test_one_and_many_panel_tiles_give_the_same_bits(variant):
-    _runnable(variant)
+def test_one_and_many_panel_tiles_give_the_same_bits(variant, one_thread):
+    if not variant["runnable"]:
+        pytest.skip(f"{variant['name']}: this CPU lacks {', '.join(variant['needs'])}")
     rng = np.random.default_rng(7)
-    n, k = 16 * 9 + 5, 200  # 10 panels: a four-panel group, then tails; K not a multiple of a block
+    n, k = 16 * 10 + 5, 200  # 11 panels; K not a multiple of any block or group
     w = rng.standard_normal((n, k)).astype(np.float32)
-    for fmt in variant["formats"]:
-        packed = kernels.pack(w, fmt)
+    for fmt, group in _cases(variant):
+        packed = kernels.pack(w, fmt, group_size=group) if group else kernels.pack(w, fmt)
         reference = packed.dequantize(np.float64)
         for m in (1, 2, 3, 4, 5):
             x = rng.standard_normal((m, k)).astype(np.float32)
             one = kernels.linear_variant(x, packed, variant["name"], one_panel_rows=8)
             many = kernels.linear_variant(x, packed, variant["name"], one_panel_rows=0)
-            assert one.tobytes() == many.tobytes(), f"{fmt} {variant['name']} m={m}"
+            assert one.tobytes() == many.tobytes(), f"{fmt} group {group} {variant['name']} m={m}"
             exact = x.astype(np.float64) @ reference.T
             err = np.abs(many - exact).max() / np.abs(exact).max()
             assert err < 0.03, f"{fmt} {variant['name']} m={m}: {err:.2e} from float64"  # int8 activations: ~1%

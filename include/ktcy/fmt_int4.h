@@ -20,10 +20,11 @@
  * one).  Addresses are integers: past the arrays' end a prefetch is harmless, a C pointer is
  * not. */
 #define KT_INT4_AHEAD 16
-#define KT_INT4_FETCH_SIDE(w, at)                                                                            \
+#define KT_INT4_FETCH_SIDE(w, at, wrap)                                                                      \
     do {                                                                                                     \
-        _mm_prefetch((const char *)((uintptr_t)((w)->scale + (at)) + KT_INT4_AHEAD * 16 * sizeof(float)), _MM_HINT_T0); \
-        if ((w)->zero) _mm_prefetch((const char *)((uintptr_t)((w)->zero + (at)) + KT_INT4_AHEAD * 16), _MM_HINT_T0); \
+        const uintptr_t ahead_ = (uintptr_t)((wrap) + KT_INT4_AHEAD * 16);                                   \
+        _mm_prefetch((const char *)((uintptr_t)((w)->scale + (at)) + ahead_ * sizeof(float)), _MM_HINT_T0);  \
+        if ((w)->zero) _mm_prefetch((const char *)((uintptr_t)((w)->zero + (at)) + ahead_), _MM_HINT_T0);    \
     } while (0)
 
 #if KT_SKEL == KT_SKEL_REF
@@ -78,7 +79,7 @@ KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int M
     /* a slow stream (a line per group, or per four) that the decode stream would outrun: ask
      * for the scales (and zero points) ahead, past the panel's end in the one this slot reads
      * next (NP panels on) */
-    KT_INT4_FETCH_SIDE(w, at + (g + KT_INT4_AHEAD >= KT_INT4_GROUPS(w) ? (NP - 1) * KT_INT4_GROUPS(w) * 16 : 0));
+    KT_INT4_FETCH_SIDE(w, at, g + KT_INT4_AHEAD >= KT_INT4_GROUPS(w) ? (NP - 1) * KT_INT4_GROUPS(w) * 16 : 0);
     _Pragma("GCC unroll 2")
     for (int h = 0; h < 2; ++h)
         zero[h] = w->zero ? _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w->zero + at + h * 8)))
@@ -131,7 +132,7 @@ KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const in
      * row of groups apart, and without it their loads missed L1 (INT4 M=512 +8%) */
     const int64_t wrap = g + KT_INT4_AHEAD >= groups ? (NP - 1) * groups * 16 : 0;
     _Pragma("GCC unroll 8")
-    for (int p = 0; p < NP; ++p) KT_INT4_FETCH_SIDE(w, at[p] + wrap);
+    for (int p = 0; p < NP; ++p) KT_INT4_FETCH_SIDE(w, at[p], wrap);
     _Pragma("GCC unroll 8")
     for (int p = 0; p < NP; ++p)
         zero[p] = w->zero ? _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w->zero + at[p])))

@@ -594,8 +594,9 @@ KT_TARGET static int KT_(run)(const ktcy_act *a, const ktcy_weight *w, float *y,
         }
 #else
         /* one row: two panels per tile (twice the streams and chains) where the CPU prefers it
-         * (ktcy_one_panel_rows): MoE T = 1 on a Xeon 0.80-0.92x the time */
-        if (a->m == 1 && a->m > a->one_panel_rows && pe - p >= 2) {
+         * (ktcy_one_panel_rows): MoE T = 1 and 2 on a Xeon 0.79-0.97x the time.  Register
+         * decode only: the tile reads packed panels. */
+        if (!KT_ALWAYS_PRE && a->m == 1 && a->m > a->one_panel_rows && pe - p >= 2) {
             const ktcy_span next = ktcy_next_group(a, w, p + 2, pe, 2, KT_BK, KT_BB);
             KT_(micro)(1, 2, 0, a, x, rowf, w, 0, p, y, ldy, decoded, ktcy_no_ahead(), next);
             p += 2;

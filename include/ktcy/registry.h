@@ -110,8 +110,8 @@ static inline int ktcy_satisfied_needs(const ktcy_cpu *c) {
  * tile in AVX-512 INT4 (KT_ONE_PANEL_OK) and AVX2's integer formats, where they would otherwise
  * take four (AVX-512) or two (AVX2, one row).  Measured per vendor, MoE layer: a Zen 5 ran
  * AVX-512 INT4 at T = 1/4/32 with one-panel tiles in 0.88-0.94x the time of four-panel ones; a
- * Xeon (Sapphire Rapids class) ran it with four-panel tiles in 0.78-0.87x the time of one-panel
- * ones, and AVX2 INT8/INT4/MXFP4_A8 at T = 1 with two-panel tiles in 0.80-0.92x.  AMD keeps the
+ * Xeon (Sapphire Rapids class) ran it with four-panel tiles in 0.76-0.87x the time of one-panel
+ * ones, and AVX2 INT8/INT4/INT4_ZP/MXFP4_A8 at T = 1 and 2 with two-panel tiles in 0.79-0.97x.  AMD keeps the
  * one-panel tiles it was tuned with (AVX2 two-panel integer tiles: not measured there). */
 static inline int32_t ktcy_one_panel_rows(const ktcy_cpu *c) { return c->amd ? 4 : 0; }
 
