@@ -7,6 +7,7 @@ cdef extern from "ktcy/ktcy.h" nogil:
         int avx512_vnni, avx512_bf16, avx512_vbmi
         int amx_tile, amx_int8, amx_bf16
         int os_avx, os_avx512, os_amx, amx_permitted
+        int amd
         char model_name[49]
     void ktcy_cpu_probe(ktcy_cpu *cpu)
 

@@ -80,6 +80,10 @@ def build_info():
             "avx512_bf16": bool(KTCY_ENABLE_AVX512_BF16),
             "variants": [v["name"] for v in variants()]}
 
+def tile_choice():
+    """The few-row tile width chosen for this CPU's vendor (registry.h: ktcy_one_panel_rows)."""
+    return {"amd": bool(_cpu.amd), "one_panel_rows": _one_panel_rows}
+
 def variants():
     """Every compiled kernel variant: formats served, ISA, needs, and whether this CPU runs it."""
     out = []

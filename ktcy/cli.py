@@ -78,6 +78,9 @@ def cmd_info(args):
             print(f"  {fmt:15s} unavailable: {row['error']}")
         else:
             print(f"  {fmt:15s} {row['isa']:8s} {row['variant']:18s} ({row['reason']})")
+    rows = data["tiles"]["one_panel_rows"]
+    print("Few-row tiles: " + (f"one panel per tile up to {rows} rows (AMD)" if rows else
+                                "AVX-512 INT4 four panels, AVX2 integer one-row calls two (not AMD)"))
     b = data["build"]
     print("\nBuilt with: " + ", ".join(f"{k}={'ON' if b[k] else 'OFF'}" for k in ("amx", "avx512_bf16", "avx512_vbmi")))
     print("More (memory, NUMA, huge pages, why not a faster kernel): ktcy doctor")

@@ -44,6 +44,7 @@ def info():
         "kernels": kernel_choices(),
         "build": _native.build_info(),
         "threads": get_num_threads(),
+        "tiles": _native.tile_choice(),
     }
 
 

@@ -163,3 +163,18 @@ def test_threads_setting():
             ktcy.set_num_threads(0)
     finally:
         ktcy.set_num_threads(old)
+
+
+def test_tile_choice_follows_the_vendor():
+    """cpuid's vendor string picks the few-row tile width (registry.h); /proc/cpuinfo says the same."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        pytest.skip("no /proc/cpuinfo on this system")
+    vendors = {line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("vendor_id")}
+    if len(vendors) != 1:
+        pytest.skip(f"/proc/cpuinfo names {len(vendors)} vendors")
+    amd = vendors.pop() in ("AuthenticAMD", "HygonGenuine")
+    assert _native.tile_choice() == {"amd": amd, "one_panel_rows": 4 if amd else 0}
+    from ktcy import report
+    assert report.info()["tiles"] == _native.tile_choice()  # what `ktcy info` shows
