@@ -17,12 +17,14 @@
 /* How far ahead the scale and zero-point streams are fetched, in groups.  Panel-major rows
  * follow each other, so past a panel's last group this is the next panel's first: the one a
  * one-panel tile reads next (a tile of NP panels adds (NP - 1) rows to reach its slot's next
- * one).  Addresses are integers: past the arrays' end a prefetch is harmless, a C pointer is
- * not. */
+ * one).  `at` is group g's place in its panel's row.  Addresses are integers: past the arrays'
+ * end a prefetch is harmless, a C pointer is not. */
 #define KT_INT4_AHEAD 16
-#define KT_INT4_FETCH_SIDE(w, at, wrap)                                                                      \
+#define KT_INT4_FETCH_SIDE(w, at, g, NP)                                                                     \
     do {                                                                                                     \
-        const uintptr_t ahead_ = (uintptr_t)((wrap) + KT_INT4_AHEAD * 16);                                   \
+        const int64_t groups_ = KT_INT4_GROUPS(w);                                                           \
+        const uintptr_t ahead_ = (uintptr_t)(KT_INT4_AHEAD * 16 +                                            \
+                                             ((g) + KT_INT4_AHEAD >= groups_ ? ((NP) - 1) * groups_ * 16 : 0)); \
         _mm_prefetch((const char *)((uintptr_t)((w)->scale + (at)) + ahead_ * sizeof(float)), _MM_HINT_T0);  \
         if ((w)->zero) _mm_prefetch((const char *)((uintptr_t)((w)->zero + (at)) + ahead_), _MM_HINT_T0);    \
     } while (0)
@@ -79,14 +81,14 @@ KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int M
     /* a slow stream (a line per group, or per four) that the decode stream would outrun: ask
      * for the scales (and zero points) ahead, past the panel's end in the one this slot reads
      * next (NP panels on) */
-    KT_INT4_FETCH_SIDE(w, at, g + KT_INT4_AHEAD >= KT_INT4_GROUPS(w) ? (NP - 1) * KT_INT4_GROUPS(w) * 16 : 0);
+    KT_INT4_FETCH_SIDE(w, at, g, NP);
     _Pragma("GCC unroll 2")
     for (int h = 0; h < 2; ++h)
         zero[h] = w->zero ? _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w->zero + at + h * 8)))
                           : _mm256_set1_epi32(8);
     _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m) {
-        const __m256i gsum = _mm256_set1_epi32(a->group_sum[(m0 + m) * (a->k_pad >> __builtin_ctz((unsigned)a->group)) + g]);
+        const __m256i gsum = _mm256_set1_epi32(a->group_sum[(m0 + m) * KT_INT4_GROUPS(w) + g]);
         _Pragma("GCC unroll 8")
         for (int h = 0; h < 2; ++h) {
             __m256 s = _mm256_loadu_ps(w->scale + at + h * 8);
@@ -130,16 +132,15 @@ KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const in
     for (int p = 0; p < NP; ++p) at[p] = at0 + p * groups * 16; /* the next panel's row */
     /* slow streams (see the AVX2 epilogue); many-row tiles too: the panels' scale rows lie a
      * row of groups apart, and without it their loads missed L1 (INT4 M=512 +8%) */
-    const int64_t wrap = g + KT_INT4_AHEAD >= groups ? (NP - 1) * groups * 16 : 0;
     _Pragma("GCC unroll 8")
-    for (int p = 0; p < NP; ++p) KT_INT4_FETCH_SIDE(w, at[p], wrap);
+    for (int p = 0; p < NP; ++p) KT_INT4_FETCH_SIDE(w, at[p], g, NP);
     _Pragma("GCC unroll 8")
     for (int p = 0; p < NP; ++p)
         zero[p] = w->zero ? _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w->zero + at[p])))
                           : _mm512_set1_epi32(8);
     _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m) {
-        const __m512i gsum = _mm512_set1_epi32(a->group_sum[(m0 + m) * (a->k_pad >> __builtin_ctz((unsigned)a->group)) + g]);
+        const __m512i gsum = _mm512_set1_epi32(a->group_sum[(m0 + m) * groups + g]);
         _Pragma("GCC unroll 8")
         for (int p = 0; p < NP; ++p) {
             __m512 s = _mm512_loadu_ps(w->scale + at[p]);
