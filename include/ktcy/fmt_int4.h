@@ -138,13 +138,20 @@ KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const in
     for (int p = 0; p < NP; ++p)
         zero[p] = w->zero ? _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w->zero + at[p])))
                           : _mm512_set1_epi32(8);
+    /* z x the group sum in one 16-bit multiply-add: z (at most 15) sits in each dword's low word
+     * above a zero one, and |sum| <= 128 x 128 fits a word (vpmulld costs two operations) */
     _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m) {
-        const __m512i gsum = _mm512_set1_epi32(a->group_sum[(m0 + m) * groups + g]);
+        const int32_t gs = a->group_sum[(m0 + m) * groups + g];
         _Pragma("GCC unroll 8")
         for (int p = 0; p < NP; ++p) {
             __m512 s = _mm512_loadu_ps(w->scale + at[p]);
-            __m512 part = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[m][p], _mm512_mullo_epi32(zero[p], gsum)));
+#if KT_FAST
+            const __m512i exact = _mm512_dpwssd_epi32(acc[m][p], zero[p], _mm512_set1_epi32(-gs));
+#else
+            const __m512i exact = _mm512_sub_epi32(acc[m][p], _mm512_madd_epi16(zero[p], _mm512_set1_epi32(gs)));
+#endif
+            __m512 part = _mm512_cvtepi32_ps(exact);
             facc[m][p] = _mm512_add_ps(facc[m][p], _mm512_mul_ps(part, s));
             acc[m][p] = _mm512_setzero_si512();
         }
