@@ -9,11 +9,12 @@
  *
  * The traits header gives, for one format (with the geometry of traits_begin.h: KT_ACT, KT_BB, ...):
  *   KT_WKIND            what a weight row holds once loaded: KT_W_S8, KT_W_U8 (unsigned code) or KT_W_BF16
- *   KT_PREDECODE        1: panels may be decoded to bf16 blocks in scratch once per call (KT_W_BF16 after)
+ *   KT_PREDECODE        1: panels may be decoded to blocks in scratch once per call: bf16 rows
+ *                       (KT_W_BF16 after) for bf16 activations, rows as KT_(rows) gives them for int8
  *   KT_REG_DECODE       1: rows are decoded in registers with tables that occupy registers
  *   KT_(ctx), KT_(make_ctx)()                     decode constants
  *   KT_(rows)(ctx, blk, r, out[2])                rows r, r+1 of a packed block (64 bytes each, in .v0)
- *   KT_(decode_panels)(ctx, src, dst, blocks)     KT_PREDECODE only: blocks -> 1024-byte bf16 blocks
+ *   KT_(decode_panels)(ctx, src, dst, blocks)     KT_PREDECODE only: blocks -> 1024-byte decoded blocks
  *   KT_(has_groups)(w)                            1 when partial sums are scaled per group (float accumulators)
  *   KT_(group_at)(w, kb, r, nkb)                  group index ending after row r (7 or 15) of block kb, or -1
  *   KT_(group_epilogue)(acc, facc, MB, NP, a, w, m0, p0, g)
@@ -41,7 +42,7 @@
 
 static const int KT_(formats) = KT_FORMATS; /* the descriptor rows this variant serves, for registry.h */
 
-/* Formats whose panels are always decoded to bf16 scratch first (no in-register decode). */
+/* Formats whose panels are always decoded to scratch first (no in-register decode). */
 #define KT_ALWAYS_PRE (KT_PREDECODE && !KT_REG_DECODE)
 
 /* Accumulators stay in their natural register type: casting between the integer and float
@@ -62,8 +63,8 @@ KT_AI kt_vec2 KT_(split_bf16)(__m512i v) {
     return s;
 }
 
-KT_AI kt_vec2 KT_(prep_w)(kt_vec2 w, const int bf16_rows) {
-    if ((bf16_rows || KT_WKIND == KT_W_BF16) && !KT_FAST) return KT_(split_bf16)(w.v0);
+KT_AI kt_vec2 KT_(prep_w)(kt_vec2 w, const int predecoded) {
+    if (((predecoded && !KT_INT_ACT) || KT_WKIND == KT_W_BF16) && !KT_FAST) return KT_(split_bf16)(w.v0);
     w.v1 = w.v0;
     return w;
 }
@@ -132,7 +133,7 @@ KT_AI void KT_(merge_split)(KT_(acc_t) acc[6][4], const int NP) {
 #define KT_F32_GEMV 0
 #endif
 
-/* MB rows from m0, NP panels from p0.  PRE: the panels were decoded to bf16 blocks beforehand,
+/* MB rows from m0, NP panels from p0.  PRE: the panels were decoded to blocks beforehand,
  * starting at `decoded` (block j of panel p at decoded + (p * nkb + j) * 1024).  STREAM: the
  * tile reads its packed panels from memory and prefetches them (a compile-time flag: the
  * prefetch addresses, kept live in a tile that does not use them, slowed prefill's tiles). */
