@@ -198,7 +198,10 @@ KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uin
 }
 KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return w->group; }
 KT_AI void KT_(group_cols)(const ktcy_weight *w, int64_t p, int np, int64_t g, float *s) {
-    for (int j = 0; j < 16 * np; ++j) s[j] = w->scale[KT_INT4_AT(w, g, p * KTCY_PANEL + j)];
+    for (int q = 0; q < np; ++q) { /* a panel's 16 scales lie together */
+        const float *from = w->scale + KT_INT4_AT(w, g, (p + q) * KTCY_PANEL);
+        for (int nn = 0; nn < KTCY_PANEL; ++nn) s[q * KTCY_PANEL + nn] = from[nn];
+    }
 }
 KT_AI float KT_(group_row)(const ktcy_act *a, int64_t m) { (void)a; (void)m; return 1.0f; }
 KT_AI float KT_(tile_group)(float acc, int32_t c, float r, float s) { (void)r; return acc + (float)c * s; }
