@@ -128,8 +128,9 @@ KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_
 #elif KT_SKEL == KT_SKEL_AVX512
 #define KT_WKIND KT_W_U8
 /* Many rows: a group's first row tile keeps the rows it decodes and the others load them (the
- * decode is 7 operations per 2 rows of a panel, nearly one per dot product; one projection at
- * M = 512 0.70x the time, MoE T = 512 0.76x). */
+ * decode is 4 operations per row of a panel, against 4 dot products in a 4-row tile; with the
+ * decode before this one, 7 per row pair: one projection at M = 512 0.70x the time, MoE T = 512
+ * 0.76x).  Always fused: no decode_panels. */
 #define KT_PREDECODE 1
 #define KT_REG_DECODE 1
 #define KT_FUSED_PREDECODE 1
@@ -153,16 +154,6 @@ KT_AI __m512i KT_(row)(const KT_(ctx) *c, const uint8_t *blk, int r) {
 KT_AI void KT_(rows)(const KT_(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2]) {
     out[0].v0 = KT_(row)(c, blk, r);
     out[1].v0 = KT_(row)(c, blk, r + 1);
-}
-KT_AI void KT_(decode_panels)(const KT_(ctx) *c, const uint8_t *src, uint8_t *dst, int64_t blocks) {
-    for (int64_t b = 0; b < blocks; ++b, src += KT_BB, dst += 1024)
-        _Pragma("GCC unroll 8")
-        for (int r = 0; r < 16; r += 2) {
-            kt_vec2 v[2];
-            KT_(rows)(c, src, r, v);
-            _mm512_storeu_si512(dst + r * 64, v[0].v0);
-            _mm512_storeu_si512(dst + r * 64 + 64, v[1].v0);
-        }
 }
 KT_AI int KT_(has_groups)(const ktcy_weight *w) { (void)w; return 1; }
 KT_AI int64_t KT_(group_at)(const ktcy_weight *w, int64_t kb, int r, int64_t nkb) {

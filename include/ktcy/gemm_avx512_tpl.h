@@ -14,7 +14,7 @@
  *   KT_REG_DECODE       1: rows are decoded in registers with tables that occupy registers
  *   KT_(ctx), KT_(make_ctx)()                     decode constants
  *   KT_(rows)(ctx, blk, r, out[2])                rows r, r+1 of a packed block (64 bytes each, in .v0)
- *   KT_(decode_panels)(ctx, src, dst, blocks)     KT_PREDECODE only: blocks -> 1024-byte decoded blocks
+ *   KT_(decode_panels)(ctx, src, dst, blocks)     KT_PREDECODE without a fused one: blocks -> 1024-byte decoded blocks
  *   KT_(has_groups)(w)                            1 when partial sums are scaled per group (float accumulators)
  *   KT_(group_at)(w, kb, r, nkb)                  group index ending after row r (7 or 15) of block kb, or -1
  *   KT_(group_epilogue)(acc, facc, MB, NP, a, w, m0, p0, g)
@@ -22,7 +22,7 @@
  * and may set KT_ONE_PANEL_OK 1: calls of at most a->one_panel_rows rows (a per-CPU choice) take
  *   one panel per tile, not four;
  * KT_PRE_SCALED 1: decode_panels folds the group scales in (predecoded tiles skip the epilogue).
- * KT_FUSED_PREDECODE 1: rows() yields decode_panels' bytes, so a group's first row tile decodes
+ * KT_FUSED_PREDECODE 1: rows() yields the predecoded bytes, so a group's first row tile decodes
  *   in registers and keeps the rows for the others instead of a separate decode pass.
  * KT_F32_GEMV 1: KT_(f32_gemv)(a, w, y, pb, pe, scratch) serves one-row calls its own way (with
  *   MXCSR.DAZ cleared), or returns 0 to leave the call to the tiles below.
@@ -63,8 +63,9 @@ KT_AI kt_vec2 KT_(split_bf16)(__m512i v) {
     return s;
 }
 
-KT_AI kt_vec2 KT_(prep_w)(kt_vec2 w, const int predecoded) {
-    if (((predecoded && !KT_INT_ACT) || KT_WKIND == KT_W_BF16) && !KT_FAST) return KT_(split_bf16)(w.v0);
+/* Predecoded rows keep the weight kind: bf16 for the bf16-activation formats, bytes for MXFP4_A8. */
+KT_AI kt_vec2 KT_(prep_w)(kt_vec2 w) {
+    if (KT_WKIND == KT_W_BF16 && !KT_FAST) return KT_(split_bf16)(w.v0);
     w.v1 = w.v0;
     return w;
 }
@@ -100,7 +101,7 @@ KT_AI KT_(acc_t) KT_(dp)(KT_(acc_t) acc, kt_vec2 a, kt_vec2 w) {
 #if KT_FAST
     return _mm512_dpbusd_epi32(acc, w.v0, a.v0); /* unsigned code x signed activation */
 #else
-    __m512i pairs = _mm512_maddubs_epi16(w.v0, a.v0); /* at most 2 * 15 * 127: no saturation */
+    __m512i pairs = _mm512_maddubs_epi16(w.v0, a.v0); /* at most 2 * 24 * 127 (MXFP4_A8): no saturation */
     return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
 #endif
 #elif KT_FAST
@@ -193,8 +194,8 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const int KEEP,
                     }
                 }
 #endif
-                wv2[p][0] = KT_(prep_w)(wv2[p][0], PRE);
-                wv2[p][1] = KT_(prep_w)(wv2[p][1], PRE);
+                wv2[p][0] = KT_(prep_w)(wv2[p][0]);
+                wv2[p][1] = KT_(prep_w)(wv2[p][1]);
             }
           _Pragma("GCC unroll 2")
           for (int u = 0; u < 2; ++u) {
@@ -273,7 +274,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
      * full height: their float accumulators are touched only at group ends, so the compiler
      * keeps them in the stack frame without slowing the inner loop (INT4 +10%, FP8 blocks +35%
      * at M = 512 against 2-row tiles). */
-    /* Decode each group of panels once into scratch (bf16, L2 resident) instead of once per row
+    /* Decode each group of panels once into scratch (L2 resident) instead of once per row
      * tile when several row tiles share it, or when the format has no in-register decode. */
     const int pre = KT_PREDECODE && (a->m > 4 || !KT_REG_DECODE);
     const int max_rows = (KT_FAST && !(KT_REG_DECODE && !pre)) ? 6 : 4;
@@ -285,7 +286,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
     const int fused = KT_FUSED_PREDECODE && KT_REG_DECODE && pre; /* pre: more than 4 rows here */
     for (int64_t p = pb; p < pe;) {
         const int np = pe - p >= 4 && a->m > (KT_ONE_PANEL_OK ? a->one_panel_rows : 0) ? 4 : 1;
-#if KT_PREDECODE
+#if KT_PREDECODE && !(KT_FUSED_PREDECODE && KT_REG_DECODE) /* else every predecode is fused */
         if (pre && !fused) { /* block by block, fetching KT_AHEAD blocks ahead: the panels come from memory */
             const uint8_t *src = w->data + p * nkb * KT_BB;
             for (int64_t b = 0; b < np * nkb; ++b) {

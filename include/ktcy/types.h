@@ -52,7 +52,8 @@ typedef int (*ktcy_gemm_fn)(const ktcy_act *a, const ktcy_weight *w, float *y, i
 /* Per-thread scratch of one GEMM call (every skeleton uses a prefix of it):
  *
  *   +--------------------------- 64-byte aligned start ---------------------------+
- *   | AVX-512 / AVX2: up to 4 panels decoded to bf16 blocks  [4][k_pad/32][1024 B] |
+ *   | AVX-512 / AVX2: up to 4 panels decoded to 1024-byte blocks: bf16              |
+ *   |       [4][k_pad/32], int8 (MXFP4_A8) [4][k_pad/64]                            |
  *   | AVX2 float prefill: 1 panel as floats [k_pad][16] | KTCY_AVX2_F32_ROWS rows   |
  *   |       of activations as floats [rows][k_pad] | a float per row (row factors) |
  *   | AVX2 bf16-activation decode (fewer rows): the rows as floats [rows][k_pad]   |
