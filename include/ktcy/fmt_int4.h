@@ -20,6 +20,9 @@
  * one).  `at` is group g's place in its panel's row.  Addresses are integers: past the arrays'
  * end a prefetch is harmless, a C pointer is not. */
 #define KT_INT4_AHEAD 16
+/* The vector epilogues take z x the group sum as a 16-bit product (vpmaddwd / vpdpwssd): a group
+ * of int8 codes sums to at most 128 x group in magnitude, which must fit a signed word. */
+_Static_assert(KTCY_GROUPS_32_64_128 < 256, "INT4 group sums must fit 16 bits");
 #define KT_INT4_FETCH_SIDE(w, at, g, NP)                                                                     \
     do {                                                                                                     \
         const int64_t groups_ = KT_INT4_GROUPS(w);                                                           \
@@ -92,7 +95,7 @@ KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int M
         _Pragma("GCC unroll 8")
         for (int h = 0; h < 2; ++h) {
             __m256 s = _mm256_loadu_ps(w->scale + at + h * 8);
-            __m256i bias = _mm256_mullo_epi32(zero[h], gsum);
+            __m256i bias = _mm256_madd_epi16(zero[h], gsum); /* z x sum as words (see the AVX-512 epilogue) */
             __m256 part = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[m][h], bias));
             facc[m][h] = _mm256_add_ps(facc[m][h], _mm256_mul_ps(part, s));
             acc[m][h] = _mm256_setzero_si256();
