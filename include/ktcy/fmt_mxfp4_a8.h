@@ -223,10 +223,8 @@ KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uin
 }
 /* KT_(fold) split into its column factor (the block's power of two) and row factor. */
 KT_AI void KT_(group_cols)(const ktcy_weight *w, int64_t p, int np, int64_t g, float *s) {
-    for (int q = 0; q < np; ++q) { /* a panel's 16 exponents, one vector */
-        const uint8_t *e = KT_A8_SUB(w, p + q, g) + 256;
-        for (int nn = 0; nn < KTCY_PANEL; ++nn) s[q * KTCY_PANEL + nn] = ktcy_bits_f32((e[nn] > 254 ? 254u : e[nn]) << 23);
-    }
+    for (int q = 0; q < np; ++q) /* a panel's 16 exponents at a time: one vector */
+        for (int nn = 0; nn < KTCY_PANEL; ++nn) s[q * KTCY_PANEL + nn] = KT_(block_scale)(w, p + q, g, nn);
 }
 KT_AI float KT_(group_row)(const ktcy_act *a, int64_t m) { return a->scale[m] * 0.5f; }
 KT_AI float KT_(tile_group)(float acc, int32_t c, float r, float s) { return fmaf((float)c * r, s, acc); }
