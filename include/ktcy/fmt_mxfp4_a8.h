@@ -134,10 +134,13 @@ KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_
 #define KT_PREDECODE 1
 #define KT_REG_DECODE 1
 #define KT_FUSED_PREDECODE 1
-typedef struct { __m512i lut; } KT_(ctx);
+typedef struct { __m512i lut, pick; } KT_(ctx);
 KT_AI KT_(ctx) KT_(make_ctx)(void) {
     KT_(ctx) c;
     c.lut = _mm512_broadcast_i32x4(_mm_setr_epi8(KT_A8_BIASED));
+    uint8_t pick[64]; /* VBMI: dword j <- bytes 2j, 2j + 1, 2j, 2j + 1 */
+    for (int i = 0; i < 64; ++i) pick[i] = (uint8_t)(2 * (i / 4) + (i & 1));
+    c.pick = KT_VBMI ? _mm512_loadu_si512(pick) : _mm512_setzero_si512();
     return c;
 }
 /* Row r (quad r & 7 of sub-block r >> 3, 32 bytes: channel j's bytes 2j, 2j + 1 hold K 0, 1 in
@@ -151,9 +154,24 @@ KT_AI __m512i KT_(row)(const KT_(ctx) *c, const uint8_t *blk, int r) {
     const __m512i nibbles = _mm512_ternarylogic_epi32(pairs, _mm512_slli_epi32(pairs, 12), _mm512_set1_epi8(0x0F), 0xA8); /* (a | b) & c */
     return _mm512_shuffle_epi8(c->lut, nibbles);
 }
+/* With VBMI, one operation fewer per row: vpermb copies each channel's byte pair into both
+ * halves of its dword, a word shift under a mask brings the high nibbles down in the upper
+ * half, and vpermb looks the codes up (it reads an index's low 6 bits, and the table repeats
+ * every 16 bytes, so the bits above each nibble need no mask).  One projection from cache:
+ * M = 1 0.84x the time, M = 2 0.80x, M = 4-8 the same; MoE T = 1 0.92x, T = 512 0.93x. */
 KT_AI void KT_(rows)(const KT_(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2]) {
+#if KT_VBMI
+    _Pragma("GCC unroll 2")
+    for (int u = 0; u < 2; ++u) {
+        const uint8_t *src = blk + (r >> 3) * KTCY_E2M1_SUB_BYTES + ((r + u) & 7) * 32;
+        const __m512i pairs = _mm512_permutexvar_epi8(c->pick, _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)src)));
+        const __m512i nibbles = _mm512_mask_srli_epi16(pairs, (__mmask32)0xAAAAAAAAu, pairs, 4);
+        out[u].v0 = _mm512_permutexvar_epi8(nibbles, c->lut);
+    }
+#else
     out[0].v0 = KT_(row)(c, blk, r);
     out[1].v0 = KT_(row)(c, blk, r + 1);
+#endif
 }
 KT_AI int KT_(has_groups)(const ktcy_weight *w) { (void)w; return 1; }
 KT_AI int64_t KT_(group_at)(const ktcy_weight *w, int64_t kb, int r, int64_t nkb) {

@@ -251,6 +251,19 @@ static inline __attribute__((target("avx2"))) kt_w256 kt_int_half(__m256i v) {
 #undef KT_TARGET
 #undef KT_FAST
 #undef KT_VBMI
+#if KTCY_ENABLE_AVX512_VBMI
+#define KT_GEMM ktcy_gemm_mxfp4_a8_avx512_vbmi
+#define KT_TRAITS "fmt_mxfp4_a8.h"
+#define KT_TARGET __attribute__((target(KTCY_AVX512_BASE ",avx512vnni,avx512vbmi")))
+#define KT_FAST 1
+#define KT_VBMI 1
+#include "gemm_avx512_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#undef KT_TARGET
+#undef KT_FAST
+#undef KT_VBMI
+#endif
 #define KT_GEMM ktcy_gemm_mxfp4_a8_avx512_vnni
 #define KT_TRAITS "fmt_mxfp4_a8.h"
 #define KT_TARGET __attribute__((target(KTCY_AVX512_BASE ",avx512vnni")))

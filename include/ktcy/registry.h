@@ -30,6 +30,11 @@ enum ktcy_need {
 #else
 #define KTCY_IF_AVX512_BF16(x)
 #endif
+#if KTCY_ENABLE_AVX512_VBMI
+#define KTCY_IF_AVX512_VBMI(x) x
+#else
+#define KTCY_IF_AVX512_VBMI(x)
+#endif
 #if KTCY_ENABLE_AVX512_BF16 && KTCY_ENABLE_AVX512_VBMI
 #define KTCY_IF_AVX512_BF16_VBMI(x) x
 #else
@@ -57,6 +62,8 @@ enum ktcy_need {
     X(fp8_avx512f, KTCY_AVX512, KTCY_NEED_AVX512)                                              \
     KTCY_IF_AVX512_BF16(X(mxfp4_avx512_bf16, KTCY_AVX512, KTCY_NEED_AVX512 | KTCY_NEED_BF16))  \
     X(mxfp4_avx512f, KTCY_AVX512, KTCY_NEED_AVX512)                                            \
+    KTCY_IF_AVX512_VBMI(X(mxfp4_a8_avx512_vbmi, KTCY_AVX512,                                   \
+                          KTCY_NEED_AVX512 | KTCY_NEED_VNNI | KTCY_NEED_VBMI))                 \
     X(mxfp4_a8_avx512_vnni, KTCY_AVX512, KTCY_NEED_AVX512 | KTCY_NEED_VNNI)                    \
     X(mxfp4_a8_avx512bw, KTCY_AVX512, KTCY_NEED_AVX512)                                        \
     X(int8_avx2, KTCY_AVX2, KTCY_NEED_AVX2)                                                    \
