@@ -35,7 +35,8 @@ def as_float32_matrix(a, what):
     a = np.asarray(a)
     if a.ndim != 2:
         raise ValueError(f"{what} must be 2-D, got shape {a.shape}")
-    if a.dtype != np.float32 and not any(a.dtype == t for t in _FLOAT_INPUTS):
+    native = a.dtype.newbyteorder("=")  # a byte-swapped float is still that float
+    if native != np.float32 and not any(native == t for t in _FLOAT_INPUTS):
         raise TypeError(f"{what} must be float32, float64, float16 or bfloat16, got {a.dtype}")
     return np.ascontiguousarray(a, dtype=np.float32)
 

@@ -185,6 +185,30 @@ def test_non_contiguous_inputs_are_accepted():
     assert np.array_equal(layer.forward(x, ids_f, w_f), layer.forward(np.ascontiguousarray(x), ids, w))
 
 
+def test_plain_arrays_take_the_direct_path_with_the_general_paths_bits():
+    """forward skips its conversions for float32/int64/float32 C-contiguous numpy inputs (the
+    engine takes them as they are); anything else is converted first, to the same numbers."""
+    from ktcy.moe import _engine_ready
+    rng = np.random.default_rng(11)
+    E, H, I, k = 4, 64, 48, 2
+    layer = ktcy.MoE.from_weights(ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig("INT8")), *expert_weights(rng, E, H, I))
+    x = rng.standard_normal((5, H)).astype(np.float32)
+    ids, w = routing(rng, 5, E, k)
+    ids = ids.astype(np.int64)
+    assert _engine_ready(x, ids, w, H, k)
+    general = [(np.asfortranarray(x), ids, w), (x, ids.astype(np.int32), w), (x, ids, w.astype(np.float64)),
+               (x.astype(x.dtype.newbyteorder()), ids, w), (x.view(np.memmap), ids, w), (x, ids.tolist(), w)]
+    for args in general:
+        assert not _engine_ready(*args, H, k)
+        assert np.array_equal(layer.forward(*args), layer.forward(x, ids, w))
+        assert np.array_equal(layer.forward_slots(*args), layer.forward_slots(x, ids, w))
+    assert not _engine_ready(x, ids[:, :1], w[:, :1], H, k) and not _engine_ready(x[:, :32], ids, w, H, k)
+    bad = ids.copy()
+    bad[3, 1] = E
+    with pytest.raises(ValueError, match=f"expert id {E}, outside"):
+        layer.forward(x, bad, w)
+
+
 @pytest.fixture(scope="module")
 def small_layer():
     rng = np.random.default_rng(10)
