@@ -104,6 +104,7 @@ cdef inline int _expert_gemm(ktcy_gemm_fn fn, const ktcy_weight *w, float *y, in
     act.next_w, act.next_pb, act.next_pe = next_w, next_p0, next_p1
     act.rows_in_scratch = rows_in_scratch
     act.one_panel_rows = _one_panel_rows
+    act.f32_rows = _f32_rows
     return fn(&act, w, y, ldy, p0, p1, scratch)
 
 

@@ -81,6 +81,9 @@ def cmd_info(args):
     rows = data["tiles"]["one_panel_rows"]
     print("Few-row tiles: " + (f"one panel per tile up to {rows} rows (AMD)" if rows else
                                 "AVX-512 INT4 four panels, AVX2 integer one-row calls two (not AMD)"))
+    f32 = data["tiles"]["f32_rows"]
+    print(f"AVX-512 FP8 float path: calls of up to {f32} row{'s' if f32 > 1 else ''}"
+          + (" (AMD)" if data["tiles"]["amd"] else " (not AMD)"))
     b = data["build"]
     print("\nBuilt with: " + ", ".join(f"{k}={'ON' if b[k] else 'OFF'}" for k in ("amx", "avx512_bf16", "avx512_vbmi")))
     print("More (memory, NUMA, huge pages, why not a faster kernel): ktcy doctor")

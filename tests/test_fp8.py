@@ -332,6 +332,42 @@ def test_one_row_calls_with_subnormal_codes_anywhere(fmt, n, k, share):
 
 
 @pytest.mark.parametrize("fmt", ["FP8_PERCHANNEL", "FP8_BLOCK"])
+@pytest.mark.parametrize("n,k", [(50, 200), (131, 389)])
+def test_few_row_calls_on_the_float_path_equal_one_row_calls(fmt, n, k, one_thread):
+    """AVX-512 calls of up to f32_rows rows (an Intel choice: 4, AMD: 1) take the float path,
+    each row with its own factor (2^k from its largest value) and sums: row i of a 2-4-row call
+    equals the one-row call on it bit for bit and float64 within 1e-5, with subnormal codes
+    anywhere, rows of very different sizes, and a row of 2^15 or more sending the whole call
+    to the bf16 tiles.  Both vendors' choices are reached here on any AVX-512 CPU."""
+    rng = np.random.default_rng(n + k)
+    codes = mixed_codes(rng, n, k, 0.01)
+    scale = (rng.random(n) + 0.5).astype(np.float32) * 1e-2 if fmt == "FP8_PERCHANNEL" else \
+        (rng.random((-(-n // 128), -(-k // 128))) + 0.5).astype(np.float32) * 1e-2
+    p = kernels.pack_quantized(codes, scale, fmt)
+    variants = [v for v in runnable_variants(fmt) if v.startswith("fp8_avx512")]
+    if not variants:
+        pytest.skip("this CPU cannot run the AVX-512 kernels")
+    sizes = [1.0, 2.0 ** -100, 4e4, 2.0 ** 10]  # vdpbf16ps (the bf16 tiles) reads bf16 subnormals as 0
+    X = rng.standard_normal((4, k)).astype(np.float32) * np.array(sizes, np.float32)[:, None]
+    for m in (2, 3, 4):
+        for rows in ([0, 1, 2, 3][:m], [3, 1, 0, 2][:m]):
+            x = X[rows]
+            ref = bf16_round(x).astype(np.float64) @ p.dequantize().astype(np.float64).T
+            for v in variants:
+                floats = kernels.linear_variant(x, p, v, f32_rows=4)
+                assert rel_err_rows(floats, ref) <= 1e-5, (v, m)
+                assert rel_err_rows(kernels.linear_variant(x, p, v, f32_rows=1), ref) <= 1e-5, (v, m)
+                if 2 in rows:  # 4e4 >= 2^15: the call keeps the bf16 tiles
+                    assert floats.tobytes() == kernels.linear_variant(x, p, v, f32_rows=0).tobytes(), (v, m)
+                    continue
+                # the float path ran: the bf16 tiles' sums round elsewhere
+                assert floats.tobytes() != kernels.linear_variant(x, p, v, f32_rows=0).tobytes(), (v, m)
+                for i in range(m):
+                    one = kernels.linear_variant(x[i:i + 1], p, v, f32_rows=4)
+                    assert floats[i].tobytes() == one[0].tobytes(), (v, m, i)
+
+
+@pytest.mark.parametrize("fmt", ["FP8_PERCHANNEL", "FP8_BLOCK"])
 @pytest.mark.parametrize("size", [2.0 ** -130, 2.0 ** -126, 2.0 ** -120, 1e-3, 1.0, 2.0 ** 10, 1.5e4, 2.0 ** 15, 1e30])
 def test_one_row_calls_anywhere_in_the_bf16_range(fmt, size):
     """The float decodes (AVX2, and AVX-512 for one row) widen the row times 2^k from its largest

@@ -166,7 +166,8 @@ def test_threads_setting():
 
 
 def test_tile_choice_follows_the_vendor():
-    """cpuid's vendor string picks the few-row tile width (registry.h); /proc/cpuinfo says the same."""
+    """cpuid's vendor string picks the few-row tile width and FP8's float rows (registry.h);
+    /proc/cpuinfo says the same."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -175,6 +176,6 @@ def test_tile_choice_follows_the_vendor():
     if len(vendors) != 1:
         pytest.skip(f"/proc/cpuinfo names {len(vendors)} vendors")
     amd = vendors.pop() in ("AuthenticAMD", "HygonGenuine")
-    assert _native.tile_choice() == {"amd": amd, "one_panel_rows": 4 if amd else 0}
+    assert _native.tile_choice() == {"amd": amd, "one_panel_rows": 4 if amd else 0, "f32_rows": 1 if amd else 4}
     from ktcy import report
     assert report.info()["tiles"] == _native.tile_choice()  # what `ktcy info` shows

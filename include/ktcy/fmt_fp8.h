@@ -197,7 +197,7 @@ KT_AI void KT_(decode_panels)(const KT_(ctx) *c, const uint8_t *src, uint8_t *ds
 #endif
     }
 }
-/* One-row calls (decode) on floats: the AVX2 bit-move decode, 64 codes per 10 integer
+/* Calls of a few rows (decode) on floats: the AVX2 bit-move decode, 64 codes per 10 integer
  * operations and 4 FMAs, in place of the bf16 decode (5 byte permutes) and vdpbf16ps.  A 64-byte
  * load holds block rows r and r+1; its dword d has channels 2(d%8) and 2(d%8)+1 of row r + d/8,
  * even and odd K element each, so byte j of every dword is one float vector whose lanes d < 8
@@ -207,7 +207,8 @@ KT_AI void KT_(decode_panels)(const KT_(ctx) *c, const uint8_t *src, uint8_t *ds
  * would make subnormal floats, which cost Intel cores a microcode assist per FMA (a weight with
  * 5e-4 of them ran 20% slower): a row pair holding one takes them apart into sums of their own,
  * 8 times larger (byte_lane).  Calls holding a NaN code or a row of 2^15 or more keep the bf16
- * path. */
+ * path.  How many rows go this way is a per-CPU choice (a->f32_rows, registry.h): each row keeps
+ * its own factor and sums, so a row's bits do not depend on the rows beside it. */
 #define KT_F32_GEMV 1
 KT_AI __m512 KT_(fold_halves)(__m512 even, __m512 odd) {
     const __m512i interleave = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
@@ -221,27 +222,34 @@ KT_AI __m512 KT_(byte_lane)(__m512i v, const int j) {
     const __m512 ints = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * j), 24));
     return _mm512_mul_ps(ints, _mm512_set1_ps(0x1p-126f));
 }
-/* The sums of NP panels from p0 for the float activation row x. */
-KT_AI void KT_(f32_gemv_tile)(const int NP, const float *x, const ktcy_weight *w, int64_t p0, float f, float *y,
-                              ktcy_span cont) {
+/* The sums of NP panels from p0 for MB float activation rows (x, rows xs floats apart; row
+ * factors f), into y (rows ldy apart). */
+KT_AI void KT_(f32_gemv_tile)(const int MB, const int NP, const float *x, int64_t xs, const ktcy_weight *w, int64_t p0,
+                              const float *f, float *y, int64_t ldy, ktcy_span cont) {
     const int64_t nkb = w->k_pad / 32;
     const __m512i keep = _mm512_set1_epi32((int)0x87F00000u);
-    __m512 acc[4][2], sub[4][2], facc[4][2];
+    __m512 acc[4][4][2], sub[4][4][2], facc[4][4][2];
     const uint8_t *panel[4];
     _Pragma("GCC unroll 4")
     for (int p = 0; p < NP; ++p) {
         panel[p] = w->data + (p0 + p) * nkb * 512;
-        acc[p][0] = acc[p][1] = sub[p][0] = sub[p][1] = facc[p][0] = facc[p][1] = _mm512_setzero_ps();
+        _Pragma("GCC unroll 4")
+        for (int m = 0; m < MB; ++m)
+            acc[m][p][0] = acc[m][p][1] = sub[m][p][0] = sub[m][p][1] = facc[m][p][0] = facc[m][p][1] = _mm512_setzero_ps();
     }
     for (int64_t kb = 0; kb < nkb; ++kb) {
         uintptr_t fetch[4];
         _Pragma("GCC unroll 4")
         for (int p = 0; p < NP; ++p) fetch[p] = ktcy_stream_ahead(cont, p, panel[p], kb, nkb, KT_AHEAD, 512);
-        const float *xk = x + kb * 32;
         _Pragma("GCC unroll 8")
         for (int r2 = 0; r2 < 16; r2 += 2) {
-            const __m512 a0 = _mm512_mask_broadcastss_ps(_mm512_set1_ps(xk[2 * r2]), 0xFF00, _mm_load_ss(xk + 2 * r2 + 2));
-            const __m512 a1 = _mm512_mask_broadcastss_ps(_mm512_set1_ps(xk[2 * r2 + 1]), 0xFF00, _mm_load_ss(xk + 2 * r2 + 3));
+            __m512 a0[4], a1[4];
+            _Pragma("GCC unroll 4")
+            for (int m = 0; m < MB; ++m) {
+                const float *xk = x + m * xs + kb * 32;
+                a0[m] = _mm512_mask_broadcastss_ps(_mm512_set1_ps(xk[2 * r2]), 0xFF00, _mm_load_ss(xk + 2 * r2 + 2));
+                a1[m] = _mm512_mask_broadcastss_ps(_mm512_set1_ps(xk[2 * r2 + 1]), 0xFF00, _mm_load_ss(xk + 2 * r2 + 3));
+            }
             _Pragma("GCC unroll 4")
             for (int p = 0; p < NP; ++p) {
                 _mm_prefetch((const char *)(fetch[p] + (uintptr_t)(r2 * 32)), _MM_HINT_T0);
@@ -251,17 +259,29 @@ KT_AI void KT_(f32_gemv_tile)(const int NP, const float *x, const ktcy_weight *w
                 if (__builtin_expect(small != 0, 0)) {
                     const __m512i mag = _mm512_and_si512(_mm512_maskz_mov_epi8(small, v), _mm512_set1_epi8(0x07));
                     const __m512i sv = _mm512_mask_sub_epi8(mag, _mm512_movepi8_mask(v), _mm512_setzero_si512(), mag);
-                    sub[p][0] = _mm512_fmadd_ps(a0, KT_(byte_lane)(sv, 0), sub[p][0]);
-                    sub[p][0] = _mm512_fmadd_ps(a1, KT_(byte_lane)(sv, 1), sub[p][0]);
-                    sub[p][1] = _mm512_fmadd_ps(a0, KT_(byte_lane)(sv, 2), sub[p][1]);
-                    sub[p][1] = _mm512_fmadd_ps(a1, KT_(byte_lane)(sv, 3), sub[p][1]);
+                    const __m512 s0 = KT_(byte_lane)(sv, 0), s1 = KT_(byte_lane)(sv, 1), s2 = KT_(byte_lane)(sv, 2),
+                                 s3 = KT_(byte_lane)(sv, 3);
+                    _Pragma("GCC unroll 4")
+                    for (int m = 0; m < MB; ++m) {
+                        sub[m][p][0] = _mm512_fmadd_ps(a0[m], s0, sub[m][p][0]);
+                        sub[m][p][0] = _mm512_fmadd_ps(a1[m], s1, sub[m][p][0]);
+                        sub[m][p][1] = _mm512_fmadd_ps(a0[m], s2, sub[m][p][1]);
+                        sub[m][p][1] = _mm512_fmadd_ps(a1[m], s3, sub[m][p][1]);
+                    }
                     v = _mm512_maskz_mov_epi8(~small, v);
                 }
                 const __m512i even = _mm512_srai_epi16(_mm512_slli_epi16(v, 8), 4), odd = _mm512_srai_epi16(v, 4);
-                acc[p][0] = _mm512_fmadd_ps(a0, _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(even, 16), keep)), acc[p][0]);
-                acc[p][0] = _mm512_fmadd_ps(a1, _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(odd, 16), keep)), acc[p][0]);
-                acc[p][1] = _mm512_fmadd_ps(a0, _mm512_castsi512_ps(_mm512_and_si512(even, keep)), acc[p][1]);
-                acc[p][1] = _mm512_fmadd_ps(a1, _mm512_castsi512_ps(_mm512_and_si512(odd, keep)), acc[p][1]);
+                const __m512 w0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(even, 16), keep));
+                const __m512 w1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(odd, 16), keep));
+                const __m512 w2 = _mm512_castsi512_ps(_mm512_and_si512(even, keep));
+                const __m512 w3 = _mm512_castsi512_ps(_mm512_and_si512(odd, keep));
+                _Pragma("GCC unroll 4")
+                for (int m = 0; m < MB; ++m) {
+                    acc[m][p][0] = _mm512_fmadd_ps(a0[m], w0, acc[m][p][0]);
+                    acc[m][p][0] = _mm512_fmadd_ps(a1[m], w1, acc[m][p][0]);
+                    acc[m][p][1] = _mm512_fmadd_ps(a0[m], w2, acc[m][p][1]);
+                    acc[m][p][1] = _mm512_fmadd_ps(a1[m], w3, acc[m][p][1]);
+                }
             }
         }
         /* The sums times the row factor f first (a power of two of at least 1: exact, and the
@@ -272,54 +292,73 @@ KT_AI void KT_(f32_gemv_tile)(const int NP, const float *x, const ktcy_weight *w
             _Pragma("GCC unroll 4")
             for (int p = 0; p < NP; ++p) {
                 const __m512 s = _mm512_set1_ps(KT_FP8_BLOCK_SCALE(w, (p0 + p) * 16, kb / 4));
-                _Pragma("GCC unroll 2")
-                for (int h = 0; h < 2; ++h) {
-                    const __m512 sum = _mm512_fmadd_ps(sub[p][h], _mm512_set1_ps(0.125f), acc[p][h]);
-                    facc[p][h] = _mm512_fmadd_ps(_mm512_mul_ps(sum, _mm512_set1_ps(f)), s, facc[p][h]);
-                    acc[p][h] = sub[p][h] = _mm512_setzero_ps();
-                }
+                _Pragma("GCC unroll 4")
+                for (int m = 0; m < MB; ++m)
+                    _Pragma("GCC unroll 2")
+                    for (int h = 0; h < 2; ++h) {
+                        const __m512 sum = _mm512_fmadd_ps(sub[m][p][h], _mm512_set1_ps(0.125f), acc[m][p][h]);
+                        facc[m][p][h] = _mm512_fmadd_ps(_mm512_mul_ps(sum, _mm512_set1_ps(f[m])), s, facc[m][p][h]);
+                        acc[m][p][h] = sub[m][p][h] = _mm512_setzero_ps();
+                    }
             }
         }
     }
     _Pragma("GCC unroll 4")
     for (int p = 0; p < NP; ++p) {
         const int64_t n0 = (p0 + p) * 16, valid = w->n - n0 < 16 ? w->n - n0 : 16;
-        __m512 out;
-        if (KT_FP8_BLOCKWISE(w)) {
-            out = KT_(fold_halves)(facc[p][0], facc[p][1]);
-        } else {
-            const __m512 e = _mm512_fmadd_ps(sub[p][0], _mm512_set1_ps(0.125f), acc[p][0]);
-            const __m512 o = _mm512_fmadd_ps(sub[p][1], _mm512_set1_ps(0.125f), acc[p][1]);
-            const __m512 fv = _mm512_set1_ps(f);
-            out = _mm512_mul_ps(KT_(fold_halves)(_mm512_mul_ps(e, fv), _mm512_mul_ps(o, fv)), _mm512_loadu_ps(w->scale + n0));
+        _Pragma("GCC unroll 4")
+        for (int m = 0; m < MB; ++m) {
+            __m512 out;
+            if (KT_FP8_BLOCKWISE(w)) {
+                out = KT_(fold_halves)(facc[m][p][0], facc[m][p][1]);
+            } else {
+                const __m512 e = _mm512_fmadd_ps(sub[m][p][0], _mm512_set1_ps(0.125f), acc[m][p][0]);
+                const __m512 o = _mm512_fmadd_ps(sub[m][p][1], _mm512_set1_ps(0.125f), acc[m][p][1]);
+                const __m512 fv = _mm512_set1_ps(f[m]);
+                out = _mm512_mul_ps(KT_(fold_halves)(_mm512_mul_ps(e, fv), _mm512_mul_ps(o, fv)), _mm512_loadu_ps(w->scale + n0));
+            }
+            _mm512_mask_storeu_ps(y + m * ldy + n0, (__mmask16)((1u << valid) - 1u), out);
         }
-        _mm512_mask_storeu_ps(y + n0, (__mmask16)((1u << valid) - 1u), out);
     }
 }
-/* 0: the call keeps the bf16 path (a NaN code, or a row too wide for the 2^-120 weights). */
-KT_AI int KT_(f32_gemv)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t pb, int64_t pe, void *scratch) {
-    if (w->nan_codes) return 0;
-    const uint16_t *src = a->bf16;
-    __m512i top = _mm512_setzero_si512();
-    for (int64_t k = 0; k < a->k_pad; k += 32)
-        top = _mm512_max_epu16(top, _mm512_and_si512(_mm512_loadu_si512(src + k), _mm512_set1_epi16(0x7F80)));
-    /* each dword's low word: the larger of its two words */
-    const __m512i pairs = _mm512_max_epu16(top, _mm512_srli_epi32(top, 16));
-    const int field = _mm512_reduce_max_epi32(_mm512_and_si512(pairs, _mm512_set1_epi32(0xFFFF))) >> 7;
-    if (field > KTCY_E4M3_WIDE_FIELD) return 0;
-    const int shift = ktcy_prescale_shift(field);
-    float *x = (float *)ktcy_align64(scratch);
-    const __m512 times = _mm512_castsi512_ps(_mm512_set1_epi32((127 + shift) << 23));
-    for (int64_t k = 0; k < a->k_pad; k += 16) {
-        const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + k)));
-        _mm512_store_ps(x + k, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), times));
+/* Calls of up to KT_F32_ROWS rows (the accumulators' limit).  0: the call keeps the bf16 path
+ * (a NaN code, or a row too wide for the 2^-120 weights). */
+#define KT_F32_ROWS 4
+KT_AI int KT_(f32_gemv)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb, int64_t pe,
+                        void *scratch) {
+    if (w->nan_codes || a->m > KT_F32_ROWS || a->m > a->f32_rows) return 0;
+    float *x = (float *)ktcy_align64(scratch), f[KT_F32_ROWS];
+    for (int64_t m = 0; m < a->m; ++m) {
+        const uint16_t *src = a->bf16 + m * a->k_pad;
+        __m512i top = _mm512_setzero_si512();
+        for (int64_t k = 0; k < a->k_pad; k += 32)
+            top = _mm512_max_epu16(top, _mm512_and_si512(_mm512_loadu_si512(src + k), _mm512_set1_epi16(0x7F80)));
+        /* each dword's low word: the larger of its two words */
+        const __m512i pairs = _mm512_max_epu16(top, _mm512_srli_epi32(top, 16));
+        const int field = _mm512_reduce_max_epi32(_mm512_and_si512(pairs, _mm512_set1_epi32(0xFFFF))) >> 7;
+        if (field > KTCY_E4M3_WIDE_FIELD) return 0;
+        const int shift = ktcy_prescale_shift(field);
+        const __m512 times = _mm512_castsi512_ps(_mm512_set1_epi32((127 + shift) << 23));
+        for (int64_t k = 0; k < a->k_pad; k += 16) {
+            const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + k)));
+            _mm512_store_ps(x + m * a->k_pad + k, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), times));
+        }
+        f[m] = ktcy_pow2(KTCY_E4M3_BITMOVE_SHIFT - shift);
     }
-    const float f = ktcy_pow2(KTCY_E4M3_BITMOVE_SHIFT - shift);
     for (int64_t p = pb; p < pe;) {
-        const int np = pe - p >= 4 ? 4 : 1;
+        const int wide = a->m > 2 ? 2 : 4; /* 4 rows x 4 panels would need 32 accumulators */
+        const int np = pe - p >= wide ? wide : 1;
         const ktcy_span next = ktcy_next_group(a, w, p + np, pe, np, 32, 512);
-        if (np == 4) KT_(f32_gemv_tile)(4, x, w, p, f, y, next);
-        else KT_(f32_gemv_tile)(1, x, w, p, f, y, next);
+        switch (a->m * 8 + np) {
+        case 1 * 8 + 4: KT_(f32_gemv_tile)(1, 4, x, a->k_pad, w, p, f, y, ldy, next); break;
+        case 1 * 8 + 1: KT_(f32_gemv_tile)(1, 1, x, a->k_pad, w, p, f, y, ldy, next); break;
+        case 2 * 8 + 4: KT_(f32_gemv_tile)(2, 4, x, a->k_pad, w, p, f, y, ldy, next); break;
+        case 2 * 8 + 1: KT_(f32_gemv_tile)(2, 1, x, a->k_pad, w, p, f, y, ldy, next); break;
+        case 3 * 8 + 2: KT_(f32_gemv_tile)(3, 2, x, a->k_pad, w, p, f, y, ldy, next); break;
+        case 3 * 8 + 1: KT_(f32_gemv_tile)(3, 1, x, a->k_pad, w, p, f, y, ldy, next); break;
+        case 4 * 8 + 2: KT_(f32_gemv_tile)(4, 2, x, a->k_pad, w, p, f, y, ldy, next); break;
+        default: KT_(f32_gemv_tile)(4, 1, x, a->k_pad, w, p, f, y, ldy, next); break;
+        }
         p += np;
     }
     return 1;

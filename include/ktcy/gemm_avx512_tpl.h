@@ -24,8 +24,9 @@
  * KT_PRE_SCALED 1: decode_panels folds the group scales in (predecoded tiles skip the epilogue).
  * KT_FUSED_PREDECODE 1: rows() yields the predecoded bytes, so a group's first row tile decodes
  *   in registers and keeps the rows for the others instead of a separate decode pass.
- * KT_F32_GEMV 1: KT_(f32_gemv)(a, w, y, pb, pe, scratch) serves one-row calls its own way (with
- *   MXCSR.DAZ cleared), or returns 0 to leave the call to the tiles below.
+ * KT_F32_GEMV 1: KT_(f32_gemv)(a, w, y, ldy, pb, pe, scratch) serves calls of at most a->f32_rows
+ *   rows (a per-CPU choice) its own way (with MXCSR.DAZ cleared), or returns 0 to leave the call
+ *   to the tiles below.
  *
  * Every packed block has 16 rows of 64 bytes once loaded; row r pairs with the activation dword
  * at k0 + r * KT_KPR.  A micro-tile keeps MB x NP accumulators of 16 channels in registers: large
@@ -261,9 +262,9 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
                              int64_t pe, void *scratch) {
     if (!(KT_FORMATS & (1 << w->format))) return KTCY_ERR_FORMAT;
 #if KT_F32_GEMV
-    if (a->m == 1) {
+    if (a->m <= a->f32_rows) {
         const unsigned int csr = ktcy_clear_daz(); /* subnormal activations count */
-        const int done = KT_(f32_gemv)(a, w, y, pb, pe, scratch);
+        const int done = KT_(f32_gemv)(a, w, y, ldy, pb, pe, scratch);
         ktcy_restore_daz(csr);
         if (done) return KTCY_OK;
     }
@@ -345,4 +346,5 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_PRE_SCALED
 #undef KT_FUSED_PREDECODE
 #undef KT_F32_GEMV
+#undef KT_F32_ROWS
 #include "traits_end.h"

@@ -122,4 +122,12 @@ static inline int ktcy_satisfied_needs(const ktcy_cpu *c) {
  * one-panel tiles it was tuned with (AVX2 two-panel integer tiles: not measured there). */
 static inline int32_t ktcy_one_panel_rows(const ktcy_cpu *c) { return c->amd ? 4 : 0; }
 
+/* ktcy_act.f32_rows for this CPU: calls of at most this many rows take AVX-512 FP8's float path
+ * (bit-move decode and FMAs) instead of the bf16 decode and vdpbf16ps.  On a Xeon (Sapphire
+ * Rapids class, where vdpbf16ps costs about four FMAs) one projection of 2/3/4 rows took
+ * 0.80/0.73/0.77x the time that way, and MoE T = 32 (3-6 rows an expert) 0.91x (per-channel)
+ * and 0.94x (block).  On AMD cores (Zen 4 and 5, where vdpbf16ps is cheaper) only one-row
+ * calls were measured this way: AMD keeps those. */
+static inline int32_t ktcy_f32_rows(const ktcy_cpu *c) { return c->amd ? 1 : 4; }
+
 #endif
