@@ -290,9 +290,9 @@ def _engine_ready(x, ids, w, width, top_k):
     int64 and float32 [T, top_k], C-contiguous), so forward skips its conversions.  A decode call
     comes after other work has pushed the interpreter's lines and pages out of cache, and there
     the general path's checks cost 26-30 us more (3% of a 4-bit Qwen3-30B layer at T = 1); the
-    engine checks the ids.  Built-in dtypes are singletons: `is` rejects a byte-swapped one."""
+    engine checks the ids.  A byte-swapped dtype compares unequal: it takes the general path."""
     return (type(x) is np.ndarray and type(ids) is np.ndarray and type(w) is np.ndarray
-            and x.dtype is _F32 and ids.dtype is _I64 and w.dtype is _F32 and x.ndim == 2 and x.shape[1] == width
+            and x.dtype == _F32 and ids.dtype == _I64 and w.dtype == _F32 and x.ndim == 2 and x.shape[1] == width
             and ids.shape == (x.shape[0], top_k) and w.shape == ids.shape
             and x.flags.c_contiguous and ids.flags.c_contiguous and w.flags.c_contiguous)
 

@@ -1,6 +1,7 @@
 """MoE forward at numpy level: every format x ISA against float64 references, routing edge cases,
 bad input, threads and concurrency (issue: MoE forward)."""
 import logging
+import pickle
 import threading
 
 import ml_dtypes
@@ -196,6 +197,7 @@ def test_plain_arrays_take_the_direct_path_with_the_general_paths_bits():
     ids, w = routing(rng, 5, E, k)
     ids = ids.astype(np.int64)
     assert _engine_ready(x, ids, w, H, k)
+    assert _engine_ready(pickle.loads(pickle.dumps(x)), ids, w, H, k)  # an equal dtype, not numpy's own object
     general = [(np.asfortranarray(x), ids, w), (x, ids.astype(np.int32), w), (x, ids, w.astype(np.float64)),
                (x.astype(x.dtype.newbyteorder()), ids, w), (x.view(np.memmap), ids, w), (x, ids.tolist(), w)]
     for args in general:

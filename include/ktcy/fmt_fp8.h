@@ -208,7 +208,7 @@ KT_AI void KT_(decode_panels)(const KT_(ctx) *c, const uint8_t *src, uint8_t *ds
  * 5e-4 of them ran 20% slower): a row pair holding one takes them apart into sums of their own,
  * 8 times larger (byte_lane).  Calls holding a NaN code or a row of 2^15 or more keep the bf16
  * path.  How many rows go this way is a per-CPU choice (a->f32_rows, registry.h): each row keeps
- * its own factor and sums, so a row's bits do not depend on the rows beside it. */
+ * its own factor and sums, so on this path a row's bits do not depend on the rows beside it. */
 #define KT_F32_GEMV 1
 KT_AI __m512 KT_(fold_halves)(__m512 even, __m512 odd) {
     const __m512i interleave = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
@@ -221,6 +221,13 @@ KT_AI __m512 KT_(fold_halves)(__m512 even, __m512 odd) {
 KT_AI __m512 KT_(byte_lane)(__m512i v, const int j) {
     const __m512 ints = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * j), 24));
     return _mm512_mul_ps(ints, _mm512_set1_ps(0x1p-126f));
+}
+/* One row's products with a 64-byte load's four weight vectors (byte_lane j, or the even and
+ * odd K elements' halves): even-channel sums in sums[0], odd in sums[1]; a0, a1 the row's two
+ * K elements of each half. */
+KT_AI void KT_(pair_fma)(__m512 a0, __m512 a1, const __m512 w[4], __m512 sums[2]) {
+    sums[0] = _mm512_fmadd_ps(a1, w[1], _mm512_fmadd_ps(a0, w[0], sums[0]));
+    sums[1] = _mm512_fmadd_ps(a1, w[3], _mm512_fmadd_ps(a0, w[2], sums[1]));
 }
 /* The sums of NP panels from p0 for MB float activation rows (x, rows xs floats apart; row
  * factors f), into y (rows ldy apart). */
@@ -259,29 +266,19 @@ KT_AI void KT_(f32_gemv_tile)(const int MB, const int NP, const float *x, int64_
                 if (__builtin_expect(small != 0, 0)) {
                     const __m512i mag = _mm512_and_si512(_mm512_maskz_mov_epi8(small, v), _mm512_set1_epi8(0x07));
                     const __m512i sv = _mm512_mask_sub_epi8(mag, _mm512_movepi8_mask(v), _mm512_setzero_si512(), mag);
-                    const __m512 s0 = KT_(byte_lane)(sv, 0), s1 = KT_(byte_lane)(sv, 1), s2 = KT_(byte_lane)(sv, 2),
-                                 s3 = KT_(byte_lane)(sv, 3);
+                    const __m512 s[4] = {KT_(byte_lane)(sv, 0), KT_(byte_lane)(sv, 1), KT_(byte_lane)(sv, 2),
+                                         KT_(byte_lane)(sv, 3)};
                     _Pragma("GCC unroll 4")
-                    for (int m = 0; m < MB; ++m) {
-                        sub[m][p][0] = _mm512_fmadd_ps(a0[m], s0, sub[m][p][0]);
-                        sub[m][p][0] = _mm512_fmadd_ps(a1[m], s1, sub[m][p][0]);
-                        sub[m][p][1] = _mm512_fmadd_ps(a0[m], s2, sub[m][p][1]);
-                        sub[m][p][1] = _mm512_fmadd_ps(a1[m], s3, sub[m][p][1]);
-                    }
+                    for (int m = 0; m < MB; ++m) KT_(pair_fma)(a0[m], a1[m], s, sub[m][p]);
                     v = _mm512_maskz_mov_epi8(~small, v);
                 }
                 const __m512i even = _mm512_srai_epi16(_mm512_slli_epi16(v, 8), 4), odd = _mm512_srai_epi16(v, 4);
-                const __m512 w0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(even, 16), keep));
-                const __m512 w1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(odd, 16), keep));
-                const __m512 w2 = _mm512_castsi512_ps(_mm512_and_si512(even, keep));
-                const __m512 w3 = _mm512_castsi512_ps(_mm512_and_si512(odd, keep));
+                const __m512 wv[4] = {_mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(even, 16), keep)),
+                                      _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(odd, 16), keep)),
+                                      _mm512_castsi512_ps(_mm512_and_si512(even, keep)),
+                                      _mm512_castsi512_ps(_mm512_and_si512(odd, keep))};
                 _Pragma("GCC unroll 4")
-                for (int m = 0; m < MB; ++m) {
-                    acc[m][p][0] = _mm512_fmadd_ps(a0[m], w0, acc[m][p][0]);
-                    acc[m][p][0] = _mm512_fmadd_ps(a1[m], w1, acc[m][p][0]);
-                    acc[m][p][1] = _mm512_fmadd_ps(a0[m], w2, acc[m][p][1]);
-                    acc[m][p][1] = _mm512_fmadd_ps(a1[m], w3, acc[m][p][1]);
-                }
+                for (int m = 0; m < MB; ++m) KT_(pair_fma)(a0[m], a1[m], wv, acc[m][p]);
             }
         }
         /* The sums times the row factor f first (a power of two of at least 1: exact, and the

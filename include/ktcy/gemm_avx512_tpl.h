@@ -262,7 +262,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
                              int64_t pe, void *scratch) {
     if (!(KT_FORMATS & (1 << w->format))) return KTCY_ERR_FORMAT;
 #if KT_F32_GEMV
-    if (a->m <= a->f32_rows) {
+    if (a->m >= 1 && a->m <= a->f32_rows) {
         const unsigned int csr = ktcy_clear_daz(); /* subnormal activations count */
         const int done = KT_(f32_gemv)(a, w, y, ldy, pb, pe, scratch);
         ktcy_restore_daz(csr);
