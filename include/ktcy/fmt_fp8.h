@@ -318,12 +318,13 @@ KT_AI void KT_(f32_gemv_tile)(const int MB, const int NP, const float *x, int64_
         }
     }
 }
-/* Calls of up to KT_F32_ROWS rows (the accumulators' limit).  0: the call keeps the bf16 path
- * (a NaN code, or a row too wide for the 2^-120 weights). */
+/* Calls of up to KT_F32_ROWS rows (the accumulators' limit; the skeleton applies the CPU's
+ * a->f32_rows).  0: the call keeps the bf16 path (a NaN code, or a row too wide for the 2^-120
+ * weights). */
 #define KT_F32_ROWS 4
 KT_AI int KT_(f32_gemv)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb, int64_t pe,
                         void *scratch) {
-    if (w->nan_codes || a->m > KT_F32_ROWS || a->m > a->f32_rows) return 0;
+    if (w->nan_codes || a->m > KT_F32_ROWS) return 0;
     float *x = (float *)ktcy_align64(scratch), f[KT_F32_ROWS];
     for (int64_t m = 0; m < a->m; ++m) {
         const uint16_t *src = a->bf16 + m * a->k_pad;
