@@ -60,6 +60,7 @@ ktcy_cpu_probe(&_cpu)
 cdef int _satisfied = ktcy_satisfied_needs(&_cpu)
 cdef int32_t _one_panel_rows = ktcy_one_panel_rows(&_cpu)  # every ktcy_act built here carries them
 cdef int32_t _f32_rows = ktcy_f32_rows(&_cpu)
+cdef int32_t _i16_rows = ktcy_i16_rows(&_cpu)
 
 def cpu_features():
     """Feature flags from cpuid/xgetbv (and the Linux AMX permission), as Python bools."""
@@ -83,8 +84,9 @@ def build_info():
 
 def tile_choice():
     """The few-row choices made for this CPU's vendor (registry.h): the tile width
-    (ktcy_one_panel_rows) and the rows that take FP8's float path on AVX-512 (ktcy_f32_rows)."""
-    return {"amd": bool(_cpu.amd), "one_panel_rows": _one_panel_rows, "f32_rows": _f32_rows}
+    (ktcy_one_panel_rows) and the rows that take AVX-512 FP8's float path (ktcy_f32_rows) and
+    MXFP4's 16-bit integer path (ktcy_i16_rows)."""
+    return {"amd": bool(_cpu.amd), "one_panel_rows": _one_panel_rows, "f32_rows": _f32_rows, "i16_rows": _i16_rows}
 
 def variants():
     """Every compiled kernel variant: formats served, ISA, needs, and whether this CPU runs it."""
@@ -510,6 +512,7 @@ cdef class Activations:
         self.view.m, self.view.m_pad, self.view.k_pad, self.view.group = m, m_pad, k_pad, gsum_group
         self.view.one_panel_rows = _one_panel_rows
         self.view.f32_rows = _f32_rows
+        self.view.i16_rows = _i16_rows
         if d.act == KTCY_ACT_INT8:
             self.q = np.zeros((m_pad, k_pad), np.int8)
             self.scale = np.zeros(m_pad, np.float32)
@@ -660,15 +663,18 @@ cdef int _variant_index(str format_name, str variant_name) except -1:
     raise ValueError(f"no kernel named {variant_name!r} in this build")
 
 def gemm(str format_name, str variant_name, Activations act, Weight weight, float[:, ::1] out,
-         int one_panel_rows=-1, int f32_rows=-1):
-    """out[m, :n] = act @ weight.T with one kernel variant; the GIL is released.  one_panel_rows and
-    f32_rows >= 0 replace this CPU's choices (registry.h), so tests reach every one on any CPU."""
+         int one_panel_rows=-1, int f32_rows=-1, int i16_rows=-1):
+    """out[m, :n] = act @ weight.T with one kernel variant; the GIL is released.  one_panel_rows,
+    f32_rows and i16_rows >= 0 replace this CPU's choices (registry.h), so tests reach every one on
+    any CPU."""
     cdef ktcy_gemm_fn fn = KTCY_VARIANTS[_variant_index(format_name, variant_name)].fn
     cdef ktcy_act view = act.view
     if one_panel_rows >= 0:
         view.one_panel_rows = one_panel_rows
     if f32_rows >= 0:
         view.f32_rows = f32_rows
+    if i16_rows >= 0:
+        view.i16_rows = i16_rows
     cdef char message[160]
     cdef int st
     cdef int64_t panels = weight.view.n_pad // KTCY_PANEL

@@ -81,9 +81,11 @@ def cmd_info(args):
     rows = data["tiles"]["one_panel_rows"]
     print("Few-row tiles: " + (f"one panel per tile up to {rows} rows (AMD)" if rows else
                                 "AVX-512 INT4 four panels, AVX2 integer one-row calls two (not AMD)"))
-    f32 = data["tiles"]["f32_rows"]
-    print(f"AVX-512 FP8 float path: calls of up to {f32} row{'s' if f32 > 1 else ''}"
-          + (" (AMD)" if data["tiles"]["amd"] else " (not AMD)"))
+    vendor = " (AMD)" if data["tiles"]["amd"] else " (not AMD)"
+    f32, i16 = data["tiles"]["f32_rows"], data["tiles"]["i16_rows"]
+    print(f"AVX-512 FP8 float path: calls of up to {f32} row{'s' if f32 > 1 else ''}" + vendor)
+    print("AVX-512 MXFP4 16-bit integer path: "
+          + (f"calls of up to {i16} row{'s' if i16 > 1 else ''}" if i16 else "none, bf16 throughout") + vendor)
     b = data["build"]
     print("\nBuilt with: " + ", ".join(f"{k}={'ON' if b[k] else 'OFF'}" for k in ("amx", "avx512_bf16", "avx512_vbmi")))
     print("More (memory, NUMA, huge pages, why not a faster kernel): ktcy doctor")

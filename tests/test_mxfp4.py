@@ -126,6 +126,97 @@ def test_blocks_of_zeros_with_any_exponent_give_zeros(rows):
         assert np.isfinite(y).all() and rel_err_rows(y, ref) <= 1e-5, v
 
 
+INTEGER_PATH = "mxfp4_avx512_vbmi"  # AVX-512 BF16 + VNNI + VBMI: few-row calls on 16-bit integers
+
+
+def integer_path_definition(X, codes, exps):
+    """What the 16-bit integer path computes, from its definition (fmt_mxfp4.h): each 32-K block
+    of a bf16 row as integers q = x * 2^(141 - F) rounded half to even (F: the exponent field of the
+    block's largest |x|; blocks of zeros and subnormals count as zero), the block's exact dot
+    product c with twice the E2M1 values, then in block order acc = fl32(acc + c 2^(F - 142) 2^(e - 127))."""
+    xb = bf16_round(X)
+    bits = np.asarray(X, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+    m, k = X.shape
+    twice = (2 * E2M1[codes]).astype(np.int64)
+    y = np.zeros((m, codes.shape[0]), np.float32)
+    for g in range(k // 32):
+        field = ((bits[:, 32 * g:32 * g + 32] & 0x7FFF) >> 7).max(axis=1).astype(np.int64)
+        q = np.rint(xb[:, 32 * g:32 * g + 32] * np.exp2(141.0 - field)[:, None]).astype(np.int64)
+        q[field == 0] = 0
+        c = q @ twice[:, 32 * g:32 * g + 32].T
+        part = c * np.exp2(field - 142.0)[:, None] * np.exp2(exps[:, g].astype(np.float64) - 127)[None, :]
+        y = (y + part.astype(np.float32)).astype(np.float32)  # exact part, one rounding as in the fma
+    return y
+
+
+def integer_path_or_skip():
+    if INTEGER_PATH not in runnable_variants("MXFP4"):
+        pytest.skip(f"{INTEGER_PATH} needs AVX-512 BF16, VNNI and VBMI, which this CPU/build lacks")
+
+
+@pytest.mark.parametrize("n", [16, 37, 101])
+def test_integer_path_matches_its_definition_bit_for_bit(n):
+    """Rows 1-4 through the 16-bit integer path (both panel widths, a partial last panel) equal the
+    definition above bit for bit: Gaussian rows with outlier columns (so values below 2^-8 of a
+    block's largest round), exact ties, a block of zeros, one of subnormals, tiny and huge rows
+    inside the range.  Each row's bits do not depend on the rows beside it, and the path differs
+    from the bf16 tiles (it ran)."""
+    integer_path_or_skip()
+    rng = np.random.default_rng(n)
+    k = 256
+    codes = rng.integers(0, 16, (n, k)).astype(np.uint8)
+    exps = rng.integers(110, 140, (n, k // 32)).astype(np.uint8)
+    p = kernels.pack_quantized(codes, exps, "MXFP4")
+    X = rng.standard_normal((4, k)).astype(np.float32)
+    X[:, ::37] *= 500.0
+    X[0, 0:4] = [1.0, 2.0 ** -9 * 3, -(2.0 ** -9) * 5, 2.0 ** -9 * 7]  # q = 16384, 1.5, -2.5, 3.5: ties
+    X[1, 64:96] = 0.0
+    X[1, 96:128] = np.float32(2.0 ** -128) * rng.uniform(-1, 1, 32)  # bf16 subnormals only
+    X[2] *= np.float32(2.0 ** -100)
+    X[3] *= np.float32(2.0 ** 100)
+    expect = integer_path_definition(X, codes, exps)
+    for m in (1, 2, 3, 4):
+        got = kernels.linear_variant(X[:m], p, INTEGER_PATH, i16_rows=4)
+        assert got.tobytes() == expect[:m].tobytes(), m
+    tiles = kernels.linear_variant(X, p, INTEGER_PATH, i16_rows=0)
+    assert tiles.tobytes() == kernels.linear_variant(X, p, "mxfp4_avx512_bf16").tobytes()
+    assert tiles.tobytes() != expect.tobytes()
+    W = E2M1[codes] * np.exp2(np.repeat(exps.astype(np.float64), 32, axis=1) - 127)
+    assert rel_err_rows(expect, bf16_round(X) @ W.T) <= 1e-4
+
+
+@pytest.mark.parametrize("value", [2.0 ** 119, 2.0 ** 125, 2.0 ** -112, 2.0 ** -126])
+def test_integer_path_leaves_rows_outside_its_range_to_the_bf16_tiles(value):
+    """A block whose largest |x| lies outside [2^-111, 2^119) would take the factors out of float's
+    normal range: the whole call keeps the bf16 path, bit for bit."""
+    integer_path_or_skip()
+    rng = np.random.default_rng(3)
+    n, k = 40, 128
+    codes = rng.integers(0, 16, (n, k)).astype(np.uint8)
+    exps = rng.integers(120, 130, (n, k // 32)).astype(np.uint8)
+    p = kernels.pack_quantized(codes, exps, "MXFP4")
+    for m in (1, 3):
+        X = rng.standard_normal((m, k)).astype(np.float32)
+        X[m - 1, 32:64] = np.float32(value) * rng.uniform(1.0, 1.9, 32)
+        got = kernels.linear_variant(X, p, INTEGER_PATH, i16_rows=4)
+        assert got.tobytes() == kernels.linear_variant(X, p, INTEGER_PATH, i16_rows=0).tobytes(), (value, m)
+
+
+def test_integer_path_is_a_small_share_of_the_bf16_error():
+    """Against float64 on the float32 activations the integer path's error is the bf16 path's:
+    the 16-bit rounding adds a small share to the bf16 rounding every path makes."""
+    integer_path_or_skip()
+    rng = np.random.default_rng(5)
+    W = rng.standard_normal((96, 512)).astype(np.float32) * 0.02
+    p = kernels.pack(W, "MXFP4")
+    X = rng.standard_normal((4, 512)).astype(np.float32)
+    X[:, ::97] *= 300.0
+    ref = X.astype(np.float64) @ p.dequantize().T
+    ints = rel_err_rows(kernels.linear_variant(X, p, INTEGER_PATH, i16_rows=4), ref)
+    tiles = rel_err_rows(kernels.linear_variant(X, p, INTEGER_PATH, i16_rows=0), ref)
+    assert ints <= 1.1 * tiles and tiles <= 4e-3
+
+
 def test_moe_on_every_isa_and_packed_file(tmp_path):
     rng = np.random.default_rng(11)
     E, k, H, I = 4, 2, 160, 96

@@ -176,6 +176,7 @@ def test_tile_choice_follows_the_vendor():
     if len(vendors) != 1:
         pytest.skip(f"/proc/cpuinfo names {len(vendors)} vendors")
     amd = vendors.pop() in ("AuthenticAMD", "HygonGenuine")
-    assert _native.tile_choice() == {"amd": amd, "one_panel_rows": 4 if amd else 0, "f32_rows": 1 if amd else 4}
+    assert _native.tile_choice() == {"amd": amd, "one_panel_rows": 4 if amd else 0, "f32_rows": 1 if amd else 4,
+                                     "i16_rows": 0 if amd else 4}
     from ktcy import report
     assert report.info()["tiles"] == _native.tile_choice()  # what `ktcy info` shows

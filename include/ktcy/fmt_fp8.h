@@ -209,7 +209,8 @@ KT_AI void KT_(decode_panels)(const KT_(ctx) *c, const uint8_t *src, uint8_t *ds
  * 8 times larger (byte_lane).  Calls holding a NaN code or a row of 2^15 or more keep the bf16
  * path.  How many rows go this way is a per-CPU choice (a->f32_rows, registry.h): each row keeps
  * its own factor and sums, so on this path a row's bits do not depend on the rows beside it. */
-#define KT_F32_GEMV 1
+#define KT_FEW_ROWS 1
+#define KT_FEW_ROWS_CHOICE(a) ((a)->f32_rows)
 KT_AI __m512 KT_(fold_halves)(__m512 even, __m512 odd) {
     const __m512i interleave = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
     even = _mm512_add_ps(even, _mm512_shuffle_f32x4(even, even, 0x4E));
@@ -231,8 +232,8 @@ KT_AI void KT_(pair_fma)(__m512 a0, __m512 a1, const __m512 w[4], __m512 sums[2]
 }
 /* The sums of NP panels from p0 for MB float activation rows (x, rows xs floats apart; row
  * factors f), into y (rows ldy apart). */
-KT_AI void KT_(f32_gemv_tile)(const int MB, const int NP, const float *x, int64_t xs, const ktcy_weight *w, int64_t p0,
-                              const float *f, float *y, int64_t ldy, ktcy_span cont) {
+KT_AI void KT_(f32_tile)(const int MB, const int NP, int64_t p0, ktcy_span cont, const ktcy_weight *w, float *y,
+                         int64_t ldy, const float *x, int64_t xs, const float *f) {
     const int64_t nkb = w->k_pad / 32;
     const __m512i keep = _mm512_set1_epi32((int)0x87F00000u);
     __m512 acc[4][4][2], sub[4][4][2], facc[4][4][2];
@@ -318,14 +319,14 @@ KT_AI void KT_(f32_gemv_tile)(const int MB, const int NP, const float *x, int64_
         }
     }
 }
-/* Calls of up to KT_F32_ROWS rows (the accumulators' limit; the skeleton applies the CPU's
+/* Calls of up to KT_FEW_ROWS_MAX rows (the accumulators' limit; the skeleton applies the CPU's
  * a->f32_rows).  0: the call keeps the bf16 path (a NaN code, or a row too wide for the 2^-120
  * weights). */
-#define KT_F32_ROWS 4
-KT_AI int KT_(f32_gemv)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb, int64_t pe,
+#define KT_FEW_ROWS_MAX 4
+KT_AI int KT_(few_rows)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb, int64_t pe,
                         void *scratch) {
-    if (w->nan_codes || a->m > KT_F32_ROWS) return 0;
-    float *x = (float *)ktcy_align64(scratch), f[KT_F32_ROWS];
+    if (w->nan_codes || a->m > KT_FEW_ROWS_MAX) return 0;
+    float *x = (float *)ktcy_align64(scratch), f[KT_FEW_ROWS_MAX];
     for (int64_t m = 0; m < a->m; ++m) {
         const uint16_t *src = a->bf16 + m * a->k_pad;
         __m512i top = _mm512_setzero_si512();
@@ -343,22 +344,7 @@ KT_AI int KT_(f32_gemv)(const ktcy_act *a, const ktcy_weight *w, float *y, int64
         }
         f[m] = ktcy_pow2(KTCY_E4M3_BITMOVE_SHIFT - shift);
     }
-    for (int64_t p = pb; p < pe;) {
-        const int wide = a->m > 2 ? 2 : 4; /* 4 rows x 4 panels would need 32 accumulators */
-        const int np = pe - p >= wide ? wide : 1;
-        const ktcy_span next = ktcy_next_group(a, w, p + np, pe, np, 32, 512);
-        switch (a->m * 8 + np) {
-        case 1 * 8 + 4: KT_(f32_gemv_tile)(1, 4, x, a->k_pad, w, p, f, y, ldy, next); break;
-        case 1 * 8 + 1: KT_(f32_gemv_tile)(1, 1, x, a->k_pad, w, p, f, y, ldy, next); break;
-        case 2 * 8 + 4: KT_(f32_gemv_tile)(2, 4, x, a->k_pad, w, p, f, y, ldy, next); break;
-        case 2 * 8 + 1: KT_(f32_gemv_tile)(2, 1, x, a->k_pad, w, p, f, y, ldy, next); break;
-        case 3 * 8 + 2: KT_(f32_gemv_tile)(3, 2, x, a->k_pad, w, p, f, y, ldy, next); break;
-        case 3 * 8 + 1: KT_(f32_gemv_tile)(3, 1, x, a->k_pad, w, p, f, y, ldy, next); break;
-        case 4 * 8 + 2: KT_(f32_gemv_tile)(4, 2, x, a->k_pad, w, p, f, y, ldy, next); break;
-        default: KT_(f32_gemv_tile)(4, 1, x, a->k_pad, w, p, f, y, ldy, next); break;
-        }
-        p += np;
-    }
+    KT_FEW_ROWS_SWEEP(KT_(f32_tile), a, w, pb, pe, w, y, ldy, x, a->k_pad, f) /* 4 x 4 would need 32 accumulators */
     return 1;
 }
 KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const int MB, const int NP,

@@ -22,8 +22,6 @@
 #define KT_FORMATS (1 << KTCY_FMT_MXFP4_A8)
 #include "traits_begin.h"
 
-/* 2 x E2M1 value + 12 of codes 0..15, in [0, 24] (2 x 0.5 = 1, ..., 2 x -6 = -12). */
-#define KT_A8_BIASED 12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0
 /* Sub-block (32 K) s of panel p. */
 #define KT_A8_SUB(w, p, s) ((w)->data + ((p) * ((w)->k_pad / KTCY_E2M1_SUB_K) + (s)) * KTCY_E2M1_SUB_BYTES)
 
@@ -35,7 +33,7 @@ KT_AI float KT_(block_scale)(const ktcy_weight *w, int64_t p, int64_t s, int64_t
     return ktcy_bits_f32((e > 254 ? 254 : e) << 23);
 }
 /* 2 e2m1 + 12 of code c: the lookup table of every path (the vector ones keep the + 12). */
-static const int8_t KT_(biased)[16] = {KT_A8_BIASED};
+static const int8_t KT_(biased)[16] = {KTCY_E2M1_TWICE_BIASED};
 KT_AI int32_t KT_(code2)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) {
     const uint8_t *sub = KT_A8_SUB(w, p, k / KTCY_E2M1_SUB_K);
     const int64_t ks = k % KTCY_E2M1_SUB_K, r = ks >> 1;
@@ -82,7 +80,7 @@ KT_AI float KT_(final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64
 KT_AI void KT_(wrow)(const uint8_t *blk, int r, kt_w256 out[2]) {
     const __m256i bytes = _mm256_loadu_si256((const __m256i *)(blk + (r >> 3) * KTCY_E2M1_SUB_BYTES + (r & 7) * 32));
     const __m256i nib = _mm256_set1_epi8(0x0F);
-    const __m256i lut = _mm256_setr_epi8(KT_A8_BIASED, KT_A8_BIASED);
+    const __m256i lut = _mm256_setr_epi8(KTCY_E2M1_TWICE_BIASED, KTCY_E2M1_TWICE_BIASED);
     const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(bytes, nib));
     const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nib));
     out[0] = kt_int_half(_mm256_unpacklo_epi16(lo, hi));
@@ -134,15 +132,8 @@ KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_
 #define KT_PREDECODE 1
 #define KT_REG_DECODE 1
 #define KT_FUSED_PREDECODE 1
-typedef struct { __m512i lut, pick; } KT_(ctx);
-KT_AI KT_(ctx) KT_(make_ctx)(void) {
-    KT_(ctx) c;
-    c.lut = _mm512_broadcast_i32x4(_mm_setr_epi8(KT_A8_BIASED));
-    uint8_t pick[64]; /* VBMI: dword j <- bytes 2j, 2j + 1, 2j, 2j + 1 */
-    for (int i = 0; i < 64; ++i) pick[i] = (uint8_t)(2 * (i / 4) + (i & 1));
-    c.pick = KT_VBMI ? _mm512_loadu_si512(pick) : _mm512_setzero_si512();
-    return c;
-}
+typedef kt_e2m1_vbmi KT_(ctx); /* the table; the byte picks serve VBMI only */
+KT_AI KT_(ctx) KT_(make_ctx)(void) { return kt_e2m1_vbmi_make(); }
 /* Row r (quad r & 7 of sub-block r >> 3, 32 bytes: channel j's bytes 2j, 2j + 1 hold K 0, 1 in
  * their low nibbles and K 2, 3 in their high ones) as 16 dwords of 2 e2m1 + 12, channels in
  * order: each byte pair widened to a dword, the pair again 12 bits up puts the high nibbles at
@@ -154,20 +145,12 @@ KT_AI __m512i KT_(row)(const KT_(ctx) *c, const uint8_t *blk, int r) {
     const __m512i nibbles = _mm512_ternarylogic_epi32(pairs, _mm512_slli_epi32(pairs, 12), _mm512_set1_epi8(0x0F), 0xA8); /* (a | b) & c */
     return _mm512_shuffle_epi8(c->lut, nibbles);
 }
-/* With VBMI, one operation fewer per row: vpermb copies each channel's byte pair into both
- * halves of its dword, a word shift under a mask brings the high nibbles down in the upper
- * half, and vpermb looks the codes up (it reads an index's low 6 bits, and the table repeats
- * every 16 bytes, so the bits above each nibble need no mask).  One projection from cache:
- * M = 1 0.84x the time, M = 2 0.80x, M = 4-8 the same; MoE T = 1 0.92x, T = 512 0.93x. */
+/* With VBMI, one operation fewer per row (kt_e2m1_quad_vbmi).  One projection from cache: M = 1
+ * 0.84x the time, M = 2 0.80x, M = 4-8 the same; MoE T = 1 0.92x, T = 512 0.93x. */
 KT_AI void KT_(rows)(const KT_(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2]) {
 #if KT_VBMI
     _Pragma("GCC unroll 2")
-    for (int u = 0; u < 2; ++u) {
-        const uint8_t *src = blk + (r >> 3) * KTCY_E2M1_SUB_BYTES + ((r + u) & 7) * 32;
-        const __m512i pairs = _mm512_permutexvar_epi8(c->pick, _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)src)));
-        const __m512i nibbles = _mm512_mask_srli_epi16(pairs, (__mmask32)0xAAAAAAAAu, pairs, 4);
-        out[u].v0 = _mm512_permutexvar_epi8(nibbles, c->lut);
-    }
+    for (int u = 0; u < 2; ++u) out[u].v0 = kt_e2m1_quad_vbmi(c, blk + (r >> 3) * KTCY_E2M1_SUB_BYTES + ((r + u) & 7) * 32);
 #else
     out[0].v0 = KT_(row)(c, blk, r);
     out[1].v0 = KT_(row)(c, blk, r + 1);
@@ -258,4 +241,3 @@ KT_AI float KT_(tile_final)(float acc, float r, float t) { (void)r; (void)t; ret
 #endif
 
 #undef KT_A8_SUB
-#undef KT_A8_BIASED

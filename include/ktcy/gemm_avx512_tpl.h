@@ -24,9 +24,10 @@
  * KT_PRE_SCALED 1: decode_panels folds the group scales in (predecoded tiles skip the epilogue).
  * KT_FUSED_PREDECODE 1: rows() yields the predecoded bytes, so a group's first row tile decodes
  *   in registers and keeps the rows for the others instead of a separate decode pass.
- * KT_F32_GEMV 1: KT_(f32_gemv)(a, w, y, ldy, pb, pe, scratch) serves calls of at most a->f32_rows
- *   rows (a per-CPU choice) its own way (with MXCSR.DAZ cleared), or returns 0 to leave the call
- *   to the tiles below.
+ * KT_FEW_ROWS 1: KT_(few_rows)(a, w, y, ldy, pb, pe, scratch) serves calls of at most
+ *   KT_FEW_ROWS_CHOICE(a) rows (a per-CPU choice: FP8's float path a->f32_rows, MXFP4's 16-bit
+ *   integer path a->i16_rows) its own way, without vdpbf16ps (with MXCSR.DAZ cleared), or returns
+ *   0 to leave the call to the tiles below.
  *
  * Every packed block has 16 rows of 64 bytes once loaded; row r pairs with the activation dword
  * at k0 + r * KT_KPR.  A micro-tile keeps MB x NP accumulators of 16 channels in registers: large
@@ -38,6 +39,26 @@
 #define KT_AI static inline __attribute__((always_inline)) KT_TARGET
 #define KT_SKEL KT_SKEL_AVX512
 #define KT_AHEAD 8 /* blocks of software prefetch ahead of the decode stream */
+/* A few-row path's sweep over panels [pb, pe): TILE(MB, NP, p0, next, ...) for a->m rows and NP
+ * panels from p0 (next: what follows, prefetch.h): 4 panels for 1-2 rows, 2 for 3-4 (the
+ * accumulators' limit), then one at a time. */
+#define KT_FEW_ROWS_SWEEP(TILE, a, w, pb, pe, ...)                                               \
+    for (int64_t p_ = (pb); p_ < (pe);) {                                                        \
+        const int wide_ = (a)->m > 2 ? 2 : 4;                                                    \
+        const int np_ = (pe) - p_ >= wide_ ? wide_ : 1;                                          \
+        const ktcy_span next_ = ktcy_next_group(a, w, p_ + np_, pe, np_, KT_BK, KT_BB);          \
+        switch ((a)->m * 8 + np_) {                                                              \
+        case 1 * 8 + 4: TILE(1, 4, p_, next_, __VA_ARGS__); break;                               \
+        case 1 * 8 + 1: TILE(1, 1, p_, next_, __VA_ARGS__); break;                               \
+        case 2 * 8 + 4: TILE(2, 4, p_, next_, __VA_ARGS__); break;                               \
+        case 2 * 8 + 1: TILE(2, 1, p_, next_, __VA_ARGS__); break;                               \
+        case 3 * 8 + 2: TILE(3, 2, p_, next_, __VA_ARGS__); break;                               \
+        case 3 * 8 + 1: TILE(3, 1, p_, next_, __VA_ARGS__); break;                               \
+        case 4 * 8 + 2: TILE(4, 2, p_, next_, __VA_ARGS__); break;                               \
+        default: TILE(4, 1, p_, next_, __VA_ARGS__); break;                                      \
+        }                                                                                        \
+        p_ += np_;                                                                               \
+    }
 
 #include KT_TRAITS
 
@@ -131,8 +152,8 @@ KT_AI void KT_(merge_split)(KT_(acc_t) acc[6][4], const int NP) {
 #ifndef KT_FUSED_PREDECODE
 #define KT_FUSED_PREDECODE 0
 #endif
-#ifndef KT_F32_GEMV
-#define KT_F32_GEMV 0
+#ifndef KT_FEW_ROWS
+#define KT_FEW_ROWS 0
 #endif
 
 /* MB rows from m0, NP panels from p0.  PRE: the panels were decoded to blocks beforehand,
@@ -261,10 +282,10 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const int KEEP,
 KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb,
                              int64_t pe, void *scratch) {
     if (!(KT_FORMATS & (1 << w->format))) return KTCY_ERR_FORMAT;
-#if KT_F32_GEMV
-    if (a->m >= 1 && a->m <= a->f32_rows) {
+#if KT_FEW_ROWS
+    if (a->m >= 1 && a->m <= KT_FEW_ROWS_CHOICE(a)) {
         const unsigned int csr = ktcy_clear_daz(); /* subnormal activations count */
-        const int done = KT_(f32_gemv)(a, w, y, ldy, pb, pe, scratch);
+        const int done = KT_(few_rows)(a, w, y, ldy, pb, pe, scratch);
         ktcy_restore_daz(csr);
         if (done) return KTCY_OK;
     }
@@ -345,6 +366,8 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_ONE_PANEL_OK
 #undef KT_PRE_SCALED
 #undef KT_FUSED_PREDECODE
-#undef KT_F32_GEMV
-#undef KT_F32_ROWS
+#undef KT_FEW_ROWS
+#undef KT_FEW_ROWS_MAX
+#undef KT_FEW_ROWS_CHOICE
+#undef KT_FEW_ROWS_SWEEP
 #include "traits_end.h"

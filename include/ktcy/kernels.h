@@ -58,6 +58,31 @@ static inline __attribute__((target("avx2"))) kt_w256 kt_int_half(__m256i v) {
  * CPU (Intel since Ivy Bridge, AMD since Piledriver); the dispatcher requires it with AVX2. */
 #define KTCY_AVX2_BASE "avx2,fma,f16c"
 
+/* 2 x E2M1 value + 12 of codes 0..15, in [0, 24] (2 x 0.5 = 1, ..., 2 x -6 = -12): MXFP4's codes
+ * as the unsigned bytes of integer dot products (the + 12 folds into the activations' block sums). */
+#define KTCY_E2M1_TWICE_BIASED 12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0
+/* The constants of kt_e2m1_quad_vbmi: dword j <- bytes 2j, 2j + 1, 2j, 2j + 1; the table every 16 bytes. */
+typedef struct { __m512i pick, lut; } kt_e2m1_vbmi;
+__attribute__((target(KTCY_AVX512_BASE))) static inline kt_e2m1_vbmi kt_e2m1_vbmi_make(void) {
+    kt_e2m1_vbmi c;
+    uint8_t pick[64];
+    for (int i = 0; i < 64; ++i) pick[i] = (uint8_t)(2 * (i / 4) + (i & 1));
+    c.pick = _mm512_loadu_si512(pick);
+    c.lut = _mm512_broadcast_i32x4(_mm_setr_epi8(KTCY_E2M1_TWICE_BIASED));
+    return c;
+}
+/* One quad row of an E2M1 sub-block (32 bytes: channel j's bytes 2j, 2j + 1 hold K 0, 1 in their
+ * low nibbles and K 2, 3 in their high ones) as 16 dwords of 2 e2m1 + 12, channels in order, in
+ * 3 operations after the load: vpermb copies each channel's byte pair into both halves of its
+ * dword, a word shift under a mask brings the high nibbles down in the upper half, and vpermb
+ * looks the codes up (it reads an index's low 6 bits, and the table repeats every 16 bytes, so
+ * the bits above each nibble need no mask). */
+__attribute__((target(KTCY_AVX512_BASE ",avx512vbmi"))) static inline __m512i kt_e2m1_quad_vbmi(const kt_e2m1_vbmi *c,
+                                                                                             const uint8_t *src) {
+    const __m512i pairs = _mm512_permutexvar_epi8(c->pick, _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)src)));
+    return _mm512_permutexvar_epi8(_mm512_mask_srli_epi16(pairs, (__mmask32)0xAAAAAAAAu, pairs, 4), c->lut);
+}
+
 /* ---- portable C ---- */
 #define KT_GEMM ktcy_gemm_int8_ref
 #define KT_TRAITS "fmt_int8.h"
@@ -227,6 +252,19 @@ static inline __attribute__((target("avx2"))) kt_w256 kt_int_half(__m256i v) {
 #undef KT_TARGET
 #undef KT_FAST
 #undef KT_VBMI
+#if KTCY_ENABLE_AVX512_BF16 && KTCY_ENABLE_AVX512_VBMI
+#define KT_GEMM ktcy_gemm_mxfp4_avx512_vbmi
+#define KT_TRAITS "fmt_mxfp4.h"
+#define KT_TARGET __attribute__((target(KTCY_AVX512_BASE ",avx512bf16,avx512vnni,avx512vbmi")))
+#define KT_FAST 1
+#define KT_VBMI 1
+#include "gemm_avx512_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#undef KT_TARGET
+#undef KT_FAST
+#undef KT_VBMI
+#endif
 #if KTCY_ENABLE_AVX512_BF16
 #define KT_GEMM ktcy_gemm_mxfp4_avx512_bf16
 #define KT_TRAITS "fmt_mxfp4.h"

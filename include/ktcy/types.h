@@ -41,8 +41,9 @@ typedef struct {
                                /* left them in the kernel's own form there (AMX tile order): reuse */
     int32_t one_panel_rows;    /* calls of at most this many rows take one panel per tile where a */
                                /* skeleton offers more (ktcy_one_panel_rows); 0: never            */
-    int32_t f32_rows;          /* calls of at most this many rows take a skeleton's float path    */
-                               /* (KT_F32_GEMV, ktcy_f32_rows); 0: never                          */
+    int32_t f32_rows;          /* calls of at most this many rows take FP8's float path           */
+                               /* (KT_FEW_ROWS, ktcy_f32_rows); 0: never                          */
+    int32_t i16_rows;          /* ... and MXFP4's 16-bit integer path (ktcy_i16_rows); 0: never   */
 } ktcy_act;
 
 /* One GEMM entry point per kernel variant: Y[m][n] for every row and for the output channels
