@@ -126,7 +126,9 @@ def test_blocks_of_zeros_with_any_exponent_give_zeros(rows):
         assert np.isfinite(y).all() and rel_err_rows(y, ref) <= 1e-5, v
 
 
-INTEGER_PATH = "mxfp4_avx512_vbmi"  # AVX-512 BF16 + VNNI + VBMI: few-row calls on 16-bit integers
+# The variants whose few-row calls (up to i16_rows) run on 16-bit integers, with the variant
+# whose tiles they keep for the other calls.
+INTEGER_PATHS = {"mxfp4_avx512_vbmi": "mxfp4_avx512_bf16", "mxfp4_avx2": "mxfp4_avx2"}
 
 
 def integer_path_definition(X, codes, exps):
@@ -149,19 +151,20 @@ def integer_path_definition(X, codes, exps):
     return y
 
 
-def integer_path_or_skip():
-    if INTEGER_PATH not in runnable_variants("MXFP4"):
-        pytest.skip(f"{INTEGER_PATH} needs AVX-512 BF16, VNNI and VBMI, which this CPU/build lacks")
+def integer_path_or_skip(variant):
+    if variant not in runnable_variants("MXFP4"):
+        pytest.skip(f"{variant} does not run on this CPU/build")
 
 
+@pytest.mark.parametrize("variant", list(INTEGER_PATHS))
 @pytest.mark.parametrize("n", [16, 37, 101])
-def test_integer_path_matches_its_definition_bit_for_bit(n):
+def test_integer_path_matches_its_definition_bit_for_bit(variant, n):
     """Rows 1-4 through the 16-bit integer path (both panel widths, a partial last panel) equal the
     definition above bit for bit: Gaussian rows with outlier columns (so values below 2^-8 of a
     block's largest round), exact ties, a block of zeros, one of subnormals, tiny and huge rows
     inside the range.  Each row's bits do not depend on the rows beside it, and the path differs
-    from the bf16 tiles (it ran)."""
-    integer_path_or_skip()
+    from the bf16 path (it ran)."""
+    integer_path_or_skip(variant)
     rng = np.random.default_rng(n)
     k = 256
     codes = rng.integers(0, 16, (n, k)).astype(np.uint8)
@@ -176,20 +179,21 @@ def test_integer_path_matches_its_definition_bit_for_bit(n):
     X[3] *= np.float32(2.0 ** 100)
     expect = integer_path_definition(X, codes, exps)
     for m in (1, 2, 3, 4):
-        got = kernels.linear_variant(X[:m], p, INTEGER_PATH, i16_rows=4)
+        got = kernels.linear_variant(X[:m], p, variant, i16_rows=4)
         assert got.tobytes() == expect[:m].tobytes(), m
-    tiles = kernels.linear_variant(X, p, INTEGER_PATH, i16_rows=0)
-    assert tiles.tobytes() == kernels.linear_variant(X, p, "mxfp4_avx512_bf16").tobytes()
+    tiles = kernels.linear_variant(X, p, variant, i16_rows=0)
+    assert tiles.tobytes() == kernels.linear_variant(X, p, INTEGER_PATHS[variant], i16_rows=0).tobytes()
     assert tiles.tobytes() != expect.tobytes()
     W = E2M1[codes] * np.exp2(np.repeat(exps.astype(np.float64), 32, axis=1) - 127)
     assert rel_err_rows(expect, bf16_round(X) @ W.T) <= 1e-4
 
 
+@pytest.mark.parametrize("variant", list(INTEGER_PATHS))
 @pytest.mark.parametrize("value", [2.0 ** 119, 2.0 ** 125, 2.0 ** -112, 2.0 ** -126])
-def test_integer_path_leaves_rows_outside_its_range_to_the_bf16_tiles(value):
+def test_integer_path_leaves_rows_outside_its_range_to_the_bf16_path(variant, value):
     """A block whose largest |x| lies outside [2^-111, 2^119) would take the factors out of float's
     normal range: the whole call keeps the bf16 path, bit for bit."""
-    integer_path_or_skip()
+    integer_path_or_skip(variant)
     rng = np.random.default_rng(3)
     n, k = 40, 128
     codes = rng.integers(0, 16, (n, k)).astype(np.uint8)
@@ -198,22 +202,23 @@ def test_integer_path_leaves_rows_outside_its_range_to_the_bf16_tiles(value):
     for m in (1, 3):
         X = rng.standard_normal((m, k)).astype(np.float32)
         X[m - 1, 32:64] = np.float32(value) * rng.uniform(1.0, 1.9, 32)
-        got = kernels.linear_variant(X, p, INTEGER_PATH, i16_rows=4)
-        assert got.tobytes() == kernels.linear_variant(X, p, INTEGER_PATH, i16_rows=0).tobytes(), (value, m)
+        got = kernels.linear_variant(X, p, variant, i16_rows=4)
+        assert got.tobytes() == kernels.linear_variant(X, p, variant, i16_rows=0).tobytes(), (value, m)
 
 
-def test_integer_path_is_a_small_share_of_the_bf16_error():
+@pytest.mark.parametrize("variant", list(INTEGER_PATHS))
+def test_integer_path_is_a_small_share_of_the_bf16_error(variant):
     """Against float64 on the float32 activations the integer path's error is the bf16 path's:
     the 16-bit rounding adds a small share to the bf16 rounding every path makes."""
-    integer_path_or_skip()
+    integer_path_or_skip(variant)
     rng = np.random.default_rng(5)
     W = rng.standard_normal((96, 512)).astype(np.float32) * 0.02
     p = kernels.pack(W, "MXFP4")
     X = rng.standard_normal((4, 512)).astype(np.float32)
     X[:, ::97] *= 300.0
     ref = X.astype(np.float64) @ p.dequantize().T
-    ints = rel_err_rows(kernels.linear_variant(X, p, INTEGER_PATH, i16_rows=4), ref)
-    tiles = rel_err_rows(kernels.linear_variant(X, p, INTEGER_PATH, i16_rows=0), ref)
+    ints = rel_err_rows(kernels.linear_variant(X, p, variant, i16_rows=4), ref)
+    tiles = rel_err_rows(kernels.linear_variant(X, p, variant, i16_rows=0), ref)
     assert ints <= 1.1 * tiles and tiles <= 4e-3
 
 

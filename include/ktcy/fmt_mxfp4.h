@@ -87,6 +87,108 @@ KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_
     (void)acc; (void)a; (void)w; (void)m; (void)n0;
     return facc;
 }
+/* Calls of a few rows (decode) on 16-bit integers (a->i16_rows, a per-CPU choice, registry.h), as
+ * AVX-512's path below computes them, bit for bit: MXFP4_A8's row decode (vpshufb lookups of
+ * 2 e2m1 + 12, word unpacks; channels split as KT_LANE_SPLIT), and for each of the rows' K quads
+ * the high bytes times the codes (vpmaddubsw, codes unsigned) and the low bytes times the codes
+ * (low bytes unsigned), their pairs widened by vpmaddwd times 256 and 1 into one int32 sum per
+ * channel: the block's exact 256 hi + lo.  About 19 operations per 64 codes against 26 for the
+ * bf16 decode and its FMAs. */
+#define KT_FEW_ROWS 1
+#define KT_FEW_ROWS_CHOICE(a) ((a)->i16_rows)
+/* NP panels (1-2) from p0 for MB rows of r, into y (rows ldy apart). */
+KT_AI void KT_(i16_tile)(const int MB, const int NP, int64_t p0, ktcy_span cont, const ktcy_weight *w, float *y,
+                         int64_t ldy, kt_i16_rows r) {
+    const int64_t nkb = w->k_pad / 32, k_pad = w->k_pad;
+    const __m256i nib = _mm256_set1_epi8(0x0F), lut = _mm256_setr_epi8(KTCY_E2M1_TWICE_BIASED, KTCY_E2M1_TWICE_BIASED);
+    const __m256i ones = _mm256_set1_epi16(1), times256 = _mm256_set1_epi16(256);
+    __m256i acc[4][2][2];
+    __m256 facc[4][2][2];
+    const uint8_t *panel[2];
+    _Pragma("GCC unroll 2")
+    for (int p = 0; p < NP; ++p) {
+        panel[p] = w->data + (p0 + p) * nkb * KT_BB;
+        _Pragma("GCC unroll 4")
+        for (int m = 0; m < MB; ++m)
+            _Pragma("GCC unroll 2")
+            for (int h = 0; h < 2; ++h) {
+                acc[m][p][h] = _mm256_setzero_si256();
+                facc[m][p][h] = _mm256_setzero_ps();
+            }
+    }
+    for (int64_t g = 0; g < nkb; ++g) {
+        uintptr_t fetch[2];
+        _Pragma("GCC unroll 2")
+        for (int p = 0; p < NP; ++p) fetch[p] = ktcy_stream_ahead(cont, p, panel[p], g, nkb, KT_AHEAD, KT_BB);
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < 8; ++j) {
+            __m256i wv[2][2];
+            _Pragma("GCC unroll 2")
+            for (int p = 0; p < NP; ++p) {
+                _mm_prefetch((const char *)(fetch[p] + (uintptr_t)(j * (KT_BB / 8))), _MM_HINT_T0);
+                const __m256i bytes = _mm256_loadu_si256((const __m256i *)(panel[p] + g * KT_BB + j * 32));
+                const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(bytes, nib));
+                const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nib));
+                wv[p][0] = _mm256_unpacklo_epi16(lo, hi);
+                wv[p][1] = _mm256_unpackhi_epi16(lo, hi);
+            }
+            _Pragma("GCC unroll 4")
+            for (int m = 0; m < MB; ++m) {
+                int32_t h4, l4;
+                memcpy(&h4, r.rows + m * 2 * k_pad + g * 32 + 4 * j, 4);
+                memcpy(&l4, r.rows + m * 2 * k_pad + k_pad + g * 32 + 4 * j, 4);
+                const __m256i ah = _mm256_set1_epi32(h4), al = _mm256_set1_epi32(l4);
+                _Pragma("GCC unroll 2")
+                for (int p = 0; p < NP; ++p)
+                    _Pragma("GCC unroll 2")
+                    for (int h = 0; h < 2; ++h) {
+                        const __m256i high = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[p][h], ah), times256);
+                        const __m256i low = _mm256_madd_epi16(_mm256_maddubs_epi16(al, wv[p][h]), ones);
+                        acc[m][p][h] = _mm256_add_epi32(acc[m][p][h], _mm256_add_epi32(high, low));
+                    }
+            }
+        }
+        _Pragma("GCC unroll 2")
+        for (int p = 0; p < NP; ++p)
+            _Pragma("GCC unroll 2")
+            for (int h = 0; h < 2; ++h) {
+                const __m256 s = kt_e8m0_half(panel[p] + g * KT_BB + 256, h);
+                _Pragma("GCC unroll 4")
+                for (int m = 0; m < MB; ++m) {
+                    const __m256i dot = _mm256_sub_epi32(acc[m][p][h], _mm256_set1_epi32(r.bias[m * nkb + g]));
+                    facc[m][p][h] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(r.t[m * nkb + g])),
+                                                    s, facc[m][p][h]);
+                    acc[m][p][h] = _mm256_setzero_si256();
+                }
+            }
+    }
+    _Pragma("GCC unroll 2")
+    for (int p = 0; p < NP; ++p) {
+        const int64_t n0 = (p0 + p) * 16;
+        _Pragma("GCC unroll 4")
+        for (int m = 0; m < MB; ++m) kt_store16(y + m * ldy + n0, w->n - n0, facc[m][p], 1);
+    }
+}
+/* One or two rows take two panels per tile (twice the streams and chains), more one. */
+KT_AI int KT_(few_rows)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb, int64_t pe,
+                        void *scratch) {
+    const kt_i16_rows r = kt_mxfp4_i16_rows(a, w->k_pad, scratch);
+    if (!*r.made) return 0;
+    for (int64_t p = pb; p < pe;) {
+        const int np = a->m <= 2 && pe - p >= 2 ? 2 : 1;
+        const ktcy_span next = ktcy_next_group(a, w, p + np, pe, np, KT_BK, KT_BB);
+        switch (a->m * 2 + np) {
+        case 1 * 2 + 2: KT_(i16_tile)(1, 2, p, next, w, y, ldy, r); break;
+        case 1 * 2 + 1: KT_(i16_tile)(1, 1, p, next, w, y, ldy, r); break;
+        case 2 * 2 + 2: KT_(i16_tile)(2, 2, p, next, w, y, ldy, r); break;
+        case 2 * 2 + 1: KT_(i16_tile)(2, 1, p, next, w, y, ldy, r); break;
+        case 3 * 2 + 1: KT_(i16_tile)(3, 1, p, next, w, y, ldy, r); break;
+        default: KT_(i16_tile)(4, 1, p, next, w, y, ldy, r); break;
+        }
+        p += np;
+    }
+    return 1;
+}
 
 #elif KT_SKEL == KT_SKEL_AVX512
 #define KT_WKIND KT_W_BF16
@@ -162,62 +264,20 @@ KT_AI void KT_(decode_panels)(const KT_(ctx) *c, const uint8_t *src, uint8_t *ds
 }
 
 #if KT_VBMI
-/* Calls of a few rows (decode) on integers, where vdpbf16ps is dear (a->i16_rows: a per-CPU
- * choice, registry.h).  The same bf16 activations, each 32-K block of a row as 16-bit integers
- * q = x * 2^(141 - F), F the exponent field of the block's largest |x|: exact for every x of at
- * least 2^-8 of that largest (bf16 has 8 significant bits), rounded to nearest even below, at an
- * error of at most 2^-15 of it.  q (|q| <= 32640) splits into a signed high byte and an unsigned
- * low one, and each meets the codes as 2 e2m1 + 12 in one vpdpbusd (the weights are the unsigned
- * operand for the high byte, the signed one for the low: [0, 24] is both), so a block's dot
- * product with twice the E2M1 values is the exact int32 256 hi + lo - 12 sum(q), below 2^24 in
- * size (32 x 32640 x 12): exact as a float too.  It is folded as MXFP4_A8 folds its blocks:
- * times 2^(F - 142) (the 1/2 of 2 e2m1 included), then a multiply-add by 2^(e - 127).  The
- * decode is MXFP4_A8's: 2 byte permutes and a shift per 64 codes, against a widening, 2 word
- * permutes and 2 vdpbf16ps of 4 FMAs each.  A row whose blocks' largest |x| lie outside
- * [2^-111, 2^119) keeps the bf16 path (its factors would leave float's normal range).  Blocks
- * whose values are all zero or subnormal count as zero, as vdpbf16ps reads them. */
+/* Calls of a few rows (decode) on 16-bit integers where vdpbf16ps is dear (a->i16_rows, a per-CPU
+ * choice, registry.h): the same bf16 activations, each 32-K block of a row as the integers q of
+ * kt_mxfp4_i16_rows, whose high and low bytes meet the codes as 2 e2m1 + 12 in one vpdpbusd each
+ * (the codes are the unsigned operand for the high byte, the signed one for the low: [0, 24] is
+ * both).  A block's dot product with twice the E2M1 values is then the exact int32
+ * 256 hi + lo - 12 sum(q), below 2^24 in size (32 x 32640 x 12), so exact as a float too, and it
+ * is folded as MXFP4_A8 folds its blocks: times 2^(F - 142), then a multiply-add by 2^(e - 127).
+ * The decode is MXFP4_A8's (kt_e2m1_quad_vbmi): 2 byte permutes and a shift per 64 codes, where
+ * the bf16 tiles take a widening, 2 word permutes and 2 vdpbf16ps of 4 FMAs each on a Xeon. */
 #define KT_FEW_ROWS 1
-#define KT_FEW_ROWS_MAX 4
 #define KT_FEW_ROWS_CHOICE(a) ((a)->i16_rows)
-#define KT_I16_MIN_FIELD 16  /* 2^(F - 142) normal */
-#define KT_I16_MAX_FIELD 245 /* sums below 2^24 times 2^(F - 142) finite */
-/* Row src (nkb blocks of bf16) into hi, lo (nkb * 32 bytes each), each block's factor t and
- * 12 times its sum of q; 0 when a block lies outside the range above. */
-KT_AI int KT_(i16_row)(const uint16_t *src, int64_t nkb, int8_t *hi, uint8_t *lo, float *t, int32_t *bias) {
-    for (int64_t g = 0; g < nkb; ++g) {
-        const __m512i v = _mm512_loadu_si512(src + 32 * g);
-        const __m512i mag = _mm512_and_si512(v, _mm512_set1_epi16(0x7FFF));
-        const __m512i pair = _mm512_max_epu16(mag, _mm512_srli_epi32(mag, 16)); /* each dword's low word */
-        const int field = (int)(_mm512_reduce_max_epu32(_mm512_and_si512(pair, _mm512_set1_epi32(0xFFFF))) >> 7);
-        if (field == 0) {
-            _mm256_storeu_si256((__m256i *)(hi + 32 * g), _mm256_setzero_si256());
-            _mm256_storeu_si256((__m256i *)(lo + 32 * g), _mm256_setzero_si256());
-            t[g] = 0.0f;
-            bias[g] = 0;
-            continue;
-        }
-        if (field < KT_I16_MIN_FIELD || field > KT_I16_MAX_FIELD) return 0;
-        const __m512 times = _mm512_castsi512_ps(_mm512_set1_epi32((268 - field) << 23)); /* 2^(141 - F) */
-        __m512i sum = _mm512_setzero_si512();
-        _Pragma("GCC unroll 2")
-        for (int h = 0; h < 2; ++h) {
-            const __m512i x = _mm512_slli_epi32(_mm512_cvtepu16_epi32(h ? _mm512_extracti64x4_epi64(v, 1)
-                                                                          : _mm512_castsi512_si256(v)), 16);
-            const __m512i q = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_castsi512_ps(x), times),
-                                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            sum = _mm512_add_epi32(sum, q);
-            _mm_storeu_si128((__m128i *)(hi + 32 * g + 16 * h), _mm512_cvtepi32_epi8(_mm512_srai_epi32(q, 8)));
-            _mm_storeu_si128((__m128i *)(lo + 32 * g + 16 * h), _mm512_cvtepi32_epi8(q));
-        }
-        t[g] = ktcy_pow2(field - 142);
-        bias[g] = 12 * _mm512_reduce_add_epi32(sum);
-    }
-    return 1;
-}
-/* NP panels from p0 for MB rows (row m's bytes at hi + m * 2 * k_pad, lo k_pad further; factors
- * and bias sums at t, bias + m * nkb), into y (rows ldy apart). */
+/* NP panels from p0 for MB rows of r, into y (rows ldy apart). */
 KT_AI void KT_(i16_tile)(const int MB, const int NP, int64_t p0, ktcy_span cont, const ktcy_weight *w, float *y,
-                         int64_t ldy, const uint8_t *rows, const float *t, const int32_t *bias) {
+                         int64_t ldy, kt_i16_rows r) {
     const int64_t nkb = w->k_pad / 32, k_pad = w->k_pad;
     const kt_e2m1_vbmi c = kt_e2m1_vbmi_make();
     __m512i acc_hi[4][4], acc_lo[4][4];
@@ -247,8 +307,8 @@ KT_AI void KT_(i16_tile)(const int MB, const int NP, int64_t p0, ktcy_span cont,
             _Pragma("GCC unroll 4")
             for (int m = 0; m < MB; ++m) {
                 int32_t h4, l4;
-                memcpy(&h4, rows + m * 2 * k_pad + g * 32 + 4 * j, 4);
-                memcpy(&l4, rows + m * 2 * k_pad + k_pad + g * 32 + 4 * j, 4);
+                memcpy(&h4, r.rows + m * 2 * k_pad + g * 32 + 4 * j, 4);
+                memcpy(&l4, r.rows + m * 2 * k_pad + k_pad + g * 32 + 4 * j, 4);
                 const __m512i ah = _mm512_set1_epi32(h4), al = _mm512_set1_epi32(l4);
                 _Pragma("GCC unroll 4")
                 for (int p = 0; p < NP; ++p) {
@@ -265,8 +325,8 @@ KT_AI void KT_(i16_tile)(const int MB, const int NP, int64_t p0, ktcy_span cont,
         }
         _Pragma("GCC unroll 4")
         for (int m = 0; m < MB; ++m) {
-            const __m512 tm = _mm512_set1_ps(t[m * nkb + g]);
-            const __m512i bm = _mm512_set1_epi32(bias[m * nkb + g]);
+            const __m512 tm = _mm512_set1_ps(r.t[m * nkb + g]);
+            const __m512i bm = _mm512_set1_epi32(r.bias[m * nkb + g]);
             _Pragma("GCC unroll 4")
             for (int p = 0; p < NP; ++p) {
                 const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(acc_hi[m][p], 8), acc_lo[m][p]), bm);
@@ -282,29 +342,13 @@ KT_AI void KT_(i16_tile)(const int MB, const int NP, int64_t p0, ktcy_span cont,
         for (int m = 0; m < MB; ++m) _mm512_mask_storeu_ps(y + m * ldy + n0, (__mmask16)((1u << valid) - 1u), facc[m][p]);
     }
 }
-/* Calls of up to KT_FEW_ROWS_MAX rows.  The rows' integers live in scratch, after a 64-byte header
- * saying whether they were made: an up projection after its gate (a->rows_in_scratch) reuses
- * them.  0: the call keeps the bf16 path. */
 KT_AI int KT_(few_rows)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb, int64_t pe,
                         void *scratch) {
-    if (a->m > KT_FEW_ROWS_MAX) return 0;
-    const int64_t nkb = w->k_pad / 32;
-    uint8_t *base = ktcy_align64(scratch), *rows = base + 64;
-    int32_t *made = (int32_t *)base;
-    float *t = (float *)(rows + KT_FEW_ROWS_MAX * 2 * w->k_pad);
-    int32_t *bias = (int32_t *)(t + KT_FEW_ROWS_MAX * nkb);
-    if (!a->rows_in_scratch) {
-        *made = 1;
-        for (int64_t m = 0; m < a->m && *made; ++m)
-            *made = KT_(i16_row)(a->bf16 + m * a->k_pad, nkb, (int8_t *)(rows + m * 2 * w->k_pad),
-                                 rows + m * 2 * w->k_pad + w->k_pad, t + m * nkb, bias + m * nkb);
-    }
-    if (!*made) return 0;
-    KT_FEW_ROWS_SWEEP(KT_(i16_tile), a, w, pb, pe, w, y, ldy, rows, t, bias) /* 4 x 4 would need 48 accumulators */
+    const kt_i16_rows r = kt_mxfp4_i16_rows(a, w->k_pad, scratch);
+    if (!*r.made) return 0;
+    KT_FEW_ROWS_SWEEP(KT_(i16_tile), a, w, pb, pe, w, y, ldy, r) /* 4 x 4 would need 48 accumulators */
     return 1;
 }
-#undef KT_I16_MIN_FIELD
-#undef KT_I16_MAX_FIELD
 #endif
 
 #elif KT_SKEL == KT_SKEL_AMX

@@ -33,6 +33,8 @@
  * KT_CLEAR_DAZ 1: the decode makes subnormal floats, which MXCSR.DAZ would read as zeros: the GEMM
  * clears it while it runs;
  * KT_ONE_ROW_PANELS 4: one-row calls of a bf16-activation format take 4 panels per tile, not 2;
+ * KT_FEW_ROWS 1: KT_(few_rows)(a, w, y, ldy, pb, pe, scratch) serves calls of at most
+ * KT_FEW_ROWS_CHOICE(a) rows (a per-CPU choice) its own way, or returns 0 to leave them here;
  * KT_ACC16_ROWS n: unsigned codes up to c add n rows of vpmaddubsw pairs in int16 (n x 2 x c x 127
  * must stay below 32768; default 8, for 4-bit codes); KT_ACC16_ONE_ROW 1: one-row tiles add them
  * in int16 too.
@@ -43,6 +45,7 @@
 #define KT_(x) KT_CAT(KT_GEMM, x)
 #define KT_AI static inline __attribute__((always_inline)) KT_TARGET
 #define KT_SKEL KT_SKEL_AVX2
+#define KT_AHEAD 8 /* blocks of software prefetch ahead of the decode stream */
 
 #include KT_TRAITS
 
@@ -64,6 +67,9 @@
 #define KT_WIDE_FIELD 255
 #define KT_WIDE_FACTOR 1.0f
 #endif
+#ifndef KT_FEW_ROWS
+#define KT_FEW_ROWS 0
+#endif
 #ifndef KT_ONE_ROW_PANELS
 #define KT_ONE_ROW_PANELS 2
 #endif
@@ -74,8 +80,6 @@
 /* An empty asm on an integer accumulator: GCC would otherwise re-associate the unrolled
  * vpaddd chains of a wide tile into trees and spill them to the stack. */
 #define KT_KEEP(v) __asm__("" : "+x"(v))
-
-#define KT_AHEAD 8 /* blocks of software prefetch ahead of the decode stream */
 
 static const int KT_(formats) = KT_FORMATS; /* the descriptor rows this variant serves, for registry.h */
 
@@ -157,24 +161,8 @@ KT_AI __m256i KT_(dp)(__m256i acc, KT_(avec) a, kt_w256 w) {
 #endif
 #define KT_ACC16(PRE, MB) (KT_INT_ACT && KT_WKIND == KT_W_U8 && ((PRE) || (MB) >= 2 || KT_ACC16_ONE_ROW))
 
-/* 8 outputs of one row from dst on, the first `valid` of them (fewer at the weight's last channels). */
-KT_AI void KT_(store8)(float *dst, int64_t valid, __m256 v) {
-    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    _mm256_maskstore_ps(dst, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(valid < 8 ? valid : 8)), lanes), v);
-}
-
-/* The 16 outputs of one row and panel, v[h] from final() of half h, stored in channel order.
- * KT_LANE_SPLIT: the traits' halves hold channels 0-3, 8-11 and 4-7, 12-15 (what in-lane byte
- * unpacks give), put back in order here, once per output. */
-KT_AI void KT_(store16)(float *dst, int64_t valid, __m256 v[2]) {
-    if (KT_LANE_SPLIT) {
-        const __m256 lo = v[0], hi = v[1];
-        v[0] = _mm256_permute2f128_ps(lo, hi, 0x20);
-        v[1] = _mm256_permute2f128_ps(lo, hi, 0x31);
-    }
-    KT_(store8)(dst, valid, v[0]);
-    if (valid > 8) KT_(store8)(dst + 8, valid - 8, v[1]);
-}
+/* The 16 outputs of one row and panel, v[h] from final() of half h (kt_store16). */
+KT_AI void KT_(store16)(float *dst, int64_t valid, __m256 v[2]) { kt_store16(dst, valid, v, KT_LANE_SPLIT); }
 
 /* A group's multipliers for row m: times the row's factor (KT_ROW_PRESCALE; rowf from f32_rows),
  * so the float sums hold the true values, as the channel scales take it in final_scaled(). */
@@ -657,6 +645,9 @@ KT_TARGET static int KT_(split_calls)(const ktcy_act *a, const ktcy_weight *w, f
 KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb,
                              int64_t pe, void *scratch) {
     if (!(KT_FORMATS & (1 << w->format))) return KTCY_ERR_FORMAT;
+#if KT_FEW_ROWS
+    if (a->m >= 1 && a->m <= KT_FEW_ROWS_CHOICE(a) && KT_(few_rows)(a, w, y, ldy, pb, pe, scratch)) return KTCY_OK;
+#endif
     if (!KT_CLEAR_DAZ) return KT_(split_calls)(a, w, y, ldy, pb, pe, scratch);
     const unsigned int csr = ktcy_clear_daz();
     const int status = KT_(split_calls)(a, w, y, ldy, pb, pe, scratch);
@@ -681,4 +672,6 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_KEEP
 #undef KT_AHEAD
 #undef KT_ONE_ROW_PANELS
+#undef KT_FEW_ROWS
+#undef KT_FEW_ROWS_CHOICE
 #include "traits_end.h"

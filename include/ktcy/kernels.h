@@ -53,6 +53,106 @@ static inline __attribute__((target("avx2"))) kt_w256 kt_int_half(__m256i v) {
     return w;
 }
 
+/* 8 outputs of one row from dst on, the first `valid` of them (fewer at the weight's last channels). */
+__attribute__((target("avx2"))) static inline void kt_store8(float *dst, int64_t valid, __m256 v) {
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    _mm256_maskstore_ps(dst, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(valid < 8 ? valid : 8)), lanes), v);
+}
+/* The 16 outputs of one row and panel, in halves v[2], stored in channel order.  lane_split: the
+ * halves hold channels 0-3, 8-11 and 4-7, 12-15 (what in-lane byte unpacks give), put back in
+ * order here, once per output. */
+__attribute__((target("avx2"))) static inline void kt_store16(float *dst, int64_t valid, __m256 v[2], int lane_split) {
+    if (lane_split) {
+        const __m256 lo = v[0], hi = v[1];
+        v[0] = _mm256_permute2f128_ps(lo, hi, 0x20);
+        v[1] = _mm256_permute2f128_ps(lo, hi, 0x31);
+    }
+    kt_store8(dst, valid, v[0]);
+    if (valid > 8) kt_store8(dst + 8, valid - 8, v[1]);
+}
+
+/* MXFP4's few-row calls on 16-bit integers (fmt_mxfp4.h, AVX2 and AVX-512): each 32-K block of a
+ * bf16 row as q = x * 2^(141 - F), F the exponent field of the block's largest |x|, rounded to
+ * nearest even (exact for every x of at least 2^-8 of that largest: bf16 has 8 significant bits;
+ * an error of at most 2^-15 of it below), |q| <= 32640, split into a signed high byte and an
+ * unsigned low one; with each block's factor 2^(F - 142) (the 1/2 of the codes' 2 e2m1 included)
+ * and 12 times its sum of q (the codes' + 12).  Blocks of zeros and bf16 subnormals count as
+ * zero (vdpbf16ps reads subnormals so).  A block whose largest |x| lies outside [2^-111, 2^119)
+ * would take 2^(F - 142), or a block sum times it, out of float's normal range: the row is
+ * refused (0) and the call keeps its bf16 path. */
+#define KT_I16_MIN_FIELD 16
+#define KT_I16_MAX_FIELD 245
+__attribute__((target("avx2"))) static inline int kt_mxfp4_i16_row(const uint16_t *src, int64_t nkb, int8_t *hi,
+                                                                   uint8_t *lo, float *t, int32_t *bias) {
+    for (int64_t g = 0; g < nkb; ++g, src += 32, hi += 32, lo += 32) {
+        const __m256i mag = _mm256_max_epu16(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)src), _mm256_set1_epi16(0x7FFF)),
+                                             _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(src + 16)),
+                                                              _mm256_set1_epi16(0x7FFF)));
+        __m128i top = _mm_max_epu16(_mm256_castsi256_si128(mag), _mm256_extracti128_si256(mag, 1));
+        top = _mm_max_epu16(top, _mm_srli_si128(top, 8));
+        top = _mm_max_epu16(top, _mm_srli_si128(top, 4));
+        top = _mm_max_epu16(top, _mm_srli_si128(top, 2));
+        const int field = _mm_extract_epi16(top, 0) >> 7;
+        if (field == 0) {
+            _mm256_storeu_si256((__m256i *)hi, _mm256_setzero_si256());
+            _mm256_storeu_si256((__m256i *)lo, _mm256_setzero_si256());
+            t[g] = 0.0f;
+            bias[g] = 0;
+            continue;
+        }
+        if (field < KT_I16_MIN_FIELD || field > KT_I16_MAX_FIELD) return 0;
+        const __m256 times = _mm256_castsi256_ps(_mm256_set1_epi32((268 - field) << 23)); /* 2^(141 - F), exact */
+        __m256i q[4], sum = _mm256_setzero_si256();
+        for (int i = 0; i < 4; ++i) {
+            const __m256i x = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + 8 * i))), 16);
+            const __m256 scaled = _mm256_round_ps(_mm256_mul_ps(_mm256_castsi256_ps(x), times),
+                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            q[i] = _mm256_cvtps_epi32(scaled);
+            sum = _mm256_add_epi32(sum, q[i]);
+        }
+        /* the packs work per 128-bit lane: each is followed by the qword order 0, 2, 1, 3 */
+        const __m256i w01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8);
+        const __m256i w23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8);
+        const __m256i bytes = _mm256_set1_epi16(0xFF);
+        _mm256_storeu_si256((__m256i *)hi, _mm256_permute4x64_epi64(
+            _mm256_packs_epi16(_mm256_srai_epi16(w01, 8), _mm256_srai_epi16(w23, 8)), 0xD8));
+        _mm256_storeu_si256((__m256i *)lo, _mm256_permute4x64_epi64(
+            _mm256_packus_epi16(_mm256_and_si256(w01, bytes), _mm256_and_si256(w23, bytes)), 0xD8));
+        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s = _mm_add_epi32(s, _mm_srli_si128(s, 8));
+        s = _mm_add_epi32(s, _mm_srli_si128(s, 4));
+        t[g] = ktcy_pow2(field - 142);
+        bias[g] = 12 * _mm_cvtsi128_si32(s);
+    }
+    return 1;
+}
+#undef KT_I16_MIN_FIELD
+#undef KT_I16_MAX_FIELD
+
+/* Where the rows live in a GEMM's scratch: past the float rows (4 of k_pad, and their factors)
+ * that AVX2's bf16 tiles widen there, so a call that falls back to those keeps the header; a
+ * 64-byte header (made: the rows are there), then 4 rows of high and low bytes (k_pad each),
+ * factors t [4][k_pad / 32] and bias sums [4][k_pad / 32]. */
+#define KT_I16_MAX_ROWS 4
+typedef struct { int32_t *made; uint8_t *rows; float *t; int32_t *bias; } kt_i16_rows;
+/* The rows of call a (k_pad of its weight) made in scratch, or reused from the call before on it
+ * (a->rows_in_scratch: the gate's, for the up projection).  made 0: use the bf16 path. */
+__attribute__((target("avx2"))) static inline kt_i16_rows kt_mxfp4_i16_rows(const ktcy_act *a, int64_t k_pad, void *scratch) {
+    kt_i16_rows r;
+    const int64_t nkb = k_pad / 32;
+    r.made = (int32_t *)ktcy_align64((uint8_t *)scratch + KT_I16_MAX_ROWS * (k_pad + 1) * 4 + 64);
+    r.rows = (uint8_t *)r.made + 64;
+    r.t = (float *)(r.rows + KT_I16_MAX_ROWS * 2 * k_pad);
+    r.bias = (int32_t *)(r.t + KT_I16_MAX_ROWS * nkb);
+    if (!a->rows_in_scratch) {
+        *r.made = a->m <= KT_I16_MAX_ROWS;
+        for (int64_t m = 0; m < a->m && *r.made; ++m)
+            *r.made = kt_mxfp4_i16_row(a->bf16 + m * a->k_pad, nkb, (int8_t *)(r.rows + m * 2 * k_pad),
+                                       r.rows + m * 2 * k_pad + k_pad, r.t + m * nkb, r.bias + m * nkb);
+    }
+    return r;
+}
+
 #define KTCY_AVX512_BASE "avx512f,avx512bw,avx512vl,avx512dq"
 /* F16C (vcvtph2ps, the FP8 decode of rows too wide for the bit-move decode) comes with every AVX2
  * CPU (Intel since Ivy Bridge, AMD since Piledriver); the dispatcher requires it with AVX2. */
