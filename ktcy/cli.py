@@ -84,7 +84,7 @@ def cmd_info(args):
     vendor = " (AMD)" if data["tiles"]["amd"] else " (not AMD)"
     f32, i16 = data["tiles"]["f32_rows"], data["tiles"]["i16_rows"]
     print(f"AVX-512 FP8 float path: calls of up to {f32} row{'s' if f32 > 1 else ''}" + vendor)
-    print("AVX-512 MXFP4 16-bit integer path: "
+    print("MXFP4 16-bit integer path (AVX-512, AVX2): "
           + (f"calls of up to {i16} row{'s' if i16 > 1 else ''}" if i16 else "none, bf16 throughout") + vendor)
     b = data["build"]
     print("\nBuilt with: " + ", ".join(f"{k}={'ON' if b[k] else 'OFF'}" for k in ("amx", "avx512_bf16", "avx512_vbmi")))

@@ -120,31 +120,38 @@ KT_AI void KT_(i16_tile)(const int MB, const int NP, int64_t p0, ktcy_span cont,
         uintptr_t fetch[2];
         _Pragma("GCC unroll 2")
         for (int p = 0; p < NP; ++p) fetch[p] = ktcy_stream_ahead(cont, p, panel[p], g, nkb, KT_AHEAD, KT_BB);
-        _Pragma("GCC unroll 8")
-        for (int j = 0; j < 8; ++j) {
-            __m256i wv[2][2];
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < 8; j += 2) {
+            __m256i wv[2][2][2]; /* [quad][panel][half] */
             _Pragma("GCC unroll 2")
-            for (int p = 0; p < NP; ++p) {
-                _mm_prefetch((const char *)(fetch[p] + (uintptr_t)(j * (KT_BB / 8))), _MM_HINT_T0);
-                const __m256i bytes = _mm256_loadu_si256((const __m256i *)(panel[p] + g * KT_BB + j * 32));
-                const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(bytes, nib));
-                const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nib));
-                wv[p][0] = _mm256_unpacklo_epi16(lo, hi);
-                wv[p][1] = _mm256_unpackhi_epi16(lo, hi);
-            }
+            for (int u = 0; u < 2; ++u)
+                _Pragma("GCC unroll 2")
+                for (int p = 0; p < NP; ++p) {
+                    _mm_prefetch((const char *)(fetch[p] + (uintptr_t)((j + u) * (KT_BB / 8))), _MM_HINT_T0);
+                    const __m256i bytes = _mm256_loadu_si256((const __m256i *)(panel[p] + g * KT_BB + (j + u) * 32));
+                    const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(bytes, nib));
+                    const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nib));
+                    wv[u][p][0] = _mm256_unpacklo_epi16(lo, hi);
+                    wv[u][p][1] = _mm256_unpackhi_epi16(lo, hi);
+                }
             _Pragma("GCC unroll 4")
             for (int m = 0; m < MB; ++m) {
-                int32_t h4, l4;
-                memcpy(&h4, r.rows + m * 2 * k_pad + g * 32 + 4 * j, 4);
-                memcpy(&l4, r.rows + m * 2 * k_pad + k_pad + g * 32 + 4 * j, 4);
-                const __m256i ah = _mm256_set1_epi32(h4), al = _mm256_set1_epi32(l4);
+                int32_t h4[2], l4[2];
+                memcpy(h4, r.rows + m * 2 * k_pad + g * 32 + 4 * j, 8);
+                memcpy(l4, r.rows + m * 2 * k_pad + k_pad + g * 32 + 4 * j, 8);
+                const __m256i ah0 = _mm256_set1_epi32(h4[0]), al0 = _mm256_set1_epi32(l4[0]);
+                const __m256i ah1 = _mm256_set1_epi32(h4[1]), al1 = _mm256_set1_epi32(l4[1]);
                 _Pragma("GCC unroll 2")
                 for (int p = 0; p < NP; ++p)
                     _Pragma("GCC unroll 2")
                     for (int h = 0; h < 2; ++h) {
-                        const __m256i high = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[p][h], ah), times256);
-                        const __m256i low = _mm256_madd_epi16(_mm256_maddubs_epi16(al, wv[p][h]), ones);
-                        acc[m][p][h] = _mm256_add_epi32(acc[m][p][h], _mm256_add_epi32(high, low));
+                        /* two quads' pairs add in int16: at most 2 x 2 x 24 x 128 and 2 x 2 x 255 x 24 */
+                        const __m256i high = _mm256_add_epi16(_mm256_maddubs_epi16(wv[0][p][h], ah0),
+                                                              _mm256_maddubs_epi16(wv[1][p][h], ah1));
+                        const __m256i low = _mm256_add_epi16(_mm256_maddubs_epi16(al0, wv[0][p][h]),
+                                                             _mm256_maddubs_epi16(al1, wv[1][p][h]));
+                        acc[m][p][h] = _mm256_add_epi32(acc[m][p][h], _mm256_add_epi32(_mm256_madd_epi16(high, times256),
+                                                                                        _mm256_madd_epi16(low, ones)));
                     }
             }
         }

@@ -34,7 +34,8 @@
  * clears it while it runs;
  * KT_ONE_ROW_PANELS 4: one-row calls of a bf16-activation format take 4 panels per tile, not 2;
  * KT_FEW_ROWS 1: KT_(few_rows)(a, w, y, ldy, pb, pe, scratch) serves calls of at most
- * KT_FEW_ROWS_CHOICE(a) rows (a per-CPU choice) its own way, or returns 0 to leave them here;
+ * KT_FEW_ROWS_CHOICE(a) rows (a per-CPU choice) its own way (with MXCSR.DAZ cleared), or returns
+ * 0 to leave them here;
  * KT_ACC16_ROWS n: unsigned codes up to c add n rows of vpmaddubsw pairs in int16 (n x 2 x c x 127
  * must stay below 32768; default 8, for 4-bit codes); KT_ACC16_ONE_ROW 1: one-row tiles add them
  * in int16 too.
@@ -646,7 +647,12 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
                              int64_t pe, void *scratch) {
     if (!(KT_FORMATS & (1 << w->format))) return KTCY_ERR_FORMAT;
 #if KT_FEW_ROWS
-    if (a->m >= 1 && a->m <= KT_FEW_ROWS_CHOICE(a) && KT_(few_rows)(a, w, y, ldy, pb, pe, scratch)) return KTCY_OK;
+    if (a->m >= 1 && a->m <= KT_FEW_ROWS_CHOICE(a)) {
+        const unsigned int csr = ktcy_clear_daz(); /* as AVX-512's path: the same bits under any MXCSR.DAZ */
+        const int done = KT_(few_rows)(a, w, y, ldy, pb, pe, scratch);
+        ktcy_restore_daz(csr);
+        if (done) return KTCY_OK;
+    }
 #endif
     if (!KT_CLEAR_DAZ) return KT_(split_calls)(a, w, y, ldy, pb, pe, scratch);
     const unsigned int csr = ktcy_clear_daz();

@@ -78,8 +78,9 @@ __attribute__((target("avx2"))) static inline void kt_store16(float *dst, int64_
  * unsigned low one; with each block's factor 2^(F - 142) (the 1/2 of the codes' 2 e2m1 included)
  * and 12 times its sum of q (the codes' + 12).  Blocks of zeros and bf16 subnormals count as
  * zero (vdpbf16ps reads subnormals so).  A block whose largest |x| lies outside [2^-111, 2^119)
- * would take 2^(F - 142), or a block sum times it, out of float's normal range: the row is
- * refused (0) and the call keeps its bf16 path. */
+ * would take 2^(F - 142), or a block sum times it, out of float's normal range (inf and NaN
+ * among them): the row is refused (0) and the whole call keeps its bf16 path, so there the
+ * other rows' last bits follow that path too (as FP8's float path does with its wide rows). */
 #define KT_I16_MIN_FIELD 16
 #define KT_I16_MAX_FIELD 245
 __attribute__((target("avx2"))) static inline int kt_mxfp4_i16_row(const uint16_t *src, int64_t nkb, int8_t *hi,
@@ -177,11 +178,13 @@ __attribute__((target(KTCY_AVX512_BASE))) static inline kt_e2m1_vbmi kt_e2m1_vbm
  * dword, a word shift under a mask brings the high nibbles down in the upper half, and vpermb
  * looks the codes up (it reads an index's low 6 bits, and the table repeats every 16 bytes, so
  * the bits above each nibble need no mask). */
+#if KTCY_ENABLE_AVX512_VBMI
 __attribute__((target(KTCY_AVX512_BASE ",avx512vbmi"))) static inline __m512i kt_e2m1_quad_vbmi(const kt_e2m1_vbmi *c,
                                                                                              const uint8_t *src) {
     const __m512i pairs = _mm512_permutexvar_epi8(c->pick, _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)src)));
     return _mm512_permutexvar_epi8(_mm512_mask_srli_epi16(pairs, (__mmask32)0xAAAAAAAAu, pairs, 4), c->lut);
 }
+#endif
 
 /* ---- portable C ---- */
 #define KT_GEMM ktcy_gemm_int8_ref

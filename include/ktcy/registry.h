@@ -132,10 +132,11 @@ static inline int32_t ktcy_one_panel_rows(const ktcy_cpu *c) { return c->amd ? 4
  * calls were measured this way: AMD keeps those. */
 static inline int32_t ktcy_f32_rows(const ktcy_cpu *c) { return c->amd ? 1 : 4; }
 
-/* ktcy_act.i16_rows for this CPU: calls of at most this many rows take AVX-512 MXFP4's 16-bit
- * integer path (MXFP4_A8's decode, vpdpbusd) instead of the bf16 decode and vdpbf16ps.  On a Xeon
- * (Sapphire Rapids class) one projection of one row took 0.67x the time that way, and MoE T = 1
- * and T = 32 0.73x and 0.59x.  AMD cores (vdpbf16ps cheaper) were not measured: they keep bf16. */
+/* ktcy_act.i16_rows for this CPU: calls of at most this many rows take MXFP4's 16-bit integer
+ * path (MXFP4_A8's decode; vpdpbusd on AVX-512, vpmaddubsw on AVX2) instead of the bf16 decode
+ * and vdpbf16ps (AVX-512) or FMAs (AVX2).  On a Xeon (Sapphire Rapids class) one AVX-512
+ * projection of one row took 0.67x the time that way, and MoE T = 1 and T = 32 0.73x and 0.59x
+ * (AVX2: 0.75x and 0.8-0.9x).  AMD cores were not measured this way: they keep bf16. */
 static inline int32_t ktcy_i16_rows(const ktcy_cpu *c) { return c->amd ? 0 : 4; }
 
 #endif

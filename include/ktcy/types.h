@@ -38,7 +38,8 @@ typedef struct {
     const ktcy_weight *next_w; /* optional hint (NULL: none): the weight, same format, whose */
     int64_t next_pb, next_pe;  /* panels [next_pb, next_pe) this thread multiplies next       */
     int32_t rows_in_scratch;   /* 1: the call before on this scratch, same variant and these rows,  */
-                               /* left them in the kernel's own form there (AMX tile order): reuse */
+                               /* left them in the kernel's own form there (AMX tile order, MXFP4's */
+                               /* 16-bit rows): reuse                                              */
     int32_t one_panel_rows;    /* calls of at most this many rows take one panel per tile where a */
                                /* skeleton offers more (ktcy_one_panel_rows); 0: never            */
     int32_t f32_rows;          /* calls of at most this many rows take FP8's float path           */
@@ -61,6 +62,8 @@ typedef int (*ktcy_gemm_fn)(const ktcy_act *a, const ktcy_weight *w, float *y, i
  *   |       of activations as floats [rows][k_pad] | a float per row (row factors) |
  *   | AVX2 bf16-activation decode (fewer rows): the rows as floats [rows][k_pad]   |
  *   |       | a float per row                                                      |
+ *   | MXFP4's 16-bit rows (up to 4 rows, AVX2 and AVX-512): past those float rows, |
+ *   |       so a call that falls back keeps them (kt_mxfp4_i16_rows)               |
  *   | AMX:  C tiles 32x32 int32/float (4 KiB) | float accumulator 32x32 (4 KiB) |  |
  *   |       2 panels unpacked/decoded to int8/bf16 blocks [2][k_pad/bk][1024 B] |  |
  *   |       KTCY_AMX_A_ROWS activation rows in tile order (bf16: 2 bytes each)     |
