@@ -233,6 +233,8 @@ def test_moe_up_projection_reuses_its_gates_rows(variant):
     variant and rows), including an expert whose rows hold one out of the path's range (both of
     its calls must refuse) and experts run one after another on the same thread's scratch."""
     integer_path_or_skip(variant)
+    if _native.tile_choice()["i16_rows"] == 0:
+        pytest.skip("this CPU's vendor keeps MXFP4's bf16 path in the engine (ktcy_i16_rows 0)")
     isa = "avx512" if "avx512" in variant else "avx2"
     rng = np.random.default_rng(17)
     E, k, H, I = 4, 2, 160, 96

@@ -91,9 +91,10 @@ KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_
  * AVX-512's path below computes them, bit for bit: MXFP4_A8's row decode (vpshufb lookups of
  * 2 e2m1 + 12, word unpacks; channels split as KT_LANE_SPLIT), and for each of the rows' K quads
  * the high bytes times the codes (vpmaddubsw, codes unsigned) and the low bytes times the codes
- * (low bytes unsigned), their pairs widened by vpmaddwd times 256 and 1 into one int32 sum per
- * channel: the block's exact 256 hi + lo.  About 19 operations per 64 codes against 26 for the
- * bf16 decode and its FMAs. */
+ * (low bytes unsigned), two quads' pairs added in int16 (at most 2 x 2 x 24 x 128 and
+ * 2 x 2 x 255 x 24) and widened by vpmaddwd times 256 and 1 into one int32 sum per channel: the
+ * block's exact 256 hi + lo.  About 17 operations per 64 codes against 26 for the bf16 decode and
+ * its FMAs (adding the pairs of one quad only: MoE T = 32 1.23x the time). */
 #define KT_FEW_ROWS 1
 #define KT_FEW_ROWS_CHOICE(a) ((a)->i16_rows)
 /* NP panels (1-2) from p0 for MB rows of r, into y (rows ldy apart). */
@@ -145,7 +146,6 @@ KT_AI void KT_(i16_tile)(const int MB, const int NP, int64_t p0, ktcy_span cont,
                 for (int p = 0; p < NP; ++p)
                     _Pragma("GCC unroll 2")
                     for (int h = 0; h < 2; ++h) {
-                        /* two quads' pairs add in int16: at most 2 x 2 x 24 x 128 and 2 x 2 x 255 x 24 */
                         const __m256i high = _mm256_add_epi16(_mm256_maddubs_epi16(wv[0][p][h], ah0),
                                                               _mm256_maddubs_epi16(wv[1][p][h], ah1));
                         const __m256i low = _mm256_add_epi16(_mm256_maddubs_epi16(al0, wv[0][p][h]),
