@@ -344,7 +344,7 @@ KT_AI int KT_(few_rows)(const ktcy_act *a, const ktcy_weight *w, float *y, int64
         }
         f[m] = ktcy_pow2(KTCY_E4M3_BITMOVE_SHIFT - shift);
     }
-    KT_FEW_ROWS_SWEEP(KT_(f32_tile), a, w, pb, pe, w, y, ldy, x, a->k_pad, f) /* 4 x 4 would need 32 accumulators */
+    KT_FEW_ROWS_SWEEP(KT_(f32_tile), 4, 2, a, w, pb, pe, w, y, ldy, x, a->k_pad, f) /* 4 x 4: 32 accumulators */
     return 1;
 }
 KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const int MB, const int NP,

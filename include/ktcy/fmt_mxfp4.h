@@ -181,19 +181,7 @@ KT_AI int KT_(few_rows)(const ktcy_act *a, const ktcy_weight *w, float *y, int64
                         void *scratch) {
     const kt_i16_rows r = kt_mxfp4_i16_rows(a, w->k_pad, scratch);
     if (!*r.made) return 0;
-    for (int64_t p = pb; p < pe;) {
-        const int np = a->m <= 2 && pe - p >= 2 ? 2 : 1;
-        const ktcy_span next = ktcy_next_group(a, w, p + np, pe, np, KT_BK, KT_BB);
-        switch (a->m * 2 + np) {
-        case 1 * 2 + 2: KT_(i16_tile)(1, 2, p, next, w, y, ldy, r); break;
-        case 1 * 2 + 1: KT_(i16_tile)(1, 1, p, next, w, y, ldy, r); break;
-        case 2 * 2 + 2: KT_(i16_tile)(2, 2, p, next, w, y, ldy, r); break;
-        case 2 * 2 + 1: KT_(i16_tile)(2, 1, p, next, w, y, ldy, r); break;
-        case 3 * 2 + 1: KT_(i16_tile)(3, 1, p, next, w, y, ldy, r); break;
-        default: KT_(i16_tile)(4, 1, p, next, w, y, ldy, r); break;
-        }
-        p += np;
-    }
+    KT_FEW_ROWS_SWEEP(KT_(i16_tile), 2, 1, a, w, pb, pe, w, y, ldy, r)
     return 1;
 }
 
@@ -353,7 +341,7 @@ KT_AI int KT_(few_rows)(const ktcy_act *a, const ktcy_weight *w, float *y, int64
                         void *scratch) {
     const kt_i16_rows r = kt_mxfp4_i16_rows(a, w->k_pad, scratch);
     if (!*r.made) return 0;
-    KT_FEW_ROWS_SWEEP(KT_(i16_tile), a, w, pb, pe, w, y, ldy, r) /* 4 x 4 would need 48 accumulators */
+    KT_FEW_ROWS_SWEEP(KT_(i16_tile), 4, 2, a, w, pb, pe, w, y, ldy, r) /* 4 x 4: 48 accumulators */
     return 1;
 }
 #endif

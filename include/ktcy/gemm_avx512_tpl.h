@@ -39,26 +39,6 @@
 #define KT_AI static inline __attribute__((always_inline)) KT_TARGET
 #define KT_SKEL KT_SKEL_AVX512
 #define KT_AHEAD 8 /* blocks of software prefetch ahead of the decode stream */
-/* A few-row path's sweep over panels [pb, pe): TILE(MB, NP, p0, next, ...) for a->m rows and NP
- * panels from p0 (next: what follows, prefetch.h): 4 panels for 1-2 rows, 2 for 3-4 (the
- * accumulators' limit), then one at a time. */
-#define KT_FEW_ROWS_SWEEP(TILE, a, w, pb, pe, ...)                                               \
-    for (int64_t p_ = (pb); p_ < (pe);) {                                                        \
-        const int wide_ = (a)->m > 2 ? 2 : 4;                                                    \
-        const int np_ = (pe) - p_ >= wide_ ? wide_ : 1;                                          \
-        const ktcy_span next_ = ktcy_next_group(a, w, p_ + np_, pe, np_, KT_BK, KT_BB);          \
-        switch ((a)->m * 8 + np_) {                                                              \
-        case 1 * 8 + 4: TILE(1, 4, p_, next_, __VA_ARGS__); break;                               \
-        case 1 * 8 + 1: TILE(1, 1, p_, next_, __VA_ARGS__); break;                               \
-        case 2 * 8 + 4: TILE(2, 4, p_, next_, __VA_ARGS__); break;                               \
-        case 2 * 8 + 1: TILE(2, 1, p_, next_, __VA_ARGS__); break;                               \
-        case 3 * 8 + 2: TILE(3, 2, p_, next_, __VA_ARGS__); break;                               \
-        case 3 * 8 + 1: TILE(3, 1, p_, next_, __VA_ARGS__); break;                               \
-        case 4 * 8 + 2: TILE(4, 2, p_, next_, __VA_ARGS__); break;                               \
-        default: TILE(4, 1, p_, next_, __VA_ARGS__); break;                                      \
-        }                                                                                        \
-        p_ += np_;                                                                               \
-    }
 
 #include KT_TRAITS
 
@@ -369,5 +349,4 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_FEW_ROWS
 #undef KT_FEW_ROWS_MAX
 #undef KT_FEW_ROWS_CHOICE
-#undef KT_FEW_ROWS_SWEEP
 #include "traits_end.h"

@@ -71,6 +71,24 @@ __attribute__((target("avx2"))) static inline void kt_store16(float *dst, int64_
     if (valid > 8) kt_store8(dst + 8, valid - 8, v[1]);
 }
 
+/* A few-row path's sweep over panels [pb, pe) (KT_FEW_ROWS): TILE(MB, NP, p0, next, ...) for the
+ * call's a->m rows (1-4) and NP panels from p0 (next: what follows, prefetch.h), W12 panels for
+ * 1-2 rows and W34 for 3-4 (the accumulators' limit), one where fewer are left.  Every tile
+ * shape is a compile-time constant.  Uses the including skeleton's KT_BK and KT_BB. */
+#define KT_FEW_ROWS_SWEEP(TILE, W12, W34, a, w, pb, pe, ...)                                     \
+    for (int64_t p_ = (pb); p_ < (pe);) {                                                        \
+        const int wide_ = (a)->m > 2 ? (W34) : (W12);                                            \
+        const int np_ = (pe) - p_ >= wide_ ? wide_ : 1;                                          \
+        const ktcy_span next_ = ktcy_next_group(a, w, p_ + np_, pe, np_, KT_BK, KT_BB);          \
+        switch ((a)->m) {                                                                        \
+        case 1: if (np_ > 1) TILE(1, W12, p_, next_, __VA_ARGS__); else TILE(1, 1, p_, next_, __VA_ARGS__); break; \
+        case 2: if (np_ > 1) TILE(2, W12, p_, next_, __VA_ARGS__); else TILE(2, 1, p_, next_, __VA_ARGS__); break; \
+        case 3: if (np_ > 1) TILE(3, W34, p_, next_, __VA_ARGS__); else TILE(3, 1, p_, next_, __VA_ARGS__); break; \
+        default: if (np_ > 1) TILE(4, W34, p_, next_, __VA_ARGS__); else TILE(4, 1, p_, next_, __VA_ARGS__); break; \
+        }                                                                                        \
+        p_ += np_;                                                                               \
+    }
+
 /* MXFP4's few-row calls on 16-bit integers (fmt_mxfp4.h, AVX2 and AVX-512): each 32-K block of a
  * bf16 row as q = x * 2^(141 - F), F the exponent field of the block's largest |x|, rounded to
  * nearest even (exact for every x of at least 2^-8 of that largest: bf16 has 8 significant bits;
