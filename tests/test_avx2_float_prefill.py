@@ -1,8 +1,9 @@
 """The AVX2 prefill of the bf16-activation formats (BF16, FP8 per channel and 128x128 blocks,
-MXFP4) is a float GEMM over panels decoded once to floats, in 6/4/2-row tiles and chunks of
-KTCY_AVX2_F32_ROWS rows.  Each output is one FMA chain in K order, exactly as in the decode
-tiles, so every row of a many-row call must equal the same row computed alone (bit for bit), and
-both must match float64 on the same dequantized weights and bf16-rounded activations."""
+MXFP4) is a float GEMM over panels decoded once to floats (a slice of K at a time), in 6/4/2-row
+tiles and chunks of KTCY_AVX2_F32_ROWS rows.  Each output is one FMA chain in K order, exactly as
+in the decode tiles, so every row of a many-row call must equal the same row computed alone (bit
+for bit), and both must match float64 on the same dequantized weights and bf16-rounded
+activations."""
 import ml_dtypes
 import numpy as np
 import pytest
@@ -24,12 +25,12 @@ def _avx2_variant(fmt):
 
 
 # 40: a partial panel; 104: 7 panels, so one-row tiles of 4 panels (MXFP4), 2 and 1;
-# 288: not a multiple of 128 (FP8 block's last K group is short)
-@pytest.mark.parametrize("n", [40, 104])
+# K 288: not a multiple of 128 (FP8 block's last K group is short), a 256-value slice
+# (KTCY_F32_SLICE) and a short one; 800: three whole slices, then 32 values
+@pytest.mark.parametrize("n,k", [(40, 288), (104, 288), (40, 800)])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_rows_of_a_prefill_equal_rows_alone_and_float64(fmt, n):
+def test_rows_of_a_prefill_equal_rows_alone_and_float64(fmt, n, k):
     rng = np.random.default_rng(7)
-    k = 288
     W = (rng.standard_normal((n, k)) * 0.3).astype(np.float32)
     if fmt == "FP8_BLOCK":
         W[:, 128:256] *= 40.0  # block scales that differ per K group

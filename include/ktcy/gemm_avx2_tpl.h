@@ -350,17 +350,21 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
 }
 
 #if !KT_INT_ACT
-/* Prefill (more than 4 rows) of the bf16-activation formats is a float GEMM: each panel is
- * decoded once to floats [k][16 channels], the rows' activations are widened to floats
- * (KTCY_AVX2_F32_ROWS at a time), and a tile of 6 rows x 16 channels (12 accumulators) takes per
- * k two weight loads, six broadcasts and twelve FMAs.  The bf16-pair tiles spent a shift and a
- * mask per pair of every weight half and activation, which compete with the FMAs for ports.
- * Each output is still one FMA chain in K order, so the sums are those of the decode tiles. */
+/* Prefill (more than 4 rows) of the bf16-activation formats is a float GEMM: the rows'
+ * activations are widened to floats (KTCY_AVX2_F32_ROWS at a time), each panel is decoded once
+ * per chunk of rows to floats [k][16 channels], a slice of KTCY_F32_SLICE K values at a time that
+ * every tile then reads from L1 (the whole panel, 128 KiB at K = 2048, was read from L2 by each
+ * tile), and a tile of 6 rows x 16 channels (12 accumulators) takes per k two weight loads, six
+ * broadcasts and twelve FMAs.  The bf16-pair tiles spent a shift and a mask per pair of every
+ * weight half and activation, which compete with the FMAs for ports.  Each output is still one
+ * FMA chain in K order (a tile's sums wait in scratch between slices), so the sums are those of
+ * the decode tiles. */
+_Static_assert(KTCY_F32_SLICE % KT_BK == 0, "slices of whole K blocks");
 enum { KT_(FAST), KT_(CHECKED), KT_(WIDE) }; /* the panel decodes of f32_panel */
-KT_AI void KT_(f32_panel_rows)(const int MODE, const ktcy_weight *w, int64_t p, float *dst) {
+KT_AI void KT_(f32_panel_rows)(const int MODE, const ktcy_weight *w, int64_t p, int64_t kb0, int64_t kb1, float *dst) {
     const int64_t nkb = w->k_pad / KT_BK;
-    const uint8_t *src = w->data + p * nkb * KT_BB;
-    for (int64_t kb = 0; kb < nkb; ++kb, src += KT_BB, dst += KT_BK * 16) {
+    const uint8_t *src = w->data + (p * nkb + kb0) * KT_BB;
+    for (int64_t kb = kb0; kb < kb1; ++kb, src += KT_BB, dst += KT_BK * 16) {
         _Pragma("GCC unroll 16") /* the panel comes from memory: fetch KT_AHEAD blocks ahead */
         for (int l = 0; l < KT_BB; l += 64) _mm_prefetch((const char *)src + KT_AHEAD * KT_BB + l, _MM_HINT_T0);
         _Pragma("GCC unroll 2")
@@ -378,10 +382,10 @@ KT_AI void KT_(f32_panel_rows)(const int MODE, const ktcy_weight *w, int64_t p, 
     }
 }
 
-KT_AI void KT_(f32_panel)(const ktcy_weight *w, int64_t p, float *dst, int wide) {
-    if (KT_ROW_PRESCALE && wide) KT_(f32_panel_rows)(KT_(WIDE), w, p, dst);
-    else if (KT_(checked_rows)(w)) KT_(f32_panel_rows)(KT_(CHECKED), w, p, dst);
-    else KT_(f32_panel_rows)(KT_(FAST), w, p, dst);
+KT_AI void KT_(f32_panel)(const ktcy_weight *w, int64_t p, int64_t kb0, int64_t kb1, float *dst, int wide) {
+    if (KT_ROW_PRESCALE && wide) KT_(f32_panel_rows)(KT_(WIDE), w, p, kb0, kb1, dst);
+    else if (KT_(checked_rows)(w)) KT_(f32_panel_rows)(KT_(CHECKED), w, p, kb0, kb1, dst);
+    else KT_(f32_panel_rows)(KT_(FAST), w, p, kb0, kb1, dst);
 }
 
 /* The largest exponent field of the bf16 row (k_pad elements, a multiple of 16). */
@@ -405,7 +409,7 @@ KT_AI int KT_(top_field)(const uint16_t *src, int64_t k_pad) {
  * of its true size.  Wide (the weights times 1/KT_WIDE_FACTOR): k = min(120, 227 - field), every
  * row's largest value brought to 2^100 (or times 2^120), so K products cannot overflow and small
  * values keep the most room below. */
-KT_AI int KT_(f32_rows)(const ktcy_act *a, int64_t m0, int64_t rows, float *dst, float *rowf) {
+KT_AI int KT_(f32_rows)(const ktcy_act *a, int64_t m0, int64_t rows, float *dst, int64_t stride, float *rowf) {
     int wide = 0, field[KTCY_AVX2_F32_ROWS];
     (void)rowf; (void)field;
 #if KT_ROW_PRESCALE
@@ -414,7 +418,7 @@ KT_AI int KT_(f32_rows)(const ktcy_act *a, int64_t m0, int64_t rows, float *dst,
         wide |= field[i] > KT_WIDE_FIELD;
     }
 #endif
-    for (int64_t i = 0; i < rows; ++i, dst += a->k_pad) {
+    for (int64_t i = 0; i < rows; ++i, dst += stride) {
         if (KT_ROW_PRESCALE) rowf[i] = 1.0f;
         if (m0 + i >= a->m_pad) {
             memset(dst, 0, (size_t)a->k_pad * sizeof(float));
@@ -438,24 +442,32 @@ KT_AI int KT_(f32_rows)(const ktcy_act *a, int64_t m0, int64_t rows, float *dst,
     return wide;
 }
 
-/* MB rows (floats at x, row stride k_pad) x one panel (floats at wp). */
+/* MB rows (floats at x, row stride xs) x K blocks [kb0, kb1) of one panel (that slice as floats
+ * at wp).  The sums of a slice that does not start the row come from sums (MB rows of acc and
+ * facc, 16 floats each), and go back there unless the slice ends the row: each output stays one
+ * FMA chain in K order. */
 KT_AI void KT_(f32_micro)(const int MB, const ktcy_act *a, const ktcy_weight *w, const float *wp, const float *x,
-                          const float *rowf, int64_t m0, int64_t p, float *y, int64_t ldy, ktcy_ahead ahead) {
-    const int64_t k_pad = w->k_pad, nkb = k_pad / KT_BK;
+                          const int64_t xs, const float *rowf, int64_t m0, int64_t p, float *y, int64_t ldy,
+                          ktcy_ahead ahead, int64_t kb0, int64_t kb1, float *sums) {
+    const int64_t nkb = w->k_pad / KT_BK;
     const int groups = KT_(has_groups)(w);
     __m256 acc[6][2], facc[6][2];
     _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m)
         _Pragma("GCC unroll 2")
-        for (int h = 0; h < 2; ++h) acc[m][h] = facc[m][h] = _mm256_setzero_ps();
-    for (int64_t kb = 0; kb < nkb; ++kb) {
+        for (int h = 0; h < 2; ++h) {
+            acc[m][h] = kb0 ? _mm256_load_ps(sums + m * 32 + 8 * h) : _mm256_setzero_ps();
+            facc[m][h] = kb0 ? _mm256_load_ps(sums + m * 32 + 16 + 8 * h) : _mm256_setzero_ps();
+        }
+    for (int64_t kb = kb0; kb < kb1; ++kb) {
         ktcy_ahead_block(ahead, kb);
+        const float *wb = wp + (kb - kb0) * KT_BK * 16;
         _Pragma("GCC unroll 4")
-        for (int64_t k = kb * KT_BK; k < (kb + 1) * KT_BK; ++k) {
-            const __m256 w0 = _mm256_load_ps(wp + k * 16), w1 = _mm256_load_ps(wp + k * 16 + 8);
+        for (int64_t k = kb * KT_BK; k < (kb + 1) * KT_BK; ++k, wb += 16) {
+            const __m256 w0 = _mm256_load_ps(wb), w1 = _mm256_load_ps(wb + 8);
             _Pragma("GCC unroll 8")
             for (int m = 0; m < MB; ++m) {
-                const __m256 xv = _mm256_broadcast_ss(x + m * k_pad + k);
+                const __m256 xv = _mm256_broadcast_ss(x + m * xs + k);
                 acc[m][0] = _mm256_fmadd_ps(xv, w0, acc[m][0]);
                 acc[m][1] = _mm256_fmadd_ps(xv, w1, acc[m][1]);
             }
@@ -469,6 +481,16 @@ KT_AI void KT_(f32_micro)(const int MB, const ktcy_act *a, const ktcy_weight *w,
                     facc[m][h] = _mm256_add_ps(facc[m][h], _mm256_mul_ps(acc[m][h], KT_(row_scale)(KT_(group_scale)(w, p, g, h), rowf, m)));
                     acc[m][h] = _mm256_setzero_ps();
                 }
+    }
+    if (kb1 < nkb) {
+        _Pragma("GCC unroll 8")
+        for (int m = 0; m < MB; ++m)
+            _Pragma("GCC unroll 2")
+            for (int h = 0; h < 2; ++h) {
+                _mm256_store_ps(sums + m * 32 + 8 * h, acc[m][h]);
+                _mm256_store_ps(sums + m * 32 + 16 + 8 * h, facc[m][h]);
+            }
+        return;
     }
     _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m) { /* constant trip counts: see micro */
@@ -484,26 +506,32 @@ KT_AI void KT_(f32_micro)(const int MB, const ktcy_act *a, const ktcy_weight *w,
 
 KT_AI void KT_(f32_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb, int64_t pe,
                          void *scratch) {
+    const int64_t xs = KTCY_F32_ROW_STRIDE(w->k_pad), nkb = w->k_pad / KT_BK;
     float *panel = (float *)ktcy_align64(scratch);
-    float *rows = panel + KTCY_PANEL * w->k_pad, *rowf = rows + KTCY_AVX2_F32_ROWS * w->k_pad;
+    float *rows = panel + KTCY_F32_SLICE * KTCY_PANEL, *rowf = rows + KTCY_AVX2_F32_ROWS * xs;
+    float *sums = (float *)ktcy_align64(rowf + KTCY_AVX2_F32_ROWS);
     for (int64_t c0 = 0; c0 < a->m; c0 += KTCY_AVX2_F32_ROWS) {
         const int64_t chunk = a->m - c0 < KTCY_AVX2_F32_ROWS ? a->m - c0 : KTCY_AVX2_F32_ROWS;
-        const int wide = KT_(f32_rows)(a, c0, (chunk + 5) / 6 * 6, rows, rowf); /* tiles read whole rows */
+        const int wide = KT_(f32_rows)(a, c0, (chunk + 5) / 6 * 6, rows, xs, rowf); /* tiles read whole rows */
         for (int64_t p = pb; p < pe; ++p) {
-            KT_(f32_panel)(w, p, panel, wide);
             /* the tiles fetch the panel that comes next: this sweep's next one, else the next
              * chunk's first, else the caller's hint */
             const int64_t tiles = (chunk + 5) / 6, following = p + 1 < pe || c0 + chunk >= a->m ? p + 1 : pb;
             const ktcy_span next = ktcy_next_group(a, w, following, pe, 1, KT_BK, KT_BB);
-            for (int64_t i = 0, tile = 0; i < chunk; ++tile) {
-                const int64_t left = chunk - i;
-                const float *x = rows + i * w->k_pad, *xf = rowf + i;
-                const ktcy_ahead ahead = ktcy_ahead_share(next, tile, tiles, w->k_pad / KT_BK);
-                /* 6-row tiles, but 4 + 4 for 8 rows left (and 4 + 4 for 7): a 2-row tile's 4 FMA
-                 * chains run at half speed */
-                if (left >= 5 && left % 6 != 1 && left % 6 != 2) { KT_(f32_micro)(6, a, w, panel, x, xf, c0 + i, p, y, ldy, ahead); i += 6; }
-                else if (left >= 3) { KT_(f32_micro)(4, a, w, panel, x, xf, c0 + i, p, y, ldy, ahead); i += 4; }
-                else { KT_(f32_micro)(2, a, w, panel, x, xf, c0 + i, p, y, ldy, ahead); i += 2; }
+            for (int64_t kb0 = 0; kb0 < nkb; kb0 += KTCY_F32_SLICE / KT_BK) {
+                const int64_t kb1 = kb0 + KTCY_F32_SLICE / KT_BK < nkb ? kb0 + KTCY_F32_SLICE / KT_BK : nkb;
+                KT_(f32_panel)(w, p, kb0, kb1, panel, wide);
+                for (int64_t i = 0, tile = 0; i < chunk; ++tile) {
+                    const int64_t left = chunk - i;
+                    const float *x = rows + i * xs, *xf = rowf + i;
+                    float *sm = sums + i * 32;
+                    const ktcy_ahead ahead = ktcy_ahead_share(next, tile, tiles, nkb);
+                    /* 6-row tiles, but 4 + 4 for 8 rows left (and 4 + 4 for 7): a 2-row tile's 4 FMA
+                     * chains run at half speed */
+                    if (left >= 5 && left % 6 != 1 && left % 6 != 2) { KT_(f32_micro)(6, a, w, panel, x, xs, xf, c0 + i, p, y, ldy, ahead, kb0, kb1, sm); i += 6; }
+                    else if (left >= 3) { KT_(f32_micro)(4, a, w, panel, x, xs, xf, c0 + i, p, y, ldy, ahead, kb0, kb1, sm); i += 4; }
+                    else { KT_(f32_micro)(2, a, w, panel, x, xs, xf, c0 + i, p, y, ldy, ahead, kb0, kb1, sm); i += 2; }
+                }
             }
         }
     }
@@ -544,7 +572,7 @@ KT_TARGET static int KT_(run)(const ktcy_act *a, const ktcy_weight *w, float *y,
 #else
     /* the rows as floats (tiles round up to 4 rows; fewer than KTCY_AVX2_F32_ROWS come here) */
     float *xf = (float *)decoded, *rowf = xf + (a->m + 3) / 4 * 4 * a->k_pad;
-    if (KT_(f32_rows)(a, 0, (a->m + 3) / 4 * 4, xf, rowf)) { /* a wide row: the float GEMM's wide decode */
+    if (KT_(f32_rows)(a, 0, (a->m + 3) / 4 * 4, xf, a->k_pad, rowf)) { /* a wide row: the float GEMM's wide decode */
         KT_(f32_gemm)(a, w, y, ldy, pb, pe, scratch);
         return KTCY_OK;
     }

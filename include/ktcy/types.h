@@ -58,8 +58,10 @@ typedef int (*ktcy_gemm_fn)(const ktcy_act *a, const ktcy_weight *w, float *y, i
  *   +--------------------------- 64-byte aligned start ---------------------------+
  *   | AVX-512 / AVX2: up to 4 panels decoded to 1024-byte blocks: bf16              |
  *   |       [4][k_pad/32], int8 (MXFP4_A8) [4][k_pad/64]                            |
- *   | AVX2 float prefill: 1 panel as floats [k_pad][16] | KTCY_AVX2_F32_ROWS rows   |
- *   |       of activations as floats [rows][k_pad] | a float per row (row factors) |
+ *   | AVX2 float prefill: a panel's slice as floats [KTCY_F32_SLICE][16] |         |
+ *   |       KTCY_AVX2_F32_ROWS rows of activations as floats, row stride          |
+ *   |       KTCY_F32_ROW_STRIDE | a float per row (row factors) | 64-byte aligned:  |
+ *   |       the tiles' sums between slices [rows][2][16]                          |
  *   | AVX2 bf16-activation decode (fewer rows): the rows as floats [rows][k_pad]   |
  *   |       | a float per row                                                      |
  *   | MXFP4's 16-bit rows (up to 4 rows, AVX2 and AVX-512): past those float rows, |
@@ -70,10 +72,16 @@ typedef int (*ktcy_gemm_fn)(const ktcy_act *a, const ktcy_weight *w, float *y, i
  *   +------------------------------------------------------------------------------+
  */
 #define KTCY_AVX2_F32_ROWS 36 /* activation rows the AVX2 float prefill widens at once (6 tiles) */
+/* the float prefill's rows one cache line apart from k_pad: rows k_pad floats apart (a multiple
+ * of 4 KiB for common K) would share L1 sets */
+#define KTCY_F32_ROW_STRIDE(k_pad) ((k_pad) + 16)
+/* K values of a panel the AVX2 float prefill decodes at once: 16 KiB of floats, which stay in L1 */
+#define KTCY_F32_SLICE 256
 #define KTCY_AMX_A_ROWS 128   /* activation rows AMX packs at once; B is prepared once per 128 */
 static inline int64_t ktcy_gemm_scratch_bytes(int64_t k_pad) {
     const int64_t bf16_panels = 4 * KTCY_PANEL * k_pad * 2 + 4 * 1024 + 32 * 32 * 4;
-    const int64_t f32_prefill = (KTCY_PANEL + KTCY_AVX2_F32_ROWS) * k_pad * 4 + KTCY_AVX2_F32_ROWS * 4;
+    const int64_t f32_prefill = (KTCY_F32_SLICE * KTCY_PANEL + KTCY_AVX2_F32_ROWS * KTCY_F32_ROW_STRIDE(k_pad)) * 4
+                                + KTCY_AVX2_F32_ROWS * 4 + 64 + KTCY_AVX2_F32_ROWS * 2 * KTCY_PANEL * 4;
     const int64_t amx = 2 * 32 * 32 * 4 + 2 * KTCY_PANEL * k_pad * 2 + KTCY_AMX_A_ROWS * k_pad * 2;
     const int64_t most = bf16_panels > f32_prefill ? bf16_panels : f32_prefill;
     return (most > amx ? most : amx) + 64;
