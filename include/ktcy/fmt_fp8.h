@@ -153,9 +153,10 @@ KT_AI __m256 KT_(final_scaled)(__m256i acc, __m256 facc, float f, const ktcy_act
 #define KT_PREDECODE 1
 #define KT_REG_DECODE KT_VBMI
 #define KT_FUSED_PREDECODE 1 /* rows() gives decode_panels' bytes: a first tile can keep them */
-typedef struct { __m512i tab_lo0, tab_lo1, tab_hi0, tab_hi1, arrange; } KT_(ctx);
+typedef struct { __m512i tab_lo0, tab_lo1, tab_hi0, tab_hi1, arrange; kt_e4m3_bw bw; } KT_(ctx);
 KT_AI KT_(ctx) KT_(make_ctx)(void) {
     KT_(ctx) c;
+    c.bw = kt_e4m3_bw_make();
 #if KT_VBMI
     uint8_t lo[128], hi[128], arrange[64];
     for (int i = 0; i < 128; ++i) { lo[i] = (uint8_t)KTCY_E4M3_TO_BF16[i]; hi[i] = (uint8_t)(KTCY_E4M3_TO_BF16[i] >> 8); }
@@ -185,7 +186,6 @@ KT_AI void KT_(rows)(const KT_(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2
 }
 #endif
 KT_AI void KT_(decode_panels)(const KT_(ctx) *c, const uint8_t *src, uint8_t *dst, int64_t blocks) {
-    (void)c;
     for (int64_t i = 0; i < blocks * 512; i += 64) {
 #if KT_VBMI
         kt_vec2 rows[2];
@@ -193,7 +193,7 @@ KT_AI void KT_(decode_panels)(const KT_(ctx) *c, const uint8_t *src, uint8_t *ds
         _mm512_storeu_si512(dst + 2 * i, rows[0].v0);
         _mm512_storeu_si512(dst + 2 * i + 64, rows[1].v0);
 #else
-        for (int j = 0; j < 64; ++j) ((uint16_t *)dst)[i + j] = ktcy_e4m3_to_bf16(src[i + j]);
+        kt_e4m3_to_bf16_bw(&c->bw, src + i, (uint16_t *)dst + i, 64);
 #endif
     }
 }
@@ -375,15 +375,8 @@ KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uin
     const uint8_t *src = w->data + p * nkb * 512;
     uint16_t *dst = (uint16_t *)buf;
 #if KT_AMX_REAL
-    const __m512i t0 = _mm512_loadu_si512(KTCY_E4M3_TO_BF16), t1 = _mm512_loadu_si512(KTCY_E4M3_TO_BF16 + 32);
-    const __m512i t2 = _mm512_loadu_si512(KTCY_E4M3_TO_BF16 + 64), t3 = _mm512_loadu_si512(KTCY_E4M3_TO_BF16 + 96);
-    for (int64_t i = 0; i < count; i += 32) {
-        const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(src + i)));
-        const __m512i low = _mm512_permutex2var_epi16(t0, b, t1), high = _mm512_permutex2var_epi16(t2, b, t3);
-        const __m512i mag = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(b, _mm512_set1_epi16(0x40)), low, high);
-        const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(b, _mm512_set1_epi16(0x80)), 8);
-        _mm512_storeu_si512(dst + i, _mm512_or_si512(mag, sign));
-    }
+    const kt_e4m3_bw c = kt_e4m3_bw_make();
+    kt_e4m3_to_bf16_bw(&c, src, dst, count);
 #else
     for (int64_t i = 0; i < count; ++i) dst[i] = ktcy_e4m3_to_bf16(src[i]);
 #endif

@@ -204,6 +204,33 @@ __attribute__((target(KTCY_AVX512_BASE ",avx512vbmi"))) static inline __m512i kt
 }
 #endif
 
+/* E4M3 codes to bf16 with AVX-512 BW alone (no VBMI byte lookups): 32 codes widened to words,
+ * their 7 magnitude bits looked up in the 128-entry table (KTCY_E4M3_TO_BF16, the scalar
+ * decode's) by two 64-entry vpermt2w and a blend on bit 6, the sign merged in: the bits of
+ * ktcy_e4m3_to_bf16 for all 256 codes, NaN included, at about 8 operations per 32 codes where
+ * the scalar loop took about 3 per code. */
+typedef struct { __m512i t0, t1, t2, t3; } kt_e4m3_bw;
+/* F and BW only, so the AMX variants (no DQ in their target) inline it too */
+__attribute__((target("avx512f,avx512bw"))) static inline kt_e4m3_bw kt_e4m3_bw_make(void) {
+    kt_e4m3_bw c;
+    c.t0 = _mm512_loadu_si512(KTCY_E4M3_TO_BF16);
+    c.t1 = _mm512_loadu_si512(KTCY_E4M3_TO_BF16 + 32);
+    c.t2 = _mm512_loadu_si512(KTCY_E4M3_TO_BF16 + 64);
+    c.t3 = _mm512_loadu_si512(KTCY_E4M3_TO_BF16 + 96);
+    return c;
+}
+/* count codes (a multiple of 32) from src as bf16 at dst, in order. */
+__attribute__((target("avx512f,avx512bw"))) static inline void kt_e4m3_to_bf16_bw(const kt_e4m3_bw *c, const uint8_t *src,
+                                                                                uint16_t *dst, int64_t count) {
+    for (int64_t i = 0; i < count; i += 32) {
+        const __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(src + i)));
+        const __m512i low = _mm512_permutex2var_epi16(c->t0, b, c->t1), high = _mm512_permutex2var_epi16(c->t2, b, c->t3);
+        const __m512i mag = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(b, _mm512_set1_epi16(0x40)), low, high);
+        /* mag | (b << 8 & 0x8000) */
+        _mm512_storeu_si512(dst + i, _mm512_ternarylogic_epi32(mag, _mm512_slli_epi16(b, 8), _mm512_set1_epi16((short)0x8000), 0xF8));
+    }
+}
+
 /* ---- portable C ---- */
 #define KT_GEMM ktcy_gemm_int8_ref
 #define KT_TRAITS "fmt_int8.h"
