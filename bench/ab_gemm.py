@@ -81,4 +81,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (ValueError, TypeError) as e:  # a format, shape or variant the builds refuse
+        sys.exit(f"error: {e}")
