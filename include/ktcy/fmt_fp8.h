@@ -153,11 +153,10 @@ KT_AI __m256 KT_(final_scaled)(__m256i acc, __m256 facc, float f, const ktcy_act
 #define KT_PREDECODE 1
 #define KT_REG_DECODE KT_VBMI
 #define KT_FUSED_PREDECODE 1 /* rows() gives decode_panels' bytes: a first tile can keep them */
-typedef struct { __m512i tab_lo0, tab_lo1, tab_hi0, tab_hi1, arrange; kt_e4m3_bw bw; } KT_(ctx);
+#if KT_VBMI
+typedef struct { __m512i tab_lo0, tab_lo1, tab_hi0, tab_hi1, arrange; } KT_(ctx);
 KT_AI KT_(ctx) KT_(make_ctx)(void) {
     KT_(ctx) c;
-    c.bw = kt_e4m3_bw_make();
-#if KT_VBMI
     uint8_t lo[128], hi[128], arrange[64];
     for (int i = 0; i < 128; ++i) { lo[i] = (uint8_t)KTCY_E4M3_TO_BF16[i]; hi[i] = (uint8_t)(KTCY_E4M3_TO_BF16[i] >> 8); }
     /* codes 8q..8q+7 into the low half of 128-bit lane q and codes 32+8q.. into its high half:
@@ -166,11 +165,15 @@ KT_AI KT_(ctx) KT_(make_ctx)(void) {
     c.tab_lo0 = _mm512_loadu_si512(lo); c.tab_lo1 = _mm512_loadu_si512(lo + 64);
     c.tab_hi0 = _mm512_loadu_si512(hi); c.tab_hi1 = _mm512_loadu_si512(hi + 64);
     c.arrange = _mm512_loadu_si512(arrange);
-#else
-    c.tab_lo0 = c.tab_lo1 = c.tab_hi0 = c.tab_hi1 = c.arrange = _mm512_setzero_si512();
-#endif
     return c;
 }
+#else /* F and BW only: the word lookups of kt_e4m3_to_bf16_bw */
+typedef struct { kt_e4m3_bw bw; } KT_(ctx);
+KT_AI KT_(ctx) KT_(make_ctx)(void) {
+    KT_(ctx) c = {kt_e4m3_bw_make()};
+    return c;
+}
+#endif
 #if KT_VBMI
 /* Rows r, r+1 of an FP8 block (64 codes) -> two bf16 vectors: the codes are arranged so that
  * in-lane byte unpacks interleave in order, the low and high bytes of every code's bf16 value

@@ -506,7 +506,7 @@ KT_AI void KT_(f32_micro)(const int MB, const ktcy_act *a, const ktcy_weight *w,
 
 KT_AI void KT_(f32_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb, int64_t pe,
                          void *scratch) {
-    const int64_t xs = KTCY_F32_ROW_STRIDE(w->k_pad), nkb = w->k_pad / KT_BK;
+    const int64_t xs = KTCY_F32_ROW_STRIDE(w->k_pad), nkb = w->k_pad / KT_BK, slice = KTCY_F32_SLICE / KT_BK;
     float *panel = (float *)ktcy_align64(scratch);
     float *rows = panel + KTCY_F32_SLICE * KTCY_PANEL, *rowf = rows + KTCY_AVX2_F32_ROWS * xs;
     float *sums = (float *)ktcy_align64(rowf + KTCY_AVX2_F32_ROWS);
@@ -518,8 +518,8 @@ KT_AI void KT_(f32_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int6
              * chunk's first, else the caller's hint */
             const int64_t tiles = (chunk + 5) / 6, following = p + 1 < pe || c0 + chunk >= a->m ? p + 1 : pb;
             const ktcy_span next = ktcy_next_group(a, w, following, pe, 1, KT_BK, KT_BB);
-            for (int64_t kb0 = 0; kb0 < nkb; kb0 += KTCY_F32_SLICE / KT_BK) {
-                const int64_t kb1 = kb0 + KTCY_F32_SLICE / KT_BK < nkb ? kb0 + KTCY_F32_SLICE / KT_BK : nkb;
+            for (int64_t kb0 = 0; kb0 < nkb; kb0 += slice) {
+                const int64_t kb1 = kb0 + slice < nkb ? kb0 + slice : nkb;
                 KT_(f32_panel)(w, p, kb0, kb1, panel, wide);
                 for (int64_t i = 0, tile = 0; i < chunk; ++tile) {
                     const int64_t left = chunk - i;
