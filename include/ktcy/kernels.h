@@ -148,23 +148,22 @@ __attribute__((target("avx2"))) static inline int kt_mxfp4_i16_row(const uint16_
 #undef KT_I16_MIN_FIELD
 #undef KT_I16_MAX_FIELD
 
-/* Where the rows live in a GEMM's scratch: past the float rows (4 of k_pad, and their factors)
- * that AVX2's bf16 tiles widen there, so a call that falls back to those keeps the header; a
- * 64-byte header (made: the rows are there), then 4 rows of high and low bytes (k_pad each),
- * factors t [4][k_pad / 32] and bias sums [4][k_pad / 32]. */
-#define KT_I16_MAX_ROWS 4
+/* Where the rows live in a GEMM's scratch: the region past every other path's share (types.h),
+ * so no call on the same scratch, the gate's own fallback included, can overwrite what the up
+ * projection reuses; a 64-byte header (made: the rows are there), then the rows' high and low
+ * bytes (k_pad each), factors t [rows][k_pad / 32] and bias sums [rows][k_pad / 32]. */
 typedef struct { int32_t *made; uint8_t *rows; float *t; int32_t *bias; } kt_i16_rows;
 /* The rows of call a (k_pad of its weight) made in scratch, or reused from the call before on it
  * (a->rows_in_scratch: the gate's, for the up projection).  made 0: use the bf16 path. */
 __attribute__((target("avx2"))) static inline kt_i16_rows kt_mxfp4_i16_rows(const ktcy_act *a, int64_t k_pad, void *scratch) {
     kt_i16_rows r;
     const int64_t nkb = k_pad / 32;
-    r.made = (int32_t *)ktcy_align64((uint8_t *)scratch + KT_I16_MAX_ROWS * (k_pad + 1) * 4 + 64);
+    r.made = (int32_t *)ktcy_align64((uint8_t *)scratch + ktcy_gemm_scratch_shared_bytes(k_pad));
     r.rows = (uint8_t *)r.made + 64;
-    r.t = (float *)(r.rows + KT_I16_MAX_ROWS * 2 * k_pad);
-    r.bias = (int32_t *)(r.t + KT_I16_MAX_ROWS * nkb);
+    r.t = (float *)(r.rows + KTCY_I16_MAX_ROWS * 2 * k_pad);
+    r.bias = (int32_t *)(r.t + KTCY_I16_MAX_ROWS * nkb);
     if (!a->rows_in_scratch) {
-        *r.made = a->m <= KT_I16_MAX_ROWS;
+        *r.made = a->m <= KTCY_I16_MAX_ROWS;
         for (int64_t m = 0; m < a->m && *r.made; ++m)
             *r.made = kt_mxfp4_i16_row(a->bf16 + m * a->k_pad, nkb, (int8_t *)(r.rows + m * 2 * k_pad),
                                        r.rows + m * 2 * k_pad + k_pad, r.t + m * nkb, r.bias + m * nkb);

@@ -64,11 +64,13 @@ typedef int (*ktcy_gemm_fn)(const ktcy_act *a, const ktcy_weight *w, float *y, i
  *   |       the tiles' sums between slices [rows][2][16]                          |
  *   | AVX2 bf16-activation decode (fewer rows): the rows as floats [rows][k_pad]   |
  *   |       | a float per row                                                      |
- *   | MXFP4's 16-bit rows (up to 4 rows, AVX2 and AVX-512): past those float rows, |
- *   |       so a call that falls back keeps them (kt_mxfp4_i16_rows)               |
  *   | AMX:  C tiles 32x32 int32/float (4 KiB) | float accumulator 32x32 (4 KiB) |  |
  *   |       2 panels unpacked/decoded to int8/bf16 blocks [2][k_pad/bk][1024 B] |  |
  *   |       KTCY_AMX_A_ROWS activation rows in tile order (bf16: 2 bytes each)     |
+ *   +--- ktcy_gemm_scratch_shared_bytes(k_pad) from the start, 64-byte aligned ----+
+ *   | MXFP4's 16-bit rows (up to KTCY_I16_MAX_ROWS rows, AVX2 and AVX-512): a      |
+ *   |       region no other path writes, so the up projection can reuse the rows   |
+ *   |       its gate made whatever path the gate took (kt_mxfp4_i16_rows)          |
  *   +------------------------------------------------------------------------------+
  */
 #define KTCY_AVX2_F32_ROWS 36 /* activation rows the AVX2 float prefill widens at once (6 tiles) */
@@ -78,13 +80,20 @@ typedef int (*ktcy_gemm_fn)(const ktcy_act *a, const ktcy_weight *w, float *y, i
 /* K values of a panel the AVX2 float prefill decodes at once: 16 KiB of floats, which stay in L1 */
 #define KTCY_F32_SLICE 256
 #define KTCY_AMX_A_ROWS 128   /* activation rows AMX packs at once; B is prepared once per 128 */
-static inline int64_t ktcy_gemm_scratch_bytes(int64_t k_pad) {
+#define KTCY_I16_MAX_ROWS 4 /* rows MXFP4's 16-bit integer path serves (kt_mxfp4_i16_rows) */
+/* The prefix every path but MXFP4's 16-bit rows shares. */
+static inline int64_t ktcy_gemm_scratch_shared_bytes(int64_t k_pad) {
     const int64_t bf16_panels = 4 * KTCY_PANEL * k_pad * 2 + 4 * 1024 + 32 * 32 * 4;
     const int64_t f32_prefill = (KTCY_F32_SLICE * KTCY_PANEL + KTCY_AVX2_F32_ROWS * KTCY_F32_ROW_STRIDE(k_pad)) * 4
                                 + KTCY_AVX2_F32_ROWS * 4 + 64 + KTCY_AVX2_F32_ROWS * 2 * KTCY_PANEL * 4;
     const int64_t amx = 2 * 32 * 32 * 4 + 2 * KTCY_PANEL * k_pad * 2 + KTCY_AMX_A_ROWS * k_pad * 2;
     const int64_t most = bf16_panels > f32_prefill ? bf16_panels : f32_prefill;
     return (most > amx ? most : amx) + 64;
+}
+/* MXFP4's 16-bit rows: a 64-byte header, KTCY_I16_MAX_ROWS rows of high and low bytes (k_pad
+ * each), a float factor and an int32 bias sum per row and 32-K block; 64 bytes to align it. */
+static inline int64_t ktcy_gemm_scratch_bytes(int64_t k_pad) {
+    return ktcy_gemm_scratch_shared_bytes(k_pad) + 64 + 64 + KTCY_I16_MAX_ROWS * (2 * k_pad + k_pad / 32 * 8);
 }
 
 /* The one work partition of the GEMM drivers: `panels` output panels in about `parts`
