@@ -5,12 +5,16 @@
 # padded to 16 rows for AMX tiles), then in one OpenMP team:
 #   1. work items (expert, about 8 output panels of I, 16 at decode; ktcy_split_panels): gate and
 #      up GEMMs over the same rows (the activations stay in cache), SwiGLU on those columns;
-#      items are taken one ahead (worklist.h) and each GEMM is told the panels this thread
-#      multiplies next (gate -> up's same panels -> the next item's gate), which prefill's tiles
-#      fetch as they go and decode's streams run on into;
-#   2. per row: quantize / convert the SwiGLU output for the down projection;
-#   3. work items (expert, about 8 output panels of H, 16 at decode): down GEMM, taken one
-#      ahead likewise;
+#   2. per expert, by the thread that finishes its last gate and up item: quantize / convert
+#      its SwiGLU rows for the down projection, then publish them (worklist.h);
+#   3. work items (expert, about 8 output panels of H, 16 at decode): down GEMM, once the
+#      expert's rows are published.
+#   The items of 1 and 3 form one list, taken in order and one ahead (worklist.h), and each GEMM
+#   is told the panels this thread multiplies next (gate -> up's same panels -> the next item's
+#   gate, or the first down item's panels), which prefill's tiles fetch as they go and decode's
+#   streams run on into.  A thread out of gate and up items goes on to the down items of the
+#   experts already done instead of waiting for the team at a barrier (one item of up to 1.5 MB
+#   of weights at decode);
 #   4. per token: y = sum_j w[t, j] * down_out[slot(t, j)], j in order (deterministic); or, when a
 #      slot array is given, each product w[t, j] * down_out[slot(t, j)] on its own (the addends of
 #      that sum: expert parallelism adds them up after an all-reduce, in the same order).
@@ -142,7 +146,8 @@ cdef class MoEEngine:
     # the routing's bookkeeping, sized by the expert count once: a call allocates nothing
     cdef int64_t per_i, per_h, items_i, items_h
     cdef int ready  # __init__ finished: the buffers above exist
-    cdef int64_t[::1] counts, seg, fill
+    cdef int64_t[::1] counts, seg, fill, pending
+    cdef int32_t[::1] published
     cdef int64_t[:, ::1] items1, items2
     cdef int[::1] status
 
@@ -215,6 +220,7 @@ cdef class MoEEngine:
         self.items_i = (panels_i + self.per_i - 1) // self.per_i  # the larger counts: buffers fit both
         self.items_h = (panels_h + self.per_h - 1) // self.per_h
         self.counts, self.seg, self.fill = np.zeros(E, np.int64), np.zeros(E + 1, np.int64), np.zeros(E, np.int64)
+        self.pending, self.published = np.zeros(E, np.int64), np.zeros(E, np.int32)  # per expert, phase 1 -> 3
         self.items1 = np.zeros((E * self.items_i, 3), np.int64)
         self.items2 = np.zeros((E * self.items_h, 3), np.int64)
         self.status = np.zeros(E * (self.items_i + self.items_h) + 1, np.int32)
@@ -347,9 +353,13 @@ cdef class MoEEngine:
                 fillv[e] += 1
         # work items: (expert, first panel, end panel) for both GEMM phases
         cdef int64_t[:, ::1] it1 = self.items1, it2 = self.items2
+        cdef int64_t[::1] pend = self.pending
+        cdef int32_t[::1] pub = self.published
         c = 0
         s = 0
         for e in range(E):
+            pend[e] = 0
+            pub[e] = 0
             if cnt[e] == 0:
                 continue
             pe_i = small_i if cnt[e] <= MOE_STREAM_ROWS else per_i
@@ -357,6 +367,7 @@ cdef class MoEEngine:
             for i in range(0, panels_i, pe_i):
                 it1[c, 0], it1[c, 1], it1[c, 2] = e, i, min(i + pe_i, panels_i)
                 c += 1
+                pend[e] += 1
             for i in range(0, panels_h, pe_h):
                 it2[s, 0], it2[s, 1], it2[s, 2] = e, i, min(i + pe_h, panels_h)
                 s += 1
@@ -390,11 +401,10 @@ cdef class MoEEngine:
         cdef const float *bg = self.bias_gate
         cdef const float *bu = self.bias_up
         cdef const float *bd = self.bias_down
-        cdef int64_t cc, cn, team_slot, taken1 = 0, taken2 = 0, np0, np1
+        cdef int64_t cc, cn, team_slot, taken = 0, np0, np1, n_items = n_items1 + n_items2
         # Taking items one ahead costs balance where items are few per thread (a thread may hold
         # one while another idles): decode on many cores keeps the plain schedule.
-        cdef int ahead1 = n_items1 >= 4 * nthreads
-        cdef int ahead2 = n_items2 >= 4 * nthreads
+        cdef int ahead = n_items >= 4 * nthreads
         cdef ktcy_gemm_fn fn
         cdef char *my_scratch
         cdef const ktcy_weight *next_w
@@ -416,94 +426,93 @@ cdef class MoEEngine:
                         memcpy(&g1[r, 0], &xg[t, 0], gh * sizeof(int32_t))
                     else:
                         memcpy(&b1[r, 0], &xb[t, 0], kh * sizeof(uint16_t))
-            # 1. gate and up over the same rows, then SwiGLU on those columns.  Items are taken
-            # one ahead where that pays (worklist.h), so each GEMM is told what this thread
-            # multiplies next.
+            # 1-3. one list: gate and up items (SwiGLU on their columns; an expert's last one
+            # readies its rows for the down projection), then down items, each waiting for its
+            # expert's rows.  Items are taken one ahead where that pays (worklist.h), so each
+            # GEMM is told what this thread multiplies next.
             for team_slot in prange(nthreads, schedule="static", chunksize=1):
-                c = ktcy_take(&taken1)
-                while c < n_items1:
-                    cn = ktcy_take(&taken1) if ahead1 else n_items1  # n_items1: not taken yet
-                    e = <int>it1[c, 0]
-                    p0 = it1[c, 1]
-                    p1 = it1[c, 2]
+                c = ktcy_take(&taken)
+                while c < n_items:
+                    cn = ktcy_take(&taken) if ahead else n_items  # n_items: not taken yet
                     next_w = NULL
                     np0 = np1 = 0
                     if cn < n_items1:
                         next_w = &self.gate_w[it1[cn, 0]]
                         np0 = it1[cn, 1]
                         np1 = it1[cn, 2]
-                    seg0 = segv[e]
-                    m = cnt[e]
-                    fn = self.big_fn if m >= self.big_min_rows else self.small_fn
-                    if integer:
-                        st[c] = _expert_gemm(fn, &self.gate_w[e], &hg[seg0, 0], I, p0, p1, my_scratch, m, kh, group,
-                                             &q1[seg0, 0], &s1[seg0], &g1[seg0, 0], NULL, &self.up_w[e], p0, p1)
-                        st[c] |= _expert_gemm(fn, &self.up_w[e], &hu[seg0, 0], I, p0, p1, my_scratch, m, kh, group,
-                                              &q1[seg0, 0], &s1[seg0], &g1[seg0, 0], NULL, next_w, np0, np1, 1)
-                    else:
-                        st[c] = _expert_gemm(fn, &self.gate_w[e], &hg[seg0, 0], I, p0, p1, my_scratch, m, kh, 0,
-                                             NULL, NULL, NULL, &b1[seg0, 0], &self.up_w[e], p0, p1)
-                        st[c] |= _expert_gemm(fn, &self.up_w[e], &hu[seg0, 0], I, p0, p1, my_scratch, m, kh, 0,
-                                              NULL, NULL, NULL, &b1[seg0, 0], next_w, np0, np1, 1)
-                    if st[c] != KTCY_OK:
-                        _take_message(st[c], <char *>&msg[tid, 0])
-                    col_end = p1 * KTCY_PANEL
-                    if col_end > I:
-                        col_end = I
-                    col = p0 * KTCY_PANEL
-                    for r in range(seg0, seg0 + m):
-                        if bg != NULL:
-                            for cc in range(col, col_end):
-                                hg[r, cc] = hg[r, cc] + bg[e * I + cc]
-                        if bu != NULL:
-                            for cc in range(col, col_end):
-                                hu[r, cc] = hu[r, cc] + bu[e * I + cc]
-                        if clamped:
-                            glu_clamped(&hg[r, col], &hu[r, col], col_end - col, alpha, limit)
+                    elif cn < n_items:
+                        next_w = &self.down_w[it2[cn - n_items1, 0]]
+                        np0 = it2[cn - n_items1, 1]
+                        np1 = it2[cn - n_items1, 2]
+                    if c < n_items1:
+                        e = <int>it1[c, 0]
+                        p0 = it1[c, 1]
+                        p1 = it1[c, 2]
+                        seg0 = segv[e]
+                        m = cnt[e]
+                        fn = self.big_fn if m >= self.big_min_rows else self.small_fn
+                        if integer:
+                            st[c] = _expert_gemm(fn, &self.gate_w[e], &hg[seg0, 0], I, p0, p1, my_scratch, m, kh,
+                                                 group, &q1[seg0, 0], &s1[seg0], &g1[seg0, 0], NULL, &self.up_w[e],
+                                                 p0, p1)
+                            st[c] |= _expert_gemm(fn, &self.up_w[e], &hu[seg0, 0], I, p0, p1, my_scratch, m, kh,
+                                                  group, &q1[seg0, 0], &s1[seg0], &g1[seg0, 0], NULL, next_w, np0,
+                                                  np1, 1)
                         else:
-                            swiglu(&hg[r, col], &hu[r, col], col_end - col)
-                    c = cn if ahead1 else ktcy_take(&taken1)
-            # 2. the SwiGLU rows become the down projection's activations
-            for r in prange(rows, schedule="static"):
-                if rtok[r] >= 0:
-                    if integer:
-                        quant_act(&hg[0, 0], I, I, ki, r, r + 1, &q2[0, 0], &s2[0], group, &g2[0, 0])
-                    else:
-                        bf16_act(&hg[0, 0], I, I, ki, r, r + 1, &b2[0, 0])
-            # 3. down
-            for team_slot in prange(nthreads, schedule="static", chunksize=1):
-                c = ktcy_take(&taken2)
-                while c < n_items2:
-                    cn = ktcy_take(&taken2) if ahead2 else n_items2
-                    e = <int>it2[c, 0]
-                    p0 = it2[c, 1]
-                    p1 = it2[c, 2]
-                    next_w = NULL
-                    np0 = np1 = 0
-                    if cn < n_items2:
-                        next_w = &self.down_w[it2[cn, 0]]
-                        np0 = it2[cn, 1]
-                        np1 = it2[cn, 2]
-                    seg0 = segv[e]
-                    m = cnt[e]
-                    fn = self.big_fn if m >= self.big_min_rows else self.small_fn
-                    if integer:
-                        st[n_items1 + c] = _expert_gemm(fn, &self.down_w[e], &hd[seg0, 0], H, p0, p1, my_scratch, m, ki,
-                                                        group, &q2[seg0, 0], &s2[seg0], &g2[seg0, 0], NULL,
-                                                        next_w, np0, np1)
-                    else:
-                        st[n_items1 + c] = _expert_gemm(fn, &self.down_w[e], &hd[seg0, 0], H, p0, p1, my_scratch, m, ki,
-                                                        0, NULL, NULL, NULL, &b2[seg0, 0], next_w, np0, np1)
-                    if st[n_items1 + c] != KTCY_OK:
-                        _take_message(st[n_items1 + c], <char *>&msg[tid, 0])
-                    if bd != NULL:
+                            st[c] = _expert_gemm(fn, &self.gate_w[e], &hg[seg0, 0], I, p0, p1, my_scratch, m, kh, 0,
+                                                 NULL, NULL, NULL, &b1[seg0, 0], &self.up_w[e], p0, p1)
+                            st[c] |= _expert_gemm(fn, &self.up_w[e], &hu[seg0, 0], I, p0, p1, my_scratch, m, kh, 0,
+                                                  NULL, NULL, NULL, &b1[seg0, 0], next_w, np0, np1, 1)
+                        if st[c] != KTCY_OK:
+                            _take_message(st[c], <char *>&msg[tid, 0])
                         col_end = p1 * KTCY_PANEL
-                        if col_end > H:
-                            col_end = H
+                        if col_end > I:
+                            col_end = I
+                        col = p0 * KTCY_PANEL
                         for r in range(seg0, seg0 + m):
-                            for cc in range(p0 * KTCY_PANEL, col_end):
-                                hd[r, cc] = hd[r, cc] + bd[e * H + cc]
-                    c = cn if ahead2 else ktcy_take(&taken2)
+                            if bg != NULL:
+                                for cc in range(col, col_end):
+                                    hg[r, cc] = hg[r, cc] + bg[e * I + cc]
+                            if bu != NULL:
+                                for cc in range(col, col_end):
+                                    hu[r, cc] = hu[r, cc] + bu[e * I + cc]
+                            if clamped:
+                                glu_clamped(&hg[r, col], &hu[r, col], col_end - col, alpha, limit)
+                            else:
+                                swiglu(&hg[r, col], &hu[r, col], col_end - col)
+                        # 2. (whatever the status: a down item waits for this)
+                        if ktcy_finish_item(&pend[e]) == 0:
+                            if integer:
+                                quant_act(&hg[0, 0], I, I, ki, seg0, seg0 + m, &q2[0, 0], &s2[0], group, &g2[0, 0])
+                            else:
+                                bf16_act(&hg[0, 0], I, I, ki, seg0, seg0 + m, &b2[0, 0])
+                            ktcy_publish(&pub[e])
+                    else:
+                        # 3. down
+                        e = <int>it2[c - n_items1, 0]
+                        p0 = it2[c - n_items1, 1]
+                        p1 = it2[c - n_items1, 2]
+                        seg0 = segv[e]
+                        m = cnt[e]
+                        fn = self.big_fn if m >= self.big_min_rows else self.small_fn
+                        ktcy_wait_published(&pub[e])
+                        if integer:
+                            st[c] = _expert_gemm(fn, &self.down_w[e], &hd[seg0, 0], H, p0, p1, my_scratch, m, ki,
+                                                 group, &q2[seg0, 0], &s2[seg0], &g2[seg0, 0], NULL, next_w, np0,
+                                                 np1)
+                        else:
+                            st[c] = _expert_gemm(fn, &self.down_w[e], &hd[seg0, 0], H, p0, p1, my_scratch, m, ki, 0,
+                                                 NULL, NULL, NULL, &b2[seg0, 0], next_w, np0, np1)
+                        if st[c] != KTCY_OK:
+                            _take_message(st[c], <char *>&msg[tid, 0])
+                        if bd != NULL:
+                            col_end = p1 * KTCY_PANEL
+                            if col_end > H:
+                                col_end = H
+                            for r in range(seg0, seg0 + m):
+                                for cc in range(p0 * KTCY_PANEL, col_end):
+                                    hd[r, cc] = hd[r, cc] + bd[e * H + cc]
+                    c = cn if ahead else ktcy_take(&taken)
             # 4. weighted sum per token, experts in routing order (or the products one by one)
             for t in prange(T, schedule="static"):
                 if per_slot:

@@ -79,6 +79,9 @@ cdef extern from "ktcy/ktcy.h" nogil:
     int64_t ktcy_gemm_scratch_bytes(int64_t k_pad)
     int64_t ktcy_split_panels(int64_t panels, int64_t parts)
     int64_t ktcy_take(int64_t *counter)
+    int64_t ktcy_finish_item(int64_t *pending)
+    void ktcy_publish(int32_t *flag)
+    void ktcy_wait_published(const int32_t *flag)
     ctypedef struct ktcy_span:
         const uint8_t *at
         int64_t bytes

@@ -321,3 +321,40 @@ def test_threads_and_concurrent_callers_agree():
         ktcy.set_num_threads(old)
     for i, y in enumerate(results):
         assert np.array_equal(y, serial[i % 4])
+
+
+@pytest.mark.parametrize("fmt", ["INT4", "BF16", "MXFP4"])
+def test_down_items_wait_for_their_experts_rows_only(fmt):
+    """The down projection of an expert starts when the thread finishing its last gate and up item
+    has readied its rows, not at a barrier (worklist.h): two threads give one thread's bits, call
+    after call, for decode-sized and prefill-sized items (several gate/up items per expert), idle
+    experts, -1 slots, biases and GPT-OSS's activation."""
+    if ktcy._native.usable_cpus() < 2:
+        pytest.skip("one CPU: no second thread to hand rows over to")
+    rng = np.random.default_rng(31)
+    E, H, I, k = 12, 256, 512, 4
+    gate, up, down = expert_weights(rng, E, H, I)
+    bias = {"gate": rng.standard_normal((E, I)).astype(np.float32) * 0.1,
+            "up": rng.standard_normal((E, I)).astype(np.float32) * 0.1,
+            "down": rng.standard_normal((E, H)).astype(np.float32) * 0.1}
+    calls = []
+    for T in (1, 2, 5, 40, 1, 96):
+        ids, w = routing(rng, T, E, k)
+        ids[ids == 3] = 7  # expert 3 idle (a repeated id counts twice)
+        ids[0, -1] = -1
+        calls.append((rng.standard_normal((T, H)).astype(np.float32), ids, w))
+    for isa in [None] + [i for i in ("amx_emu", "avx2") if i in ktcy.available_isas()]:
+        for activation, b in (("silu", None), ("gpt_oss", bias)):
+            cfg = ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig(fmt), isa=isa, activation=activation)
+            layer = ktcy.MoE.from_weights(cfg, gate, up, down, bias=b)
+            old = ktcy.get_num_threads()
+            try:
+                ktcy.set_num_threads(1)
+                serial = [layer.forward(*c) for c in calls]
+                ktcy.set_num_threads(ktcy._native.usable_cpus())
+                for _ in range(5):
+                    for c, want in zip(calls, serial):
+                        assert np.array_equal(layer.forward(*c), want), (isa, activation, c[0].shape[0])
+            finally:
+                ktcy.set_num_threads(old)
+            assert np.all(np.isfinite(serial[3])) and np.abs(serial[3]).max() > 0
