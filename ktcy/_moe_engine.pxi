@@ -12,9 +12,9 @@
 #   The items of 1 and 3 form one list, taken in order and one ahead (worklist.h), and each GEMM
 #   is told the panels this thread multiplies next (gate -> up's same panels -> the next item's
 #   gate, or the first down item's panels), which prefill's tiles fetch as they go and decode's
-#   streams run on into.  A thread out of gate and up items goes on to the down items of the
-#   experts already done instead of waiting for the team at a barrier (one item of up to 1.5 MB
-#   of weights at decode);
+#   streams run on into.  A thread out of gate and up items goes on to the next down items
+#   (whose experts are nearly always done by then) instead of waiting for the team at a barrier
+#   (one item of up to 1.5 MB of weights at decode);
 #   4. per token: y = sum_j w[t, j] * down_out[slot(t, j)], j in order (deterministic); or, when a
 #      slot array is given, each product w[t, j] * down_out[slot(t, j)] on its own (the addends of
 #      that sum: expert parallelism adds them up after an all-reduce, in the same order).
@@ -402,9 +402,12 @@ cdef class MoEEngine:
         cdef const float *bu = self.bias_up
         cdef const float *bd = self.bias_down
         cdef int64_t cc, cn, team_slot, taken = 0, np0, np1, n_items = n_items1 + n_items2
-        # Taking items one ahead costs balance where items are few per thread (a thread may hold
-        # one while another idles): decode on many cores keeps the plain schedule.
-        cdef int ahead = n_items >= 4 * nthreads
+        # Taking items one ahead costs balance where a phase has few items per thread (a thread
+        # may hold one while another idles): decode on many cores keeps the plain schedule.  The
+        # choice is the current item's phase's.
+        cdef int ahead1 = n_items1 >= 4 * nthreads
+        cdef int ahead2 = n_items2 >= 4 * nthreads
+        cdef int ahead
         cdef ktcy_gemm_fn fn
         cdef char *my_scratch
         cdef const ktcy_weight *next_w
@@ -433,6 +436,7 @@ cdef class MoEEngine:
             for team_slot in prange(nthreads, schedule="static", chunksize=1):
                 c = ktcy_take(&taken)
                 while c < n_items:
+                    ahead = ahead1 if c < n_items1 else ahead2
                     cn = ktcy_take(&taken) if ahead else n_items  # n_items: not taken yet
                     next_w = NULL
                     np0 = np1 = 0
@@ -480,7 +484,8 @@ cdef class MoEEngine:
                                 glu_clamped(&hg[r, col], &hu[r, col], col_end - col, alpha, limit)
                             else:
                                 swiglu(&hg[r, col], &hu[r, col], col_end - col)
-                        # 2. (whatever the status: a down item waits for this)
+                        # 2. (whatever the status: a down item waits for this).  One thread converts
+                        # the expert's rows: O(rows x I) against its GEMMs' O(rows x I x H).
                         if ktcy_finish_item(&pend[e]) == 0:
                             if integer:
                                 quant_act(&hg[0, 0], I, I, ki, seg0, seg0 + m, &q2[0, 0], &s2[0], group, &g2[0, 0])

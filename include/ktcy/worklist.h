@@ -23,8 +23,10 @@ static inline int64_t ktcy_finish_item(int64_t *pending) { return __atomic_sub_f
 static inline void ktcy_publish(int32_t *flag) { __atomic_store_n(flag, 1, __ATOMIC_RELEASE); }
 
 /* Until the group is published.  Items are taken in index order and first-phase items come
- * first, so the items a waiter needs are held by threads that are running them: the wait ends.
- * After a short spin it yields the core, in case the thread it waits on shares it. */
+ * first, so a thread holds a later item than its current one: a first-phase item a waiter
+ * needs is some thread's current item, or the next of a thread whose current item is also
+ * first-phase, and first-phase items never wait, so the wait ends.  After a short spin it
+ * yields the core, in case the thread it waits on shares it (other processes' threads). */
 static inline void ktcy_wait_published(const int32_t *flag) {
     for (int spins = 0; !__atomic_load_n(flag, __ATOMIC_ACQUIRE); ++spins) {
         if (spins < 4096)
