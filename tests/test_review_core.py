@@ -341,9 +341,12 @@ def packed_weight(rng, fmt, group, n, k):
 
 
 def reference(X, packed):
-    """(reference, magnitude): integer formats bit for bit from integers (magnitude None), float
-    formats in float64, with each output's sum of |products| (what a float32 sum's error scales
-    with: a dot product that cancels to a small value keeps the error of its large terms)."""
+    """(reference, bound): integer formats bit for bit from integers (bound None); float formats
+    in float64, each output allowed an error of a fraction of its products' magnitude (sum of
+    |x w|: a float32 sum's error scales with it, and a dot product that cancels to a small value
+    keeps the error of its large terms).  The float sums stay within 1.6e-7 of it over 2200 edge
+    and random cases; MXFP4's 16-bit path rounds activations to 2^-15 of their block's largest
+    (4.0e-6 seen)."""
     if packed.format == "INT8":
         q_x, s_x = quantize_rows_int8(X)
         return int8_exact_reference(q_x, s_x, packed.codes(), packed.scale[: packed.shape[0]]), None
@@ -352,25 +355,26 @@ def reference(X, packed):
     if packed.format == "MXFP4_A8":
         return mxfp4_a8_exact_reference(X, packed), None
     x, w = bf16_round(X).astype(np.float64), packed.dequantize().astype(np.float64)
-    return x @ w.T, np.abs(x) @ np.abs(w).T
+    fraction = 1e-5 if packed.format == "MXFP4" else 1e-6
+    return x @ w.T, fraction * (np.abs(x) @ np.abs(w).T)
 
 
-def assert_matches(y, ref, magnitude, what):
-    """Integer formats: the same bits; float formats: every output within 1e-5 of its products'
-    magnitude."""
-    if magnitude is None:
+def assert_matches(y, ref, bound, what):
+    """Integer formats: the same bits; float formats: every output within its bound."""
+    if bound is None:
         assert np.array_equal(y, ref), f"{what} differs from the integer reference"
     else:
-        err = float(np.max(np.abs(y - ref) / np.where(magnitude > 0, magnitude, 1.0), initial=0.0))
-        assert err <= 1e-5, f"{what}: {err} of the products' magnitude"
+        err = np.abs(y - ref)
+        worst = np.unravel_index(np.argmax(err - bound), err.shape) if err.size else None
+        assert np.all(err <= bound), f"{what}: error {err[worst]} against a bound of {bound[worst]} at {worst}"
 
 
 def check_every_variant(X, packed, where):
-    ref, magnitude = reference(X, packed)
+    ref, bound = reference(X, packed)
     variants = runnable_variants(packed.format)
     assert variants
     for v in variants:
-        assert_matches(kernels.linear_variant(X, packed, v), ref, magnitude, f"{v} at {where}")
+        assert_matches(kernels.linear_variant(X, packed, v), ref, bound, f"{v} at {where}")
 
 
 @pytest.mark.parametrize("fmt,group", FORMAT_CASES)
@@ -415,14 +419,14 @@ def test_public_linear_with_one_and_two_threads(fmt, group, threads):
         rng = np.random.default_rng(m + n + k)
         X = rng.standard_normal((m, k)).astype(np.float32)
         packed = packed_weight(rng, fmt, group, n, k)
-        ref, magnitude = reference(X, packed)
+        ref, bound = reference(X, packed)
         for isa in [i for i in ktcy.available_isas() if i != "amx"] + ["amx_emu"]:
             ktcy.set_num_threads(1)
             one = kernels.linear(X, packed, isa=isa)
             ktcy.set_num_threads(2)
             two = kernels.linear(X, packed, isa=isa)
             assert same_bits(one, two), (isa, m, n, k)
-            assert_matches(two, ref, magnitude, f"{isa} at {(fmt, m, n, k)}")
+            assert_matches(two, ref, bound, f"{isa} at {(fmt, m, n, k)}")
 
 
 GUARD_HELPER = textwrap.dedent("""
