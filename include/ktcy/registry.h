@@ -136,7 +136,9 @@ static inline int32_t ktcy_f32_rows(const ktcy_cpu *c) { return c->amd ? 1 : 4; 
  * path (MXFP4_A8's decode; vpdpbusd on AVX-512, vpmaddubsw on AVX2) instead of the bf16 decode
  * and vdpbf16ps (AVX-512) or FMAs (AVX2).  On a Xeon (Sapphire Rapids class) one AVX-512
  * projection of one row took 0.67x the time that way, and MoE T = 1 and T = 32 0.73x and 0.59x
- * (AVX2: 0.75x and 0.8-0.9x).  AMD cores were not measured this way: they keep bf16. */
-static inline int32_t ktcy_i16_rows(const ktcy_cpu *c) { return c->amd ? 0 : 4; }
+ * (AVX2: 0.75x and 0.8-0.9x); on a Zen 3 (AVX2 only) MoE T = 1, 4 and 32 0.57x, 0.62x and 0.96x.
+ * AMD cores with AVX-512 BF16 (Zen 4 and 5, where vdpbf16ps is cheaper) were not measured this
+ * way: they keep bf16. */
+static inline int32_t ktcy_i16_rows(const ktcy_cpu *c) { return c->amd && c->avx512_bf16 ? 0 : 4; }
 
 #endif
