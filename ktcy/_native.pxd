@@ -61,6 +61,7 @@ cdef extern from "ktcy/ktcy.h" nogil:
         int32_t one_panel_rows
         int32_t f32_rows
         int32_t i16_rows
+        int32_t wide_tiles
 
     ctypedef int (*ktcy_gemm_fn)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy,
                                  int64_t panel_begin, int64_t panel_end, void *scratch)
@@ -75,6 +76,7 @@ cdef extern from "ktcy/ktcy.h" nogil:
     int32_t ktcy_one_panel_rows(const ktcy_cpu *c)
     int32_t ktcy_f32_rows(const ktcy_cpu *c)
     int32_t ktcy_i16_rows(const ktcy_cpu *c)
+    int32_t ktcy_wide_tiles(const ktcy_cpu *c)
 
     int64_t ktcy_gemm_scratch_bytes(int64_t k_pad)
     int64_t ktcy_split_panels(int64_t panels, int64_t parts)

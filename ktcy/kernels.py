@@ -408,10 +408,11 @@ def linear(X: np.ndarray, packed: PackedWeight, isa: Optional[str] = None,
     return linear_variant(X, packed, variant, out)
 
 
-def linear_variant(X, packed, variant, out=None, one_panel_rows=None, f32_rows=None, i16_rows=None):
+def linear_variant(X, packed, variant, out=None, one_panel_rows=None, f32_rows=None, i16_rows=None,
+                   wide_tiles=None):
     """linear() on one named kernel variant (see ktcy._native.variants()), for tests and benchmarks
     that must reach variants the dispatcher would not pick on this CPU.  one_panel_rows, f32_rows,
-    i16_rows: the few-row choices this CPU's vendor would not make (registry.h), None for this CPU's."""
+    i16_rows, wide_tiles: the tile choices this CPU would not make (registry.h), None for this CPU's."""
     weight = packed.native()  # checks every array against the descriptor first
     act = prepare_activations(X, packed)
     m, n = np.shape(X)[0], packed.shape[0]
@@ -421,5 +422,6 @@ def linear_variant(X, packed, variant, out=None, one_panel_rows=None, f32_rows=N
         raise ValueError(f"out must be a C-contiguous float32 array of shape {(m, n)}")
     if m and n:
         _native.gemm(packed.format, variant, act, weight, out, -1 if one_panel_rows is None else int(one_panel_rows),
-                     -1 if f32_rows is None else int(f32_rows), -1 if i16_rows is None else int(i16_rows))
+                     -1 if f32_rows is None else int(f32_rows), -1 if i16_rows is None else int(i16_rows),
+                     -1 if wide_tiles is None else int(wide_tiles))
     return out

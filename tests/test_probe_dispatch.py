@@ -178,6 +178,7 @@ def test_tile_choice_follows_the_vendor():
     amd = vendors.pop() in ("AuthenticAMD", "HygonGenuine")
     flags = {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
     assert _native.tile_choice() == {"amd": amd, "one_panel_rows": 4 if amd else 0, "f32_rows": 1 if amd else 4,
-                                     "i16_rows": 0 if amd and "avx512_bf16" in flags else 4}
+                                     "i16_rows": 0 if amd and "avx512_bf16" in flags else 4,
+                                     "wide_tiles": "avx512f" in flags}
     from ktcy import report
     assert report.info()["tiles"] == _native.tile_choice()  # what `ktcy info` shows

@@ -21,7 +21,8 @@
  *                                                            (panel p of a tile of NP)
  *   KT_(final)(acc, facc, a, w, m, n0)                       8 outputs of one row
  * and may set KT_WIDE_TILE 1: prefill tiles (more than 4 rows) of 3 rows x 2 panels, 12 integer
- * accumulators sharing each activation broadcast (formats without groups only); KT_LANE_SPLIT 1:
+ * accumulators sharing each activation broadcast (formats without groups only; where the CPU
+ * prefers them, a->wide_tiles); KT_LANE_SPLIT 1:
  * the halves of a decoded row (and group_scale's h) hold channels 0-3, 8-11 and 4-7, 12-15, as
  * in-lane unpacks leave them; the outputs are put in order when stored (store16);
  * KT_ROW_PRESCALE E: the decoded weights are their values times 2^-E, so the activation rows are
@@ -563,7 +564,7 @@ KT_TARGET static int KT_(run)(const ktcy_act *a, const ktcy_weight *w, float *y,
     /* decode a panel once into scratch when several row tiles share it (or the format has no
      * in-register decode); a few rows decode each weight row in registers as they stream by */
     const int pre = KT_PREDECODE && (a->m > 4 || !KT_REG_DECODE);
-    const int wide = KT_WIDE_TILE && a->m > 4 && !KT_(has_groups)(w);
+    const int wide = KT_WIDE_TILE && a->wide_tiles && a->m > 4 && !KT_(has_groups)(w);
     const int64_t nkb = w->k_pad / KT_BK;
     uint8_t *decoded = ktcy_align64(scratch);
 #if KT_INT_ACT

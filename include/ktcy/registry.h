@@ -141,4 +141,14 @@ static inline int32_t ktcy_f32_rows(const ktcy_cpu *c) { return c->amd ? 1 : 4; 
  * way: they keep bf16. */
 static inline int32_t ktcy_i16_rows(const ktcy_cpu *c) { return c->amd && c->avx512_bf16 ? 0 : 4; }
 
+/* ktcy_act.wide_tiles for this CPU: AVX2 INT8 prefill (more than 4 rows) in 3-row x 2-panel tiles
+ * (12 accumulators share each broadcast and each |w|) or in 4-row x 1-panel tiles (8, no spills).
+ * A Zen 5 ran the wide tiles in 0.59-0.85x the time of the 4-row tiles of the day (single GEMM,
+ * M = 32 and 512); a Zen 3 (AVX2 only) ran the 4-row tiles in 0.74-0.76x the time of the wide
+ * ones (single GEMM) and MoE T = 32/128/512 in 0.79-0.81x/0.79x/0.76x, where the wide tiles keep
+ * four of their sums on the stack.  Only those two CPUs were measured: AVX-512 CPUs (which run
+ * this kernel when forced to AVX2, or without VNNI) keep the wide tiles, AVX2-only CPUs take the
+ * 4-row ones. */
+static inline int32_t ktcy_wide_tiles(const ktcy_cpu *c) { return c->avx512f ? 1 : 0; }
+
 #endif
