@@ -84,8 +84,8 @@ def build_info():
             "variants": [v["name"] for v in variants()]}
 
 def tile_choice():
-    """The few-row choices made for this CPU's vendor (registry.h): the tile width
-    (ktcy_one_panel_rows) and the rows that take AVX-512 FP8's float path (ktcy_f32_rows) and
+    """The tile choices made for this CPU (registry.h, by vendor and features): the few-row tile
+    width (ktcy_one_panel_rows), the rows that take AVX-512 FP8's float path (ktcy_f32_rows) and
     MXFP4's 16-bit integer path (ktcy_i16_rows), and AVX2 INT8 prefill's tile (ktcy_wide_tiles)."""
     return {"amd": bool(_cpu.amd), "one_panel_rows": _one_panel_rows, "f32_rows": _f32_rows, "i16_rows": _i16_rows,
             "wide_tiles": bool(_wide_tiles)}

@@ -87,8 +87,8 @@ def cmd_info(args):
     i16_why = (" (AMD with AVX-512 BF16)" if not i16 else " (AMD without AVX-512 BF16)") if data["tiles"]["amd"] else vendor
     print("MXFP4 16-bit integer path (AVX-512, AVX2): "
           + (f"calls of up to {i16} row{'s' if i16 > 1 else ''}" if i16 else "none, bf16 throughout") + i16_why)
-    print("AVX2 INT8 prefill tiles: " + ("3 rows x 2 panels (a CPU with AVX-512)" if data["tiles"]["wide_tiles"]
-                                         else "4 rows x 1 panel (an AVX2-only CPU)"))
+    print("AVX2 INT8 prefill tiles: " + ("3 rows x 2 panels" if data["tiles"]["wide_tiles"]
+                                         else "4 rows x 1 panel (AMD without AVX-512)"))
     b = data["build"]
     print("\nBuilt with: " + ", ".join(f"{k}={'ON' if b[k] else 'OFF'}" for k in ("amx", "avx512_bf16", "avx512_vbmi")))
     print("More (memory, NUMA, huge pages, why not a faster kernel): ktcy doctor")

@@ -1,6 +1,7 @@
-"""The few-row tile width chosen per CPU vendor (registry.h: ktcy_one_panel_rows) changes which
-tiles run, never the numbers: each panel's sums run in the same order either way.  Both choices
-are reached here on any CPU, so an AMD host tests the tiles an Intel host runs and back."""
+"""The tile choices made per CPU (registry.h: ktcy_one_panel_rows, the few-row tile width;
+ktcy_wide_tiles, AVX2 INT8 prefill's tile) change which tiles run, never the numbers: each
+output's sums run in the same order either way.  Both sides of each choice are reached here on
+any CPU, so an AMD host tests the tiles an Intel host runs and back."""
 import numpy as np
 import pytest
 
@@ -52,12 +53,14 @@ WIDE_TILE_VARIANTS = [v for v in VECTOR_VARIANTS if v["isa"] == "avx2" and "INT8
 @pytest.mark.parametrize("variant", WIDE_TILE_VARIANTS, ids=[v["name"] for v in WIDE_TILE_VARIANTS])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_wide_and_four_row_prefill_tiles_give_the_same_bits(variant, threads):
-    """AVX2 INT8 prefill's two tiles (registry.h: ktcy_wide_tiles, 3 rows x 2 panels on CPUs with
-    AVX-512, 4 rows x 1 panel on AVX2-only ones) sum the same integers: the same bits, whichever this
+    """AVX2 INT8 prefill's two tiles (registry.h: ktcy_wide_tiles, 3 rows x 2 panels, or 4 rows x 1
+    panel on AMD cores without AVX-512) sum the same integers: the same bits, whichever this
     CPU takes, for row counts that leave every tail (a 1- or 2-row wide tile, a 1-3 row short tile)
     and an odd panel count (a one-panel tail after the two-panel tiles)."""
     if not variant["runnable"]:
         pytest.skip(f"{variant['name']}: this CPU lacks {', '.join(variant['needs'])}")
+    if threads > _native.usable_cpus():
+        pytest.skip(f"{threads} threads: this process may use {_native.usable_cpus()} CPU(s)")
     old = ktcy.get_num_threads()
     ktcy.set_num_threads(threads)
     try:

@@ -120,8 +120,9 @@ static inline int ktcy_satisfied_needs(const ktcy_cpu *c) {
  * take four (AVX-512) or two (AVX2, one row).  Measured per vendor, MoE layer: a Zen 5 ran
  * AVX-512 INT4 at T = 1/4/32 with one-panel tiles in 0.88-0.94x the time of four-panel ones; a
  * Xeon (Sapphire Rapids class) ran it with four-panel tiles in 0.76-0.87x the time of one-panel
- * ones, and AVX2 INT8/INT4/INT4_ZP/MXFP4_A8 at T = 1 and 2 with two-panel tiles in 0.79-0.97x.  AMD keeps the
- * one-panel tiles it was tuned with (AVX2 two-panel integer tiles: not measured there). */
+ * ones, and AVX2 INT8/INT4/INT4_ZP/MXFP4_A8 at T = 1 and 2 with two-panel tiles in 0.79-0.97x; a
+ * Zen 3 (AVX2 only) ran AVX2 INT8 at T = 1 with two-panel tiles in 0.95-0.96x the time but INT4,
+ * INT4_ZP and MXFP4_A8 in 1.01-1.21x.  AMD keeps the one-panel tiles it was tuned with. */
 static inline int32_t ktcy_one_panel_rows(const ktcy_cpu *c) { return c->amd ? 4 : 0; }
 
 /* ktcy_act.f32_rows for this CPU: calls of at most this many rows take AVX-512 FP8's float path
@@ -146,9 +147,9 @@ static inline int32_t ktcy_i16_rows(const ktcy_cpu *c) { return c->amd && c->avx
  * A Zen 5 ran the wide tiles in 0.59-0.85x the time of the 4-row tiles of the day (single GEMM,
  * M = 32 and 512); a Zen 3 (AVX2 only) ran the 4-row tiles in 0.74-0.76x the time of the wide
  * ones (single GEMM) and MoE T = 32/128/512 in 0.79-0.81x/0.79x/0.76x, where the wide tiles keep
- * four of their sums on the stack.  Only those two CPUs were measured: AVX-512 CPUs (which run
- * this kernel when forced to AVX2, or without VNNI) keep the wide tiles, AVX2-only CPUs take the
- * 4-row ones. */
-static inline int32_t ktcy_wide_tiles(const ktcy_cpu *c) { return c->avx512f ? 1 : 0; }
+ * four of their sums on the stack.  Only those two CPUs were measured: AMD cores without AVX-512
+ * (Zen 3 and before) take the 4-row tiles; every other CPU keeps the wide ones (on an AVX-512 CPU
+ * this kernel runs only when forced to AVX2 or without AVX-512 BW/VL/DQ). */
+static inline int32_t ktcy_wide_tiles(const ktcy_cpu *c) { return c->amd && !c->avx512f ? 0 : 1; }
 
 #endif
