@@ -84,7 +84,7 @@ def cmd_info(args):
     vendor = " (AMD)" if data["tiles"]["amd"] else " (not AMD)"
     f32, i16 = data["tiles"]["f32_rows"], data["tiles"]["i16_rows"]
     print(f"AVX-512 FP8 float path: calls of up to {f32} row{'s' if f32 > 1 else ''}" + vendor)
-    i16_why = (" (AMD with AVX-512 BF16)" if not i16 else " (AMD without AVX-512 BF16)") if data["tiles"]["amd"] else vendor
+    i16_why = (" (AMD without AVX-512 BF16)" if i16 else " (AMD with AVX-512 BF16)") if data["tiles"]["amd"] else vendor
     print("MXFP4 16-bit integer path (AVX-512, AVX2): "
           + (f"calls of up to {i16} row{'s' if i16 > 1 else ''}" if i16 else "none, bf16 throughout") + i16_why)
     print("AVX2 INT8 prefill tiles: " + ("3 rows x 2 panels" if data["tiles"]["wide_tiles"]

@@ -50,8 +50,19 @@ def test_one_and_many_panel_tiles_give_the_same_bits(variant, one_thread):
 WIDE_TILE_VARIANTS = [v for v in VECTOR_VARIANTS if v["isa"] == "avx2" and "INT8" in v["formats"]]
 
 
+@pytest.fixture
+def threads(request):
+    """request.param threads for the test (skipped where this process may use fewer CPUs)."""
+    if request.param > _native.usable_cpus():
+        pytest.skip(f"{request.param} threads: this process may use {_native.usable_cpus()} CPU(s)")
+    old = ktcy.get_num_threads()
+    ktcy.set_num_threads(request.param)
+    yield request.param
+    ktcy.set_num_threads(old)
+
+
 @pytest.mark.parametrize("variant", WIDE_TILE_VARIANTS, ids=[v["name"] for v in WIDE_TILE_VARIANTS])
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
 def test_wide_and_four_row_prefill_tiles_give_the_same_bits(variant, threads):
     """AVX2 INT8 prefill's two tiles (registry.h: ktcy_wide_tiles, 3 rows x 2 panels, or 4 rows x 1
     panel on AMD cores without AVX-512) sum the same integers: the same bits, whichever this
@@ -59,24 +70,17 @@ def test_wide_and_four_row_prefill_tiles_give_the_same_bits(variant, threads):
     and an odd panel count (a one-panel tail after the two-panel tiles)."""
     if not variant["runnable"]:
         pytest.skip(f"{variant['name']}: this CPU lacks {', '.join(variant['needs'])}")
-    if threads > _native.usable_cpus():
-        pytest.skip(f"{threads} threads: this process may use {_native.usable_cpus()} CPU(s)")
-    old = ktcy.get_num_threads()
-    ktcy.set_num_threads(threads)
-    try:
-        rng = np.random.default_rng(11)
-        n, k = 16 * 10 + 5, 200  # 11 panels; K not a multiple of the 64-wide block
-        w = rng.standard_normal((n, k)).astype(np.float32)
-        packed = kernels.pack(w, "INT8")
-        reference = packed.dequantize(np.float64)
-        for m in (5, 6, 7, 8, 9, 10, 11, 13, 32, 67):
-            x = rng.standard_normal((m, k)).astype(np.float32)
-            wide = kernels.linear_variant(x, packed, variant["name"], wide_tiles=1)
-            four = kernels.linear_variant(x, packed, variant["name"], wide_tiles=0)
-            assert wide.tobytes() == four.tobytes(), f"m={m}"
-            assert four.tobytes() == kernels.linear_variant(x, packed, "int8_ref").tobytes(), f"m={m}"
-            exact = x.astype(np.float64) @ reference.T
-            err = np.abs(four - exact).max() / np.abs(exact).max()
-            assert err < 0.03, f"m={m}: {err:.2e} from float64"  # int8 activations: ~1%
-    finally:
-        ktcy.set_num_threads(old)
+    rng = np.random.default_rng(11)
+    n, k = 16 * 10 + 5, 200  # 11 panels; K not a multiple of the 64-wide block
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    packed = kernels.pack(w, "INT8")
+    reference = packed.dequantize(np.float64)
+    for m in (5, 6, 7, 8, 9, 10, 11, 13, 32, 67):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        wide = kernels.linear_variant(x, packed, variant["name"], wide_tiles=1)
+        four = kernels.linear_variant(x, packed, variant["name"], wide_tiles=0)
+        assert wide.tobytes() == four.tobytes(), f"m={m}"
+        assert four.tobytes() == kernels.linear_variant(x, packed, "int8_ref").tobytes(), f"m={m}"
+        exact = x.astype(np.float64) @ reference.T
+        err = np.abs(four - exact).max() / np.abs(exact).max()
+        assert err < 0.03, f"m={m}: {err:.2e} from float64"  # int8 activations: ~1%
