@@ -34,6 +34,8 @@
  * KT_CLEAR_DAZ 1: the decode makes subnormal floats, which MXCSR.DAZ would read as zeros: the GEMM
  * clears it while it runs;
  * KT_ONE_ROW_PANELS 4: one-row calls of a bf16-activation format take 4 panels per tile, not 2;
+ * KT_ONE_ROW_TWO_PANELS 1: one-row calls of an integer format take 2 panels per tile on every CPU
+ * (not only where ktcy_one_panel_rows says so);
  * KT_FEW_ROWS 1: KT_(few_rows)(a, w, y, ldy, pb, pe, scratch) serves calls of at most
  * KT_FEW_ROWS_CHOICE(a) rows (a per-CPU choice) its own way (with MXCSR.DAZ cleared), or returns
  * 0 to leave them here;
@@ -74,6 +76,9 @@
 #endif
 #ifndef KT_ONE_ROW_PANELS
 #define KT_ONE_ROW_PANELS 2
+#endif
+#ifndef KT_ONE_ROW_TWO_PANELS
+#define KT_ONE_ROW_TWO_PANELS 0
 #endif
 #ifndef KT_CLEAR_DAZ
 #define KT_CLEAR_DAZ 0
@@ -612,9 +617,9 @@ KT_TARGET static int KT_(run)(const ktcy_act *a, const ktcy_weight *w, float *y,
         }
 #else
         /* one row: two panels per tile (twice the streams and chains) where the CPU prefers it
-         * (ktcy_one_panel_rows): MoE T = 1 and 2 on a Xeon 0.79-0.97x the time.  Register
-         * decode only: the tile reads packed panels. */
-        if (!KT_ALWAYS_PRE && a->m == 1 && a->m > a->one_panel_rows && pe - p >= 2) {
+         * (ktcy_one_panel_rows), or always (KT_ONE_ROW_TWO_PANELS): MoE T = 1 and 2 on a Xeon
+         * 0.79-0.97x the time.  Register decode only: the tile reads packed panels. */
+        if (!KT_ALWAYS_PRE && a->m == 1 && (KT_ONE_ROW_TWO_PANELS || a->m > a->one_panel_rows) && pe - p >= 2) {
             const ktcy_span next = ktcy_next_group(a, w, p + 2, pe, 2, KT_BK, KT_BB);
             KT_(micro)(1, 2, 0, a, x, rowf, w, 0, p, y, ldy, decoded, ktcy_no_ahead(), next);
             p += 2;
@@ -707,6 +712,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_KEEP
 #undef KT_AHEAD
 #undef KT_ONE_ROW_PANELS
+#undef KT_ONE_ROW_TWO_PANELS
 #undef KT_FEW_ROWS
 #undef KT_FEW_ROWS_CHOICE
 #include "traits_end.h"
