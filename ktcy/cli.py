@@ -79,7 +79,7 @@ def cmd_info(args):
         else:
             print(f"  {fmt:15s} {row['isa']:8s} {row['variant']:18s} ({row['reason']})")
     rows = data["tiles"]["one_panel_rows"]
-    print("Few-row tiles: " + (f"one panel per tile up to {rows} rows (AMD; AVX2 INT8 two)" if rows else
+    print("Few-row tiles: " + (f"one panel per tile up to {rows} rows (AMD; AVX2 INT8 one-row calls two)" if rows else
                                 "AVX-512 INT4 four panels, AVX2 integer one-row calls two (not AMD)"))
     vendor = " (AMD)" if data["tiles"]["amd"] else " (not AMD)"
     f32, i16 = data["tiles"]["f32_rows"], data["tiles"]["i16_rows"]

@@ -1,7 +1,8 @@
 """The tile choices made per CPU (registry.h: ktcy_one_panel_rows, the few-row tile width;
 ktcy_wide_tiles, AVX2 INT8 prefill's tile) change which tiles run, never the numbers: each
 output's sums run in the same order either way.  Both sides of each choice are reached here on
-any CPU, so an AMD host tests the tiles an Intel host runs and back."""
+any CPU, so an AMD host tests the tiles an Intel host runs and back (but AVX2 INT8's one-row
+calls, which take two panels on every CPU: its one-panel one-row tile runs as the odd tail)."""
 import numpy as np
 import pytest
 

@@ -73,8 +73,8 @@ KT_AI kt_w256 KT_(half)(const uint8_t *blk, int r, int h) {
     /* Rows r and r + 8 share their bytes.  An empty asm makes the high rows load them again (an
      * L1 hit): GCC otherwise keeps the low rows' loads live across the block and, beside the
      * sums of two panels or two rows, spills them to the stack and reloads them (one projection
-     * from memory, Zen 3: M = 2 0.94x and M = 4 0.94x the time with the fresh load; in cache the
-     * two-panel one-row tile went from 1.11x to 0.96x the time of the one-panel one). */
+     * from memory, Zen 3: M = 1 1.01x, M = 2 0.94x and M = 4 0.94x the time with the fresh load;
+     * in cache the two-panel one-row tile went from 1.11x to 0.96x the time of the one-panel one). */
     if (r >= 8) __asm__("" : "+r"(blk));
     return kt_int_half(KT_(nibbles)(blk, r, h));
 }

@@ -25,8 +25,9 @@ KT_AI float KT_(final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64
 #define KT_REG_DECODE 0
 #define KT_WIDE_TILE 1 /* each broadcast serves 4 weight halves, each |w| 3 rows; per CPU (ktcy_wide_tiles) */
 /* One-row calls stream two panels at once on AMD cores too: with no decode work per row, the
- * second stream's misses in flight pay (a Zen 3 ran MoE T = 1 in 0.95-0.96x the time in three
- * interleaved runs), where the decoding formats ran slower that way (ktcy_one_panel_rows). */
+ * second stream's misses in flight pay (a Zen 3 ran MoE T = 1, 2 and 4 in 0.85-0.88x the time,
+ * median of 7 interleaved rounds), where the decoding formats ran slower that way
+ * (ktcy_one_panel_rows). */
 #define KT_ONE_ROW_TWO_PANELS 1
 #include "traits_plain_rows.h"
 #include "traits_no_groups.h"
