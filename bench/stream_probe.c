@@ -109,8 +109,7 @@ int main(int argc, char **argv) {
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
             {
 #pragma omp single
-                ran = omp_get_num_threads();
-#pragma omp barrier
+                ran = omp_get_num_threads(); /* its implicit barrier lines the team up */
 #pragma omp master
                 start = seconds();
 #pragma omp barrier

@@ -13,13 +13,14 @@ VECTOR_VARIANTS = [v for v in _native.variants() if v["isa"] in ("avx2", "avx512
 
 
 @pytest.fixture
-def one_thread():
-    """One call covers all 11 panels: an AVX-512 four-panel group twice, then one-panel tails;
-    AVX2 two-panel tiles five times, then one (more threads would split the panels first)."""
-    threads = ktcy.get_num_threads()
-    ktcy.set_num_threads(1)
-    yield
-    ktcy.set_num_threads(threads)
+def threads(request):
+    """request.param threads for the test (skipped where this process may use fewer CPUs)."""
+    if request.param > _native.usable_cpus():
+        pytest.skip(f"{request.param} threads: this process may use {_native.usable_cpus()} CPU(s)")
+    old = ktcy.get_num_threads()
+    ktcy.set_num_threads(request.param)
+    yield request.param
+    ktcy.set_num_threads(old)
 
 
 def _cases(variant):
@@ -29,7 +30,11 @@ def _cases(variant):
 
 
 @pytest.mark.parametrize("variant", VECTOR_VARIANTS, ids=[v["name"] for v in VECTOR_VARIANTS])
-def test_one_and_many_panel_tiles_give_the_same_bits(variant, one_thread):
+@pytest.mark.parametrize("threads", [1], indirect=True)
+def test_one_and_many_panel_tiles_give_the_same_bits(variant, threads):
+    """One thread, so one call covers all 11 panels: an AVX-512 four-panel group twice, then
+    one-panel tails; AVX2 two-panel tiles five times, then one (more threads would split the panels
+    first)."""
     if not variant["runnable"]:
         pytest.skip(f"{variant['name']}: this CPU lacks {', '.join(variant['needs'])}")
     rng = np.random.default_rng(7)
@@ -49,17 +54,6 @@ def test_one_and_many_panel_tiles_give_the_same_bits(variant, one_thread):
 
 
 WIDE_TILE_VARIANTS = [v for v in VECTOR_VARIANTS if v["isa"] == "avx2" and "INT8" in v["formats"]]
-
-
-@pytest.fixture
-def threads(request):
-    """request.param threads for the test (skipped where this process may use fewer CPUs)."""
-    if request.param > _native.usable_cpus():
-        pytest.skip(f"{request.param} threads: this process may use {_native.usable_cpus()} CPU(s)")
-    old = ktcy.get_num_threads()
-    ktcy.set_num_threads(request.param)
-    yield request.param
-    ktcy.set_num_threads(old)
 
 
 @pytest.mark.parametrize("variant", WIDE_TILE_VARIANTS, ids=[v["name"] for v in WIDE_TILE_VARIANTS])
