@@ -82,6 +82,23 @@ KT_AI void KT_(wrow)(const uint8_t *blk, int r, kt_w256 out[2]) {
     out[1].o = _mm256_castsi256_ps(_mm256_and_si256(odd, keep));
     out[0].i = out[1].i = _mm256_setzero_si256();
 }
+/* Row r in channel-parity order for the decode tiles (KT_PARITY_WROW): as it lies, dword d holds
+ * channels 2d and 2d+1, each's even and odd K element, so the same shifts without the byte
+ * shuffle give half 0 the even channels and half 1 the odd ones (the skeleton interleaves the sums
+ * once at the end).  The shuffle was one of the six shuffle-port operations of the decode, the port
+ * Zen 3's few-row FP8 tiles wait on. */
+#define KT_PARITY_WROW 1
+KT_AI void KT_(wrow_parity)(const uint8_t *blk, int r, kt_w256 out[2]) {
+    const __m256i w = _mm256_loadu_si256((const __m256i *)(blk + r * 32));
+    const __m256i keep = _mm256_set1_epi32((int)0x87F00000u);
+    const __m256i even = _mm256_srai_epi16(_mm256_slli_epi16(w, 8), 4); /* bytes 0 and 2: the even K element */
+    out[0].e = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(even, 16), keep));
+    out[1].e = _mm256_castsi256_ps(_mm256_and_si256(even, keep));
+    const __m256i odd = _mm256_srai_epi16(w, 4);
+    out[0].o = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(odd, 16), keep));
+    out[1].o = _mm256_castsi256_ps(_mm256_and_si256(odd, keep));
+    out[0].i = out[1].i = _mm256_setzero_si256();
+}
 KT_AI int KT_(checked_rows)(const ktcy_weight *w) { return w->nan_codes; }
 /* A NaN code's magnitude bits are all ones: those lanes become the quiet NaN of the code's sign
  * that the table (and so the wide decode and the portable path) gives. */

@@ -33,6 +33,9 @@
  * values are times 1/KT_WIDE_FACTOR, the rows scaled to a largest value near 2^100;
  * KT_CLEAR_DAZ 1: the decode makes subnormal floats, which MXCSR.DAZ would read as zeros: the GEMM
  * clears it while it runs;
+ * KT_PARITY_WROW 1: KT_(wrow_parity)(blk, r, out[2]) decodes row r for the decode tiles with half 0
+ * holding the panel's even channels and half 1 its odd ones (the skeleton interleaves the sums
+ * into the lane-split halves at the end; the format's group_scale must not depend on h);
  * KT_ONE_ROW_PANELS 4: one-row calls of a bf16-activation format take 4 panels per tile, not 2;
  * KT_ONE_ROW_TWO_PANELS 1: one-row calls of an integer format take 2 panels per tile on every CPU
  * (not only where ktcy_one_panel_rows says so);
@@ -83,6 +86,9 @@
 #ifndef KT_CLEAR_DAZ
 #define KT_CLEAR_DAZ 0
 #endif
+#ifndef KT_PARITY_WROW
+#define KT_PARITY_WROW 0
+#endif
 
 /* An empty asm on an integer accumulator: GCC would otherwise re-associate the unrolled
  * vpaddd chains of a wide tile into trees and spill them to the stack. */
@@ -102,6 +108,9 @@ KT_AI void KT_(wrow)(const uint8_t *blk, int r, kt_w256 out[2]) {
 #endif
 #if !KT_ROW_PRESCALE
 KT_AI void KT_(wrow_wide)(const uint8_t *blk, int r, kt_w256 out[2]) { KT_(wrow)(blk, r, out); }
+#endif
+#if !KT_PARITY_WROW
+KT_AI void KT_(wrow_parity)(const uint8_t *blk, int r, kt_w256 out[2]) { KT_(wrow)(blk, r, out); }
 #endif
 #ifndef KT_CHECKED_ROWS
 KT_AI int KT_(checked_rows)(const ktcy_weight *w) { (void)w; return 0; }
@@ -211,7 +220,7 @@ KT_AI void KT_(float_rows_by_panel)(const int MB, const int NP, const uint8_t *c
          * first, they took registers of the sums (plain bf16 rows have none to spare) */
         if (!KT_PLAIN_ROWS && MB > 1) __asm__("" ::: "memory");
         kt_w256 wq[2];
-        KT_(wrow)(panel[q] + off, r, wq);
+        KT_(wrow_parity)(panel[q] + off, r, wq);
         _Pragma("GCC unroll 8")
         for (int m = 0; m < MB; ++m) {
             const KT_(avec) av = KT_(load_a)(ak[m], r);
@@ -284,7 +293,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
                     }
 #if !KT_ALWAYS_PRE
                     else {
-                        KT_(wrow)(blk, r, wv[q]);
+                        KT_(wrow_parity)(blk, r, wv[q]);
                     }
 #endif
                 }
@@ -348,6 +357,14 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
             const int64_t n0 = (p + q) * 16, valid = w->n - n0;
             if (valid <= 0 || m0 + m >= a->m) continue;
             __m256 v[2];
+            if (KT_PARITY_WROW && !PRE) { /* the even and odd channels' sums -> the lane-split halves */
+                const __m256 even = _mm256_castsi256_ps(acc[q][m][0]), odd = _mm256_castsi256_ps(acc[q][m][1]);
+                const __m256 feven = facc[q][m][0], fodd = facc[q][m][1];
+                acc[q][m][0] = _mm256_castps_si256(_mm256_unpacklo_ps(even, odd));
+                acc[q][m][1] = _mm256_castps_si256(_mm256_unpackhi_ps(even, odd));
+                facc[q][m][0] = _mm256_unpacklo_ps(feven, fodd);
+                facc[q][m][1] = _mm256_unpackhi_ps(feven, fodd);
+            }
             _Pragma("GCC unroll 2")
             for (int h = 0; h < 2; ++h) v[h] = KT_(final_row)(acc[q][m][h], facc[q][m][h], rowf, m0 + m, a, w, m0 + m, n0 + 8 * h);
             KT_(store16)(y + (m0 + m) * ldy + n0, valid, v);
@@ -709,6 +726,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_WIDE_FIELD
 #undef KT_WIDE_FACTOR
 #undef KT_CLEAR_DAZ
+#undef KT_PARITY_WROW
 #undef KT_KEEP
 #undef KT_AHEAD
 #undef KT_ONE_ROW_PANELS
