@@ -25,15 +25,17 @@ def _avx2_variant(fmt):
 
 
 # 40: a partial panel; 104: 7 panels, so one-row tiles of 4 panels (MXFP4), 2 and 1;
-# K 288: not a multiple of 128 (FP8 block's last K group is short), a 256-value slice
-# (KTCY_F32_SLICE) and a short one; 800: three whole slices, then 32 values
-@pytest.mark.parametrize("n,k", [(40, 288), (104, 288), (40, 800)])
+# 200: two 128-channel block rows of FP8 block scales; K 288: not a multiple of 128 (FP8
+# block's last K group is short), a 256-value slice (KTCY_F32_SLICE) and a short one; 800:
+# three whole slices, then 32 values
+@pytest.mark.parametrize("n,k", [(40, 288), (104, 288), (200, 288), (40, 800)])
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_rows_of_a_prefill_equal_rows_alone_and_float64(fmt, n, k):
     rng = np.random.default_rng(7)
     W = (rng.standard_normal((n, k)) * 0.3).astype(np.float32)
     if fmt == "FP8_BLOCK":
         W[:, 128:256] *= 40.0  # block scales that differ per K group
+        W[128:] *= 0.05        # and per block row
     packed = kernels.pack(W, fmt)
     Wd = packed.dequantize().astype(np.float64)
     variant = _avx2_variant(fmt)

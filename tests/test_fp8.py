@@ -45,24 +45,25 @@ def test_every_isa_decodes_all_256_codes_exactly(fmt):
     # W[n][k] = code 16n + k (16 channels x 16 codes), unit scales; one-hot rows of X pick each
     # column, so Y[k, n] is the decoded value itself.  NaN codes would poison their whole
     # channel through 0 * NaN, so they get their own channels below.
-    # Two panels (the second holds the codes in reverse) so that one-row calls take the AVX2
-    # two-panel tile; X is fed 1, 2, 3 rows at a time (decode tiles) and all 16 (prefill).
+    # Three panels (the second holds the codes in reverse, the third with its columns reversed)
+    # so that one- and two-row calls take the AVX2 two-panel tile and a one-panel one; X is fed
+    # 1, 2, 3, 4 rows at a time (decode tiles) and all 16 (prefill).
     # A weight without NaN codes takes the AVX2 bit-move decode; one with them, the checked one.
     grid = ALL_CODES.reshape(16, 16).copy()
     grid[(grid & 0x7F) == 0x7F] = 0
-    codes = np.concatenate([grid, grid[::-1, ::-1]])
-    scale = np.ones(32, np.float32) if fmt == "FP8_PERCHANNEL" else np.ones((1, 1), np.float32)
+    codes = np.concatenate([grid, grid[::-1, ::-1], grid[:, ::-1]])
+    scale = np.ones(48, np.float32) if fmt == "FP8_PERCHANNEL" else np.ones((1, 1), np.float32)
     packed = kernels.pack_quantized(codes, scale, fmt)
     X = np.eye(16, dtype=np.float32)
     expect = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32).T
     # the NaN weight holds every other code too (channels 16-47): its checked decode must keep them
     nan_w = np.concatenate([np.zeros((16, 16), np.uint8), codes])
     nan_w[3, 5], nan_w[9, 0], nan_w[12, 15] = 0x7F, 0xFF, 0x7F
-    nan_scale = np.ones(48, np.float32) if fmt == "FP8_PERCHANNEL" else scale
+    nan_scale = np.ones(64, np.float32) if fmt == "FP8_PERCHANNEL" else scale
     nan_packed = kernels.pack_quantized(nan_w, nan_scale, fmt)
     nan_channels = [3, 9, 12]
     for v in runnable_variants(fmt):
-        for rows in (1, 2, 3, 16):
+        for rows in (1, 2, 3, 4, 16):
             for r0 in range(0, 16, rows):
                 got = kernels.linear_variant(X[r0:r0 + rows], packed, v)
                 assert np.array_equal(got, expect[r0:r0 + rows]), (v, rows, r0)
