@@ -65,15 +65,13 @@ KT_AI int64_t KT_(group_at)(const ktcy_weight *w, int64_t kb, int r, int64_t nkb
 #define KT_WIDE_FIELD KTCY_E4M3_WIDE_FIELD
 #define KT_WIDE_FACTOR 256.0f
 #define KT_CLEAR_DAZ 1
-KT_AI void KT_(wrow)(const uint8_t *blk, int r, kt_w256 out[2]) {
-    const __m256i pairs = _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15,
-                                           0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
-    const __m256i w = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(blk + r * 32)), pairs);
+/* The 32 codes of w to floats: the even and odd K element of dword lanes' low words (out[0]) and
+ * high words (out[1]).  A 16-bit arithmetic shift by 4 leaves the code in a word's high byte at its
+ * bits 4..11 and its sign in bits 12..15: in the high word those are float bits 20..27 and 28..31,
+ * which the mask trims to the sign and 7 bits; the low word's code gets there by a dword shift by
+ * 16.  odd: bytes 1 and 3 as they lie; even: bytes 0 and 2 moved up to the high bytes first. */
+KT_AI void KT_(bitmove)(__m256i w, kt_w256 out[2]) {
     const __m256i keep = _mm256_set1_epi32((int)0x87F00000u); /* sign, 7 magnitude bits */
-    /* A 16-bit arithmetic shift by 4 leaves the code in a word's high byte at its bits 4..11 and
-     * its sign in bits 12..15: in the high word those are float bits 20..27 and 28..31, which the
-     * mask trims to the sign and 7 bits; the low word's code gets there by a dword shift by 16.
-     * odd: bytes 1 and 3 as they lie; even: bytes 0 and 2 moved up to the high bytes first. */
     const __m256i even = _mm256_srai_epi16(_mm256_slli_epi16(w, 8), 4);
     out[0].e = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(even, 16), keep));
     out[1].e = _mm256_castsi256_ps(_mm256_and_si256(even, keep));
@@ -82,6 +80,11 @@ KT_AI void KT_(wrow)(const uint8_t *blk, int r, kt_w256 out[2]) {
     out[1].o = _mm256_castsi256_ps(_mm256_and_si256(odd, keep));
     out[0].i = out[1].i = _mm256_setzero_si256();
 }
+KT_AI void KT_(wrow)(const uint8_t *blk, int r, kt_w256 out[2]) {
+    const __m256i pairs = _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15,
+                                           0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+    KT_(bitmove)(_mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(blk + r * 32)), pairs), out);
+}
 /* Row r in channel-parity order for the decode tiles (KT_PARITY_WROW): as it lies, dword d holds
  * channels 2d and 2d+1, each's even and odd K element, so the same shifts without the byte
  * shuffle give half 0 the even channels and half 1 the odd ones (the skeleton interleaves the sums
@@ -89,15 +92,7 @@ KT_AI void KT_(wrow)(const uint8_t *blk, int r, kt_w256 out[2]) {
  * Zen 3's few-row FP8 tiles wait on. */
 #define KT_PARITY_WROW 1
 KT_AI void KT_(wrow_parity)(const uint8_t *blk, int r, kt_w256 out[2]) {
-    const __m256i w = _mm256_loadu_si256((const __m256i *)(blk + r * 32));
-    const __m256i keep = _mm256_set1_epi32((int)0x87F00000u);
-    const __m256i even = _mm256_srai_epi16(_mm256_slli_epi16(w, 8), 4); /* bytes 0 and 2: the even K element */
-    out[0].e = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(even, 16), keep));
-    out[1].e = _mm256_castsi256_ps(_mm256_and_si256(even, keep));
-    const __m256i odd = _mm256_srai_epi16(w, 4);
-    out[0].o = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(odd, 16), keep));
-    out[1].o = _mm256_castsi256_ps(_mm256_and_si256(odd, keep));
-    out[0].i = out[1].i = _mm256_setzero_si256();
+    KT_(bitmove)(_mm256_loadu_si256((const __m256i *)(blk + r * 32)), out);
 }
 KT_AI int KT_(checked_rows)(const ktcy_weight *w) { return w->nan_codes; }
 /* A NaN code's magnitude bits are all ones: those lanes become the quiet NaN of the code's sign
