@@ -20,7 +20,7 @@ def test_codes_round_trip_exactly(group):
 
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("m,n,k", [(1, 16, 64), (3, 48, 100), (17, 80, 192), (40, 130, 300), (64, 64, 1024),
-                                   (512, 32, 256), (2, 1000, 520)])
+                                   (512, 32, 256), (2, 1000, 520), (6, 40, 160), (12, 96, 448), (13, 48, 192)])
 def test_gemm_bit_identical_on_every_isa(group, m, n, k):
     rng = np.random.default_rng(m * 1000 + n + k + group)
     W = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)

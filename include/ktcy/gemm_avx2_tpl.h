@@ -42,6 +42,8 @@
  * KT_FEW_ROWS 1: KT_(few_rows)(a, w, y, ldy, pb, pe, scratch) serves calls of at most
  * KT_FEW_ROWS_CHOICE(a) rows (a per-CPU choice) its own way (with MXCSR.DAZ cleared), or returns
  * 0 to leave them here;
+ * KT_PREDECODE_ABOVE n: with KT_PREDECODE and KT_REG_DECODE, calls of more than n rows (default 4,
+ * one row tile) decode each panel once into scratch; fewer decode in registers in every row tile;
  * KT_ACC16_ROWS n: unsigned codes up to c add n rows of vpmaddubsw pairs in int16 (n x 2 x c x 127
  * must stay below 32768; default 8, for 4-bit codes); KT_ACC16_ONE_ROW 1: one-row tiles add them
  * in int16 too.
@@ -88,6 +90,9 @@
 #endif
 #ifndef KT_PARITY_WROW
 #define KT_PARITY_WROW 0
+#endif
+#ifndef KT_PREDECODE_ABOVE
+#define KT_PREDECODE_ABOVE 4
 #endif
 
 /* An empty asm on an integer accumulator: GCC would otherwise re-associate the unrolled
@@ -583,9 +588,9 @@ KT_TARGET static int KT_(run)(const ktcy_act *a, const ktcy_weight *w, float *y,
      * and wait in the stack frame, while the int16 sums (KT_ACC16) keep the inner loop short
      * (INT4 M=4 0.88x the time of two 2-row tiles) */
     const int max_rows = 4;
-    /* decode a panel once into scratch when several row tiles share it (or the format has no
-     * in-register decode); a few rows decode each weight row in registers as they stream by */
-    const int pre = KT_PREDECODE && (a->m > 4 || !KT_REG_DECODE);
+    /* decode a panel once into scratch when enough row tiles share it (or the format has no
+     * in-register decode); fewer rows decode each weight row in registers in every tile */
+    const int pre = KT_PREDECODE && (a->m > KT_PREDECODE_ABOVE || !KT_REG_DECODE);
     const int wide = KT_WIDE_TILE && a->wide_tiles && a->m > 4 && !KT_(has_groups)(w);
     const int64_t nkb = w->k_pad / KT_BK;
     uint8_t *decoded = ktcy_align64(scratch);
@@ -727,6 +732,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_WIDE_FACTOR
 #undef KT_CLEAR_DAZ
 #undef KT_PARITY_WROW
+#undef KT_PREDECODE_ABOVE
 #undef KT_KEEP
 #undef KT_AHEAD
 #undef KT_ONE_ROW_PANELS
