@@ -12,8 +12,8 @@ from ktcy import kernels
 from conftest import runnable_variants
 
 FORMATS = ["BF16", "FP8_PERCHANNEL", "FP8_BLOCK", "MXFP4"]
-# around the tile sizes (6, 4, 2), the float GEMM's thresholds (FP8 and MXFP4: 5 rows, but 7 and 8
-# take decode tiles; BF16: 20 rows) and the 36-row chunks
+# around the tile sizes (6, 4, 2), the float GEMM's thresholds (FP8 and MXFP4: 6 rows, but 7 and 8
+# take decode tiles, and 5 runs as 4 + 1; BF16: 20 rows) and the 36-row chunks
 ROWS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 19, 20, 21, 35, 36, 37, 42, 73]
 
 
