@@ -64,8 +64,8 @@ KT_AI int64_t KT_(group_at)(const ktcy_weight *w, int64_t kb, int r, int64_t nkb
 /* More than 12 rows: each panel's nibbles are unpacked once to bytes (the INT8 block order), so
  * the row tiles only load.  Up to 12 rows (3 row tiles) unpack each weight row in registers, in
  * every tile: 3 operations per 64 codes, and no separate pass that waits on memory while it writes
- * a 16 x K byte panel that outgrows L1 from K = 2048.  One projection from memory, 2 threads, Zen
- * 3, against unpacking once above 4 rows: K = 2048 M = 6-12 0.85-0.93x the time, K = 4096 and
+ * a 16 x K byte panel as large as L1 at K = 2048.  One projection from memory, 2 threads, Zen
+ * 3, against unpacking once above 4 rows: K = 2048 M = 6-12 0.85-0.94x the time, K = 4096 and
  * 14336 M = 8 0.91 and 0.80x; M = 16 0.91-0.98x at K >= 2048 but 0.96-1.07x at K = 768. */
 #define KT_PREDECODE 1
 #define KT_REG_DECODE 1

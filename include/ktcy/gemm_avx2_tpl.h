@@ -378,15 +378,15 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
 }
 
 #if !KT_INT_ACT
-/* Prefill (more than 4 rows) of the bf16-activation formats is a float GEMM: the rows'
- * activations are widened to floats (KTCY_AVX2_F32_ROWS at a time), each panel is decoded once
- * per chunk of rows to floats [k][16 channels], a slice of KTCY_F32_SLICE K values at a time that
- * every tile then reads from L1 (the whole panel, 128 KiB at K = 2048, was read from L2 by each
- * tile), and a tile of 6 rows x 16 channels (12 accumulators) takes per k two weight loads, six
- * broadcasts and twelve FMAs.  The bf16-pair tiles spent a shift and a mask per pair of every
- * weight half and activation, which compete with the FMAs for ports.  Each output is still one
- * FMA chain in K order (a tile's sums wait in scratch between slices), so the sums are those of
- * the decode tiles. */
+/* Prefill (6 rows and more but for 7-8, split_calls) of the bf16-activation formats is a float
+ * GEMM: the rows' activations are widened to floats (KTCY_AVX2_F32_ROWS at a time), each panel is
+ * decoded once per chunk of rows to floats [k][16 channels], a slice of KTCY_F32_SLICE K values at
+ * a time that every tile then reads from L1 (the whole panel, 128 KiB at K = 2048, was read from
+ * L2 by each tile), and a tile of 6 rows x 16 channels (12 accumulators) takes per k two weight
+ * loads, six broadcasts and twelve FMAs.  The bf16-pair tiles spent a shift and a mask per pair of
+ * every weight half and activation, which compete with the FMAs for ports.  Each output is still
+ * one FMA chain in K order (a tile's sums wait in scratch between slices), so the sums are those
+ * of the decode tiles. */
 _Static_assert(KTCY_F32_SLICE % KT_BK == 0, "slices of whole K blocks");
 enum { KT_(FAST), KT_(CHECKED), KT_(WIDE) }; /* the panel decodes of f32_panel */
 KT_AI void KT_(f32_panel_rows)(const int MODE, const ktcy_weight *w, int64_t p, int64_t kb0, int64_t kb1, float *dst) {
