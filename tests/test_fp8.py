@@ -56,7 +56,7 @@ def test_every_isa_decodes_all_256_codes_exactly(fmt):
     packed = kernels.pack_quantized(codes, scale, fmt)
     X = np.eye(16, dtype=np.float32)
     expect = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32).T
-    # the NaN weight holds every other code too (channels 16-47): its checked decode must keep them
+    # the NaN weight holds every other code too (channels 16-63): its checked decode must keep them
     nan_w = np.concatenate([np.zeros((16, 16), np.uint8), codes])
     nan_w[3, 5], nan_w[9, 0], nan_w[12, 15] = 0x7F, 0xFF, 0x7F
     nan_scale = np.ones(64, np.float32) if fmt == "FP8_PERCHANNEL" else scale

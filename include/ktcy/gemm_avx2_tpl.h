@@ -578,7 +578,7 @@ KT_TARGET static int KT_(run)(const ktcy_act *a, const ktcy_weight *w, float *y,
                              int64_t pe, void *scratch) {
 #if !KT_INT_ACT
     /* plain bf16 rows have no decode to save: widening a panel pays off from about 20 rows; the
-     * decoding formats' from 5 (5, 7 and 8 rows come here as two calls, split_calls) */
+     * decoding formats' from 5 (calls of 5, 7 and 8 rows arrive split in two, split_calls) */
     if (a->m >= (KT_PLAIN_ROWS ? 20 : 5) || KT_(checked_rows)(w)) {
         KT_(f32_gemm)(a, w, y, ldy, pb, pe, scratch);
         return KTCY_OK;
@@ -676,9 +676,9 @@ KT_TARGET static int KT_(run)(const ktcy_act *a, const ktcy_weight *w, float *y,
 /* Calls of 5, 7 or 8 rows of the decoding formats run as two calls of 4 and 1 or 3-4 rows: their
  * decode tiles beat the float GEMM's panel decode pass plus its tiles there (single GEMM FP8 and
  * MXFP4, 7-8 rows 0.81-0.90x the time; 5 rows, 2 threads, Zen 3: FP8 0.83-0.87x, MXFP4 0.95x; 6
- * rows as 4 + 2 were not faster: FP8 0.98-1.02x).  Split here rather than in run(): taking those rows
- * there changed run()'s code and cost MoE T=1 MXFP4 2-3%.  The first call's hint is the same
- * panels (the second call reads them next); each half holds exactly its rows. */
+ * rows as 4 + 2 were not faster: FP8 0.98-1.02x).  Split here rather than in run(): taking those
+ * rows there changed run()'s code and cost MoE T=1 MXFP4 2-3%.  The first call's hint is the
+ * same panels (the second call reads them next); each half holds exactly its rows. */
 KT_TARGET static int KT_(split_calls)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb,
                                       int64_t pe, void *scratch) {
 #if !KT_INT_ACT
