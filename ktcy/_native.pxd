@@ -8,6 +8,7 @@ cdef extern from "ktcy/ktcy.h" nogil:
         int amx_tile, amx_int8, amx_bf16
         int os_avx, os_avx512, os_amx, amx_permitted
         int amd
+        int family
         char model_name[49]
     void ktcy_cpu_probe(ktcy_cpu *cpu)
 
@@ -61,6 +62,7 @@ cdef extern from "ktcy/ktcy.h" nogil:
         int32_t one_panel_rows
         int32_t f32_rows
         int32_t i16_rows
+        int32_t e2m1_panel_rows
         int32_t wide_tiles
 
     ctypedef int (*ktcy_gemm_fn)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy,
@@ -76,6 +78,7 @@ cdef extern from "ktcy/ktcy.h" nogil:
     int32_t ktcy_one_panel_rows(const ktcy_cpu *c)
     int32_t ktcy_f32_rows(const ktcy_cpu *c)
     int32_t ktcy_i16_rows(const ktcy_cpu *c)
+    int32_t ktcy_e2m1_panel_rows(const ktcy_cpu *c)
     int32_t ktcy_wide_tiles(const ktcy_cpu *c)
 
     int64_t ktcy_gemm_scratch_bytes(int64_t k_pad)

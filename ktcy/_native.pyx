@@ -61,6 +61,7 @@ cdef int _satisfied = ktcy_satisfied_needs(&_cpu)
 cdef int32_t _one_panel_rows = ktcy_one_panel_rows(&_cpu)  # every ktcy_act built here carries them
 cdef int32_t _f32_rows = ktcy_f32_rows(&_cpu)
 cdef int32_t _i16_rows = ktcy_i16_rows(&_cpu)
+cdef int32_t _e2m1_panel_rows = ktcy_e2m1_panel_rows(&_cpu)
 cdef int32_t _wide_tiles = ktcy_wide_tiles(&_cpu)
 
 def cpu_features():
@@ -84,10 +85,12 @@ def build_info():
             "variants": [v["name"] for v in variants()]}
 
 def tile_choice():
-    """The tile choices made for this CPU (registry.h, by vendor and features): the few-row tile
-    width (ktcy_one_panel_rows), the rows that take AVX-512 FP8's float path (ktcy_f32_rows) and
-    MXFP4's 16-bit integer path (ktcy_i16_rows), and AVX2 INT8 prefill's tile (ktcy_wide_tiles)."""
-    return {"amd": bool(_cpu.amd), "one_panel_rows": _one_panel_rows, "f32_rows": _f32_rows, "i16_rows": _i16_rows,
+    """The tile choices made for this CPU (registry.h, by vendor, family and features): the few-row
+    tile width (ktcy_one_panel_rows; AVX-512 MXFP4 and MXFP4_A8: ktcy_e2m1_panel_rows), the rows that
+    take AVX-512 FP8's float path (ktcy_f32_rows) and MXFP4's 16-bit integer path (ktcy_i16_rows),
+    and AVX2 INT8 prefill's tile (ktcy_wide_tiles)."""
+    return {"amd": bool(_cpu.amd), "family": _cpu.family, "one_panel_rows": _one_panel_rows,
+            "e2m1_panel_rows": _e2m1_panel_rows, "f32_rows": _f32_rows, "i16_rows": _i16_rows,
             "wide_tiles": bool(_wide_tiles)}
 
 def variants():
@@ -515,6 +518,7 @@ cdef class Activations:
         self.view.one_panel_rows = _one_panel_rows
         self.view.f32_rows = _f32_rows
         self.view.i16_rows = _i16_rows
+        self.view.e2m1_panel_rows = _e2m1_panel_rows
         self.view.wide_tiles = _wide_tiles
         if d.act == KTCY_ACT_INT8:
             self.q = np.zeros((m_pad, k_pad), np.int8)
@@ -666,10 +670,10 @@ cdef int _variant_index(str format_name, str variant_name) except -1:
     raise ValueError(f"no kernel named {variant_name!r} in this build")
 
 def gemm(str format_name, str variant_name, Activations act, Weight weight, float[:, ::1] out,
-         int one_panel_rows=-1, int f32_rows=-1, int i16_rows=-1, int wide_tiles=-1):
+         int one_panel_rows=-1, int f32_rows=-1, int i16_rows=-1, int wide_tiles=-1, int e2m1_panel_rows=-1):
     """out[m, :n] = act @ weight.T with one kernel variant; the GIL is released.  one_panel_rows,
-    f32_rows, i16_rows and wide_tiles >= 0 replace this CPU's choices (registry.h), so tests reach
-    every one on any CPU."""
+    f32_rows, i16_rows, wide_tiles and e2m1_panel_rows >= 0 replace this CPU's choices
+    (registry.h), so tests reach every one on any CPU."""
     cdef ktcy_gemm_fn fn = KTCY_VARIANTS[_variant_index(format_name, variant_name)].fn
     cdef ktcy_act view = act.view
     if one_panel_rows >= 0:
@@ -680,6 +684,8 @@ def gemm(str format_name, str variant_name, Activations act, Weight weight, floa
         view.i16_rows = i16_rows
     if wide_tiles >= 0:
         view.wide_tiles = wide_tiles
+    if e2m1_panel_rows >= 0:
+        view.e2m1_panel_rows = e2m1_panel_rows
     cdef char message[160]
     cdef int st
     cdef int64_t panels = weight.view.n_pad // KTCY_PANEL

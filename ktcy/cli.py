@@ -82,6 +82,9 @@ def cmd_info(args):
     print("Few-row tiles: " + (f"one panel per tile up to {rows} rows (AMD; AVX2 INT8 one-row calls two)" if rows else
                                 "AVX-512 INT4 four panels, AVX2 integer one-row calls two (not AMD)"))
     vendor = " (AMD)" if data["tiles"]["amd"] else " (not AMD)"
+    e2m1 = data["tiles"]["e2m1_panel_rows"]
+    print("AVX-512 MXFP4, MXFP4_A8 few-row tiles: " + (f"one panel up to {e2m1} rows (MXFP4: 1; Zen 4)" if e2m1 else
+                                                       "four panels (not a Zen 4)"))
     f32, i16 = data["tiles"]["f32_rows"], data["tiles"]["i16_rows"]
     print(f"AVX-512 FP8 float path: calls of up to {f32} row{'s' if f32 > 1 else ''}" + vendor)
     i16_why = (" (AMD without AVX-512 BF16)" if i16 else " (AMD with AVX-512 BF16)") if data["tiles"]["amd"] else vendor

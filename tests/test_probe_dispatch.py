@@ -167,8 +167,8 @@ def test_threads_setting():
 
 def test_tile_choice_follows_the_vendor():
     """cpuid's vendor string picks the few-row tile width and FP8's float rows, with AVX-512 BF16
-    MXFP4's few-row path and with AVX-512 F AVX2 INT8's prefill tile (registry.h); /proc/cpuinfo
-    says the same."""
+    MXFP4's few-row path and with AVX-512 F AVX2 INT8's prefill tile, with the family (Zen 4) the
+    E2M1 formats' tile width (registry.h); /proc/cpuinfo says the same."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -178,7 +178,13 @@ def test_tile_choice_follows_the_vendor():
         pytest.skip(f"/proc/cpuinfo names {len(vendors)} vendors")
     amd = vendors.pop() in ("AuthenticAMD", "HygonGenuine")
     flags = {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
-    assert _native.tile_choice() == {"amd": amd, "one_panel_rows": 4 if amd else 0, "f32_rows": 1 if amd else 4,
+    families = {int(line.split(":", 1)[1]) for line in text.splitlines() if line.startswith("cpu family")}
+    if len(families) != 1:
+        pytest.skip(f"/proc/cpuinfo names {len(families)} CPU families")
+    family = families.pop()
+    zen4 = amd and family == 0x19 and "avx512f" in flags
+    assert _native.tile_choice() == {"amd": amd, "family": family, "one_panel_rows": 4 if amd else 0,
+                                     "e2m1_panel_rows": 2 if zen4 else 0, "f32_rows": 1 if amd else 4,
                                      "i16_rows": 0 if amd and "avx512_bf16" in flags else 4,
                                      "wide_tiles": not amd or "avx512f" in flags}
     from ktcy import report

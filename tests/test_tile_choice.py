@@ -1,8 +1,9 @@
-"""The tile choices made per CPU (registry.h: ktcy_one_panel_rows, the few-row tile width;
-ktcy_wide_tiles, AVX2 INT8 prefill's tile) change which tiles run, never the numbers: each
-output's sums run in the same order either way.  Both sides of each choice are reached here on
-any CPU, so an AMD host tests the tiles an Intel host runs and back (but AVX2 INT8's one-row
-calls, which take two panels on every CPU: its one-panel one-row tile runs as the odd tail)."""
+"""The tile choices made per CPU (registry.h: ktcy_one_panel_rows and ktcy_e2m1_panel_rows, the
+few-row tile width; ktcy_wide_tiles, AVX2 INT8 prefill's tile) change which tiles run, never the
+numbers: each output's sums run in the same order either way.  Both sides of each choice are
+reached here on any CPU, so an AMD host tests the tiles an Intel host runs and back (but AVX2
+INT8's one-row calls, which take two panels on every CPU: its one-panel one-row tile runs as the
+odd tail)."""
 import numpy as np
 import pytest
 
@@ -45,8 +46,8 @@ def test_one_and_many_panel_tiles_give_the_same_bits(variant, threads):
         reference = packed.dequantize(np.float64)
         for m in (1, 2, 3, 4, 5):
             x = rng.standard_normal((m, k)).astype(np.float32)
-            one = kernels.linear_variant(x, packed, variant["name"], one_panel_rows=8)
-            many = kernels.linear_variant(x, packed, variant["name"], one_panel_rows=0)
+            one = kernels.linear_variant(x, packed, variant["name"], one_panel_rows=8, e2m1_panel_rows=8)
+            many = kernels.linear_variant(x, packed, variant["name"], one_panel_rows=0, e2m1_panel_rows=0)
             assert one.tobytes() == many.tobytes(), f"{fmt} group {group} {variant['name']} m={m}"
             exact = x.astype(np.float64) @ reference.T
             err = np.abs(many - exact).max() / np.abs(exact).max()

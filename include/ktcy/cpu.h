@@ -19,6 +19,7 @@ typedef struct {
     /* operating-system state */
     int os_avx, os_avx512, os_amx, amx_permitted;
     int amd; /* an AMD (or Hygon) core: some tile shapes are chosen by vendor (registry.h) */
+    int family; /* cpuid's display family (base + extended): AMD 0x19 is Zen 3 and Zen 4, 0x1A Zen 5 */
     char model_name[49];
 } ktcy_cpu;
 
@@ -57,6 +58,7 @@ static inline void ktcy_cpu_probe(ktcy_cpu *cpu) {
     const unsigned hygon_b = 0x6f677948u, hygon_d = 0x6e65476eu, hygon_c = 0x656e6975u; /* "HygonGenuine" */
     cpu->amd = (b == amd_b && d == amd_d && c == amd_c) || (b == hygon_b && d == hygon_d && c == hygon_c);
     __cpuid_count(1, 0, a, b, c, d);
+    cpu->family = (int)((a >> 8) & 0xF) == 0xF ? (int)(0xF + ((a >> 20) & 0xFF)) : (int)((a >> 8) & 0xF);
     int osxsave = (c >> 27) & 1;
     cpu->fma = (c >> 12) & 1;
     cpu->f16c = (c >> 29) & 1;

@@ -19,8 +19,8 @@
  *   KT_(group_at)(w, kb, r, nkb)                  group index ending after row r (7 or 15) of block kb, or -1
  *   KT_(group_epilogue)(acc, facc, MB, NP, a, w, m0, p0, g)
  *   KT_(final)(acc, facc, a, w, m, n0)            the 16 outputs of one row and panel
- * and may set KT_ONE_PANEL_OK 1: calls of at most a->one_panel_rows rows (a per-CPU choice) take
- *   one panel per tile, not four;
+ * and may set KT_ONE_PANEL_ROWS(a): calls of at most that many rows (a per-CPU choice,
+ *   ktcy_act.one_panel_rows or .e2m1_panel_rows) take one panel per tile, not four;
  * KT_PRE_SCALED 1: decode_panels folds the group scales in (predecoded tiles skip the epilogue).
  * KT_FUSED_PREDECODE 1: rows() yields the predecoded bytes, so a group's first row tile decodes
  *   in registers and keeps the rows for the others instead of a separate decode pass.
@@ -120,8 +120,8 @@ KT_AI void KT_(merge_split)(KT_(acc_t) acc[6][4], const int NP) {
     for (int p = 0; p < NP; ++p) { acc[0][p] = KT_ACC_ADD(acc[0][p], acc[1][p]); acc[1][p] = KT_ACC_ZERO; }
 }
 
-#ifndef KT_ONE_PANEL_OK
-#define KT_ONE_PANEL_OK 0
+#ifndef KT_ONE_PANEL_ROWS
+#define KT_ONE_PANEL_ROWS(a) 0
 #endif
 #ifndef KT_PRE_SCALED
 #define KT_PRE_SCALED 0
@@ -287,7 +287,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
      * instead of running as a pass of their own */
     const int fused = KT_FUSED_PREDECODE && KT_REG_DECODE && pre; /* pre: more than 4 rows here */
     for (int64_t p = pb; p < pe;) {
-        const int np = pe - p >= 4 && a->m > (KT_ONE_PANEL_OK ? a->one_panel_rows : 0) ? 4 : 1;
+        const int np = pe - p >= 4 && a->m > KT_ONE_PANEL_ROWS(a) ? 4 : 1;
 #if KT_PREDECODE && !(KT_FUSED_PREDECODE && KT_REG_DECODE) /* else every predecode is fused */
         if (pre && !fused) { /* block by block, fetching KT_AHEAD blocks ahead: the panels come from memory */
             const uint8_t *src = w->data + p * nkb * KT_BB;
@@ -343,7 +343,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_ACC_ADD
 #undef KT_ALWAYS_PRE
 #undef KT_AHEAD
-#undef KT_ONE_PANEL_OK
+#undef KT_ONE_PANEL_ROWS
 #undef KT_PRE_SCALED
 #undef KT_FUSED_PREDECODE
 #undef KT_FEW_ROWS

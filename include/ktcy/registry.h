@@ -143,6 +143,15 @@ static inline int32_t ktcy_f32_rows(const ktcy_cpu *c) { return c->amd ? 1 : 4; 
  * way: they keep bf16. */
 static inline int32_t ktcy_i16_rows(const ktcy_cpu *c) { return c->amd && c->avx512_bf16 ? 0 : 4; }
 
+/* ktcy_act.e2m1_panel_rows for this CPU: calls of at most this many rows stream one panel per tile
+ * in AVX-512 MXFP4 and MXFP4_A8 (each format caps it: KT_ONE_PANEL_ROWS), where they would
+ * otherwise take four.  A Zen 4 (AMD family 0x19 with AVX-512) ran a MoE layer that way at T = 1,
+ * 2, 4 and 8 in 0.81-0.85x (MXFP4_A8) and 0.82-0.89x (MXFP4) the time, one projection from
+ * memory at M = 1 in 0.82-0.88x and 0.91x: four panels are four streams, and there fewer streams
+ * read faster.  A Zen 5 ran MXFP4 (an earlier decode) 1.5x slower one panel wide, and a Xeon's
+ * INT4 preferred four panels: both keep four. */
+static inline int32_t ktcy_e2m1_panel_rows(const ktcy_cpu *c) { return c->amd && c->family == 0x19 && c->avx512f ? 2 : 0; }
+
 /* ktcy_act.wide_tiles for this CPU: AVX2 INT8 prefill (more than 4 rows) in 3-row x 2-panel tiles
  * (12 accumulators share each broadcast and each |w|) or in 4-row x 1-panel tiles (8, no spills).
  * A Zen 5 ran the wide tiles in 0.59-0.85x the time of the 4-row tiles of the day (single GEMM,

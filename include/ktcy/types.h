@@ -45,6 +45,8 @@ typedef struct {
     int32_t f32_rows;          /* calls of at most this many rows take FP8's float path           */
                                /* (KT_FEW_ROWS, ktcy_f32_rows); 0: never                          */
     int32_t i16_rows;          /* ... and MXFP4's 16-bit integer path (ktcy_i16_rows); 0: never   */
+    int32_t e2m1_panel_rows;   /* calls of at most this many rows take one panel per tile in     */
+                               /* AVX-512 MXFP4 and MXFP4_A8 (ktcy_e2m1_panel_rows); 0: never     */
     int32_t wide_tiles;        /* 1: prefill takes AVX2 INT8's 3-row x 2-panel tiles (KT_WIDE_TILE,*/
                                /* ktcy_wide_tiles); 0: its 4-row tiles                            */
 } ktcy_act;
