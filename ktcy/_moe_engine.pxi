@@ -111,6 +111,7 @@ cdef inline int _expert_gemm(ktcy_gemm_fn fn, const ktcy_weight *w, float *y, in
     act.f32_rows = _f32_rows
     act.i16_rows = _i16_rows
     act.e2m1_panel_rows = _e2m1_panel_rows
+    act.fp8_fetch_l2 = _fp8_fetch_l2
     act.wide_tiles = _wide_tiles
     return fn(&act, w, y, ldy, p0, p1, scratch)
 

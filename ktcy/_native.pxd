@@ -63,6 +63,7 @@ cdef extern from "ktcy/ktcy.h" nogil:
         int32_t f32_rows
         int32_t i16_rows
         int32_t e2m1_panel_rows
+        int32_t fp8_fetch_l2
         int32_t wide_tiles
 
     ctypedef int (*ktcy_gemm_fn)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy,
@@ -79,6 +80,7 @@ cdef extern from "ktcy/ktcy.h" nogil:
     int32_t ktcy_f32_rows(const ktcy_cpu *c)
     int32_t ktcy_i16_rows(const ktcy_cpu *c)
     int32_t ktcy_e2m1_panel_rows(const ktcy_cpu *c)
+    int32_t ktcy_fp8_fetch_l2(const ktcy_cpu *c)
     int32_t ktcy_wide_tiles(const ktcy_cpu *c)
 
     int64_t ktcy_gemm_scratch_bytes(int64_t k_pad)

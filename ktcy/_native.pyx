@@ -62,6 +62,7 @@ cdef int32_t _one_panel_rows = ktcy_one_panel_rows(&_cpu)  # every ktcy_act buil
 cdef int32_t _f32_rows = ktcy_f32_rows(&_cpu)
 cdef int32_t _i16_rows = ktcy_i16_rows(&_cpu)
 cdef int32_t _e2m1_panel_rows = ktcy_e2m1_panel_rows(&_cpu)
+cdef int32_t _fp8_fetch_l2 = ktcy_fp8_fetch_l2(&_cpu)
 cdef int32_t _wide_tiles = ktcy_wide_tiles(&_cpu)
 
 def cpu_features():
@@ -88,10 +89,11 @@ def tile_choice():
     """The tile choices made for this CPU (registry.h, by vendor, family and features): the few-row
     tile width (ktcy_one_panel_rows; AVX-512 MXFP4 and MXFP4_A8: ktcy_e2m1_panel_rows), the rows that
     take AVX-512 FP8's float path (ktcy_f32_rows) and MXFP4's 16-bit integer path (ktcy_i16_rows),
-    and AVX2 INT8 prefill's tile (ktcy_wide_tiles)."""
+    where AVX-512 FP8's decode streams prefetch to (ktcy_fp8_fetch_l2) and AVX2 INT8 prefill's tile
+    (ktcy_wide_tiles)."""
     return {"amd": bool(_cpu.amd), "family": _cpu.family, "one_panel_rows": _one_panel_rows,
             "e2m1_panel_rows": _e2m1_panel_rows, "f32_rows": _f32_rows, "i16_rows": _i16_rows,
-            "wide_tiles": bool(_wide_tiles)}
+            "fp8_fetch_l2": bool(_fp8_fetch_l2), "wide_tiles": bool(_wide_tiles)}
 
 def variants():
     """Every compiled kernel variant: formats served, ISA, needs, and whether this CPU runs it."""
@@ -519,6 +521,7 @@ cdef class Activations:
         self.view.f32_rows = _f32_rows
         self.view.i16_rows = _i16_rows
         self.view.e2m1_panel_rows = _e2m1_panel_rows
+        self.view.fp8_fetch_l2 = _fp8_fetch_l2
         self.view.wide_tiles = _wide_tiles
         if d.act == KTCY_ACT_INT8:
             self.q = np.zeros((m_pad, k_pad), np.int8)
@@ -670,10 +673,11 @@ cdef int _variant_index(str format_name, str variant_name) except -1:
     raise ValueError(f"no kernel named {variant_name!r} in this build")
 
 def gemm(str format_name, str variant_name, Activations act, Weight weight, float[:, ::1] out,
-         int one_panel_rows=-1, int f32_rows=-1, int i16_rows=-1, int wide_tiles=-1, int e2m1_panel_rows=-1):
+         int one_panel_rows=-1, int f32_rows=-1, int i16_rows=-1, int wide_tiles=-1, int e2m1_panel_rows=-1,
+         int fp8_fetch_l2=-1):
     """out[m, :n] = act @ weight.T with one kernel variant; the GIL is released.  one_panel_rows,
-    f32_rows, i16_rows, wide_tiles and e2m1_panel_rows >= 0 replace this CPU's choices
-    (registry.h), so tests reach every one on any CPU."""
+    f32_rows, i16_rows, wide_tiles, e2m1_panel_rows and fp8_fetch_l2 >= 0 replace this CPU's
+    choices (registry.h), so tests reach every one on any CPU."""
     cdef ktcy_gemm_fn fn = KTCY_VARIANTS[_variant_index(format_name, variant_name)].fn
     cdef ktcy_act view = act.view
     if one_panel_rows >= 0:
@@ -686,6 +690,8 @@ def gemm(str format_name, str variant_name, Activations act, Weight weight, floa
         view.wide_tiles = wide_tiles
     if e2m1_panel_rows >= 0:
         view.e2m1_panel_rows = e2m1_panel_rows
+    if fp8_fetch_l2 >= 0:
+        view.fp8_fetch_l2 = fp8_fetch_l2
     cdef char message[160]
     cdef int st
     cdef int64_t panels = weight.view.n_pad // KTCY_PANEL

@@ -87,6 +87,7 @@ def cmd_info(args):
                                                        "four panels (not a Zen 4)"))
     f32, i16 = data["tiles"]["f32_rows"], data["tiles"]["i16_rows"]
     print(f"AVX-512 FP8 float path: calls of up to {f32} row{'s' if f32 > 1 else ''}" + vendor)
+    print("AVX-512 FP8 decode streams prefetch into " + ("L2 (Zen 4)" if data["tiles"]["fp8_fetch_l2"] else "L1 (not a Zen 4)"))
     i16_why = (" (AMD without AVX-512 BF16)" if i16 else " (AMD with AVX-512 BF16)") if data["tiles"]["amd"] else vendor
     print("MXFP4 16-bit integer path (AVX-512, AVX2): "
           + (f"calls of up to {i16} row{'s' if i16 > 1 else ''}" if i16 else "none, bf16 throughout") + i16_why)

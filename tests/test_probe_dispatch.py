@@ -168,7 +168,7 @@ def test_threads_setting():
 def test_tile_choice_follows_the_vendor():
     """cpuid's vendor string picks the few-row tile width and FP8's float rows, with AVX-512 BF16
     MXFP4's few-row path and with AVX-512 F AVX2 INT8's prefill tile, with the family (Zen 4) the
-    E2M1 formats' tile width (registry.h); /proc/cpuinfo says the same."""
+    E2M1 formats' tile width and FP8's prefetch level (registry.h); /proc/cpuinfo says the same."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -186,6 +186,6 @@ def test_tile_choice_follows_the_vendor():
     assert _native.tile_choice() == {"amd": amd, "family": family, "one_panel_rows": 4 if amd else 0,
                                      "e2m1_panel_rows": 2 if zen4 else 0, "f32_rows": 1 if amd else 4,
                                      "i16_rows": 0 if amd and "avx512_bf16" in flags else 4,
-                                     "wide_tiles": not amd or "avx512f" in flags}
+                                     "fp8_fetch_l2": zen4, "wide_tiles": not amd or "avx512f" in flags}
     from ktcy import report
     assert report.info()["tiles"] == _native.tile_choice()  # what `ktcy info` shows

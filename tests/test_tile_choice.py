@@ -80,3 +80,31 @@ def test_wide_and_four_row_prefill_tiles_give_the_same_bits(variant, threads):
         exact = x.astype(np.float64) @ reference.T
         err = np.abs(four - exact).max() / np.abs(exact).max()
         assert err < 0.03, f"m={m}: {err:.2e} from float64"  # int8 activations: ~1%
+
+
+FP8_STREAM_VARIANTS = [v for v in VECTOR_VARIANTS if v["isa"] == "avx512" and "FP8_PERCHANNEL" in v["formats"]]
+
+
+@pytest.mark.parametrize("variant", FP8_STREAM_VARIANTS, ids=[v["name"] for v in FP8_STREAM_VARIANTS])
+@pytest.mark.parametrize("threads", [1], indirect=True)
+@pytest.mark.parametrize("fmt", ["FP8_PERCHANNEL", "FP8_BLOCK"])
+def test_fp8_streams_fetched_into_l1_or_l2_give_the_same_bits(variant, threads, fmt):
+    """AVX-512 FP8's decode streams prefetch into L1 or, on a Zen 4, L2 (registry.h:
+    ktcy_fp8_fetch_l2): both the float path (f32_rows) and the bf16 tiles run either way, over
+    the panel ends where the prefetch runs on into the next panel, with the same bits."""
+    if not variant["runnable"]:
+        pytest.skip(f"{variant['name']}: this CPU lacks {', '.join(variant['needs'])}")
+    rng = np.random.default_rng(13)
+    n, k = 16 * 10 + 5, 300  # 11 panels; K not a multiple of the 32-wide block or of 128
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    packed = kernels.pack(w, fmt)
+    reference = packed.dequantize(np.float64)
+    for m in (1, 2, 3, 4, 6):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        for f32_rows in (0, 4):
+            l1 = kernels.linear_variant(x, packed, variant["name"], f32_rows=f32_rows, fp8_fetch_l2=0)
+            l2 = kernels.linear_variant(x, packed, variant["name"], f32_rows=f32_rows, fp8_fetch_l2=1)
+            assert l1.tobytes() == l2.tobytes(), f"m={m} f32_rows={f32_rows}"
+            exact = x.astype(np.float64) @ reference.T
+            err = np.abs(l2 - exact).max() / np.abs(exact).max()
+            assert err < 0.01, f"m={m} f32_rows={f32_rows}: {err:.2e} from float64"  # bf16 activations

@@ -164,6 +164,7 @@ KT_AI __m256 KT_(final_scaled)(__m256i acc, __m256 facc, float f, const ktcy_act
 #define KT_WKIND KT_W_BF16
 #define KT_PREDECODE 1
 #define KT_REG_DECODE KT_VBMI
+#define KT_FETCH_L2(a) ((a)->fp8_fetch_l2) /* registry.h: a Zen 4's streams read faster so */
 #define KT_FUSED_PREDECODE 1 /* rows() gives decode_panels' bytes: a first tile can keep them */
 #if KT_VBMI
 typedef struct { __m512i tab_lo0, tab_lo1, tab_hi0, tab_hi1, arrange; } KT_(ctx);
@@ -246,9 +247,9 @@ KT_AI void KT_(pair_fma)(__m512 a0, __m512 a1, const __m512 w[4], __m512 sums[2]
     sums[1] = _mm512_fmadd_ps(a1, w[3], _mm512_fmadd_ps(a0, w[2], sums[1]));
 }
 /* The sums of NP panels from p0 for MB float activation rows (x, rows xs floats apart; row
- * factors f), into y (rows ldy apart). */
+ * factors f), into y (rows ldy apart); the panels are fetched into L2 when to_l2 (registry.h). */
 KT_AI void KT_(f32_tile)(const int MB, const int NP, int64_t p0, ktcy_span cont, const ktcy_weight *w, float *y,
-                         int64_t ldy, const float *x, int64_t xs, const float *f) {
+                         int64_t ldy, const float *x, int64_t xs, const float *f, int to_l2) {
     const int64_t nkb = w->k_pad / 32;
     const __m512i keep = _mm512_set1_epi32((int)0x87F00000u);
     __m512 acc[4][4][2], sub[4][4][2], facc[4][4][2];
@@ -275,7 +276,7 @@ KT_AI void KT_(f32_tile)(const int MB, const int NP, int64_t p0, ktcy_span cont,
             }
             _Pragma("GCC unroll 4")
             for (int p = 0; p < NP; ++p) {
-                _mm_prefetch((const char *)(fetch[p] + (uintptr_t)(r2 * 32)), _MM_HINT_T0);
+                ktcy_fetch_stream(fetch[p] + (uintptr_t)(r2 * 32), to_l2);
                 __m512i v = _mm512_loadu_si512(panel[p] + kb * 512 + r2 * 32);
                 const __mmask64 small = _mm512_mask_test_epi8_mask(_mm512_testn_epi8_mask(v, _mm512_set1_epi8(0x78)), v,
                                                                   _mm512_set1_epi8(0x07));
@@ -359,7 +360,7 @@ KT_AI int KT_(few_rows)(const ktcy_act *a, const ktcy_weight *w, float *y, int64
         }
         f[m] = ktcy_pow2(KTCY_E4M3_BITMOVE_SHIFT - shift);
     }
-    KT_FEW_ROWS_SWEEP(KT_(f32_tile), 4, 2, a, w, pb, pe, w, y, ldy, x, a->k_pad, f) /* 4 x 4: 32 accumulators */
+    KT_FEW_ROWS_SWEEP(KT_(f32_tile), 4, 2, a, w, pb, pe, w, y, ldy, x, a->k_pad, f, a->fp8_fetch_l2) /* 4 x 4: 32 accumulators */
     return 1;
 }
 KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const int MB, const int NP,

@@ -22,6 +22,7 @@
  * and may set KT_ONE_PANEL_ROWS(a): calls of at most that many rows (a per-CPU choice,
  *   ktcy_act.one_panel_rows or .e2m1_panel_rows) take one panel per tile, not four;
  * KT_PRE_SCALED 1: decode_panels folds the group scales in (predecoded tiles skip the epilogue).
+ * KT_FETCH_L2(a): 1 where a streaming tile prefetches into L2 rather than L1 (a per-CPU choice);
  * KT_FUSED_PREDECODE 1: rows() yields the predecoded bytes, so a group's first row tile decodes
  *   in registers and keeps the rows for the others instead of a separate decode pass.
  * KT_FEW_ROWS 1: KT_(few_rows)(a, w, y, ldy, pb, pe, scratch) serves calls of at most
@@ -123,6 +124,9 @@ KT_AI void KT_(merge_split)(KT_(acc_t) acc[6][4], const int NP) {
 #ifndef KT_ONE_PANEL_ROWS
 #define KT_ONE_PANEL_ROWS(a) 0
 #endif
+#ifndef KT_FETCH_L2
+#define KT_FETCH_L2(a) 0
+#endif
 #ifndef KT_PRE_SCALED
 #define KT_PRE_SCALED 0
 #endif
@@ -146,6 +150,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const int KEEP,
     const int64_t nkb = w->k_pad / KT_BK;
     const int64_t block_bytes = PRE ? 1024 : KT_BB;
     const int groups = KT_(has_groups)(w) && !(PRE && KT_PRE_SCALED);
+    const int to_l2 = KT_FETCH_L2(a);
     KT_(acc_t) acc[6][4];
     __m512 facc[6][4];
     const uint8_t *panel[4];
@@ -178,7 +183,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const int KEEP,
             if (!PRE && STREAM)
                 _Pragma("GCC unroll 8")
                 for (int p = 0; p < NP; ++p)
-                    _mm_prefetch((const char *)(fetch[p] + (uintptr_t)(r2 * (KT_BB / 16))), _MM_HINT_T0);
+                    ktcy_fetch_stream(fetch[p] + (uintptr_t)(r2 * (KT_BB / 16)), to_l2);
             kt_vec2 wv2[4][2];
             _Pragma("GCC unroll 8")
             for (int p = 0; p < NP; ++p) {
@@ -344,6 +349,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_ALWAYS_PRE
 #undef KT_AHEAD
 #undef KT_ONE_PANEL_ROWS
+#undef KT_FETCH_L2
 #undef KT_PRE_SCALED
 #undef KT_FUSED_PREDECODE
 #undef KT_FEW_ROWS

@@ -152,6 +152,14 @@ static inline int32_t ktcy_i16_rows(const ktcy_cpu *c) { return c->amd && c->avx
  * INT4 preferred four panels: both keep four. */
 static inline int32_t ktcy_e2m1_panel_rows(const ktcy_cpu *c) { return c->amd && c->family == 0x19 && c->avx512f ? 2 : 0; }
 
+/* ktcy_act.fp8_fetch_l2 for this CPU: AVX-512 FP8's tiles that stream their panels from memory
+ * (decode: the float path's and the bf16 path's) prefetch 8 blocks ahead into L2 (prefetcht1)
+ * instead of L1.  On a Zen 4 a MoE layer ran that way at T = 1, 8 and 32 in 0.90x, 0.87-0.90x
+ * and 0.78-0.80x the time (per channel and block alike; T = 128 0.97-0.99x), where INT4, MXFP4
+ * and MXFP4_A8 ran 1.05x, 1.18x and 1.59x slower at T = 1 (they keep L1).  A Zen 5 ran FP8 T = 1
+ * 1.07x slower so and a Xeon the same: they keep L1. */
+static inline int32_t ktcy_fp8_fetch_l2(const ktcy_cpu *c) { return c->amd && c->family == 0x19 && c->avx512f; }
+
 /* ktcy_act.wide_tiles for this CPU: AVX2 INT8 prefill (more than 4 rows) in 3-row x 2-panel tiles
  * (12 accumulators share each broadcast and each |w|) or in 4-row x 1-panel tiles (8, no spills).
  * A Zen 5 ran the wide tiles in 0.59-0.85x the time of the 4-row tiles of the day (single GEMM,

@@ -47,6 +47,8 @@ typedef struct {
     int32_t i16_rows;          /* ... and MXFP4's 16-bit integer path (ktcy_i16_rows); 0: never   */
     int32_t e2m1_panel_rows;   /* calls of at most this many rows take one panel per tile in     */
                                /* AVX-512 MXFP4 and MXFP4_A8 (ktcy_e2m1_panel_rows); 0: never     */
+    int32_t fp8_fetch_l2;      /* 1: AVX-512 FP8's decode streams prefetch into L2 (prefetcht1),  */
+                               /* 0: into L1 (ktcy_fp8_fetch_l2)                                  */
     int32_t wide_tiles;        /* 1: prefill takes AVX2 INT8's 3-row x 2-panel tiles (KT_WIDE_TILE,*/
                                /* ktcy_wide_tiles); 0: its 4-row tiles                            */
 } ktcy_act;
