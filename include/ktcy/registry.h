@@ -116,14 +116,16 @@ static inline int ktcy_satisfied_needs(const ktcy_cpu *c) {
 }
 
 /* ktcy_act.one_panel_rows for this CPU: calls of at most this many rows stream one panel per
- * tile in AVX-512 INT4 (KT_ONE_PANEL_OK) and AVX2's integer formats, where they would otherwise
+ * tile in AVX-512 INT4 (KT_ONE_PANEL_ROWS) and AVX2's integer formats, where they would otherwise
  * take four (AVX-512) or two (AVX2, one row).  Measured per vendor, MoE layer: a Zen 5 ran
  * AVX-512 INT4 at T = 1/4/32 with one-panel tiles in 0.88-0.94x the time of four-panel ones; a
  * Xeon (Sapphire Rapids class) ran it with four-panel tiles in 0.76-0.87x the time of one-panel
  * ones, and AVX2 INT8/INT4/INT4_ZP/MXFP4_A8 at T = 1 and 2 with two-panel tiles in 0.79-0.97x; a
  * Zen 3 (AVX2 only) ran AVX2 INT8 at T = 1, 2 and 4 with two-panel tiles in 0.85-0.88x the time
- * but INT4, INT4_ZP and MXFP4_A8 in 1.01-1.21x (four panels: 1.05-1.20x).  AMD keeps the
- * one-panel tiles it was tuned with, but for AVX2 INT8, which takes two on every CPU (fmt_int8.h). */
+ * but INT4, INT4_ZP and MXFP4_A8 in 1.01-1.21x (four panels: 1.05-1.20x); a Zen 4 ran AVX-512
+ * INT4 and INT4_ZP with four-panel tiles in 1.26-1.40x (T = 1, 4) and 1.13-1.16x (T = 32) the
+ * time of one-panel ones.  AMD keeps the one-panel tiles it was tuned with, but for AVX2 INT8,
+ * which takes two on every CPU (fmt_int8.h). */
 static inline int32_t ktcy_one_panel_rows(const ktcy_cpu *c) { return c->amd ? 4 : 0; }
 
 /* ktcy_act.f32_rows for this CPU: calls of at most this many rows take AVX-512 FP8's float path
