@@ -107,12 +107,7 @@ cdef inline int _expert_gemm(ktcy_gemm_fn fn, const ktcy_weight *w, float *y, in
     act.q, act.scale, act.group_sum, act.bf16 = q, scale, gsum, bf16
     act.next_w, act.next_pb, act.next_pe = next_w, next_p0, next_p1
     act.rows_in_scratch = rows_in_scratch
-    act.one_panel_rows = _one_panel_rows
-    act.f32_rows = _f32_rows
-    act.i16_rows = _i16_rows
-    act.e2m1_panel_rows = _e2m1_panel_rows
-    act.fp8_fetch_l2 = _fp8_fetch_l2
-    act.wide_tiles = _wide_tiles
+    _set_tile_choices(&act)
     return fn(&act, w, y, ldy, p0, p1, scratch)
 
 

@@ -65,6 +65,15 @@ cdef int32_t _e2m1_panel_rows = ktcy_e2m1_panel_rows(&_cpu)
 cdef int32_t _fp8_fetch_l2 = ktcy_fp8_fetch_l2(&_cpu)
 cdef int32_t _wide_tiles = ktcy_wide_tiles(&_cpu)
 
+cdef inline void _set_tile_choices(ktcy_act *act) noexcept nogil:
+    """This CPU's tile choices (registry.h), into every ktcy_act built here."""
+    act.one_panel_rows = _one_panel_rows
+    act.f32_rows = _f32_rows
+    act.i16_rows = _i16_rows
+    act.e2m1_panel_rows = _e2m1_panel_rows
+    act.fp8_fetch_l2 = _fp8_fetch_l2
+    act.wide_tiles = _wide_tiles
+
 def cpu_features():
     """Feature flags from cpuid/xgetbv (and the Linux AMX permission), as Python bools."""
     c = _cpu
@@ -517,12 +526,7 @@ cdef class Activations:
         cdef ktcy_bf16_act_fn bf16_act
         memset(&self.view, 0, sizeof(ktcy_act))
         self.view.m, self.view.m_pad, self.view.k_pad, self.view.group = m, m_pad, k_pad, gsum_group
-        self.view.one_panel_rows = _one_panel_rows
-        self.view.f32_rows = _f32_rows
-        self.view.i16_rows = _i16_rows
-        self.view.e2m1_panel_rows = _e2m1_panel_rows
-        self.view.fp8_fetch_l2 = _fp8_fetch_l2
-        self.view.wide_tiles = _wide_tiles
+        _set_tile_choices(&self.view)
         if d.act == KTCY_ACT_INT8:
             self.q = np.zeros((m_pad, k_pad), np.int8)
             self.scale = np.zeros(m_pad, np.float32)

@@ -20,7 +20,7 @@ _PEAKS = {
 # A team figure below this share of threads x the one-thread figure is flagged unreliable.  Threads
 # that share one core give 1/threads of it, so the bar sits well above that: at 0.5 a Zen 4 run
 # whose two threads shared a core for the moment (vdpbf16ps: 1.002x the one-thread figure) passed,
-# and BF16 prefill read "167% of the peak"; healthy runs there scale by 1.84-1.88x.
+# and BF16 prefill read "167% of the peak"; healthy runs there scale by 1.84-2.0x.
 RELIABLE_SCALING = 0.75
 # Team rounds of `repeats` runs each, taken until one reaches RELIABLE_SCALING.
 TEAM_ROUNDS = 3

@@ -145,14 +145,17 @@ static inline int32_t ktcy_f32_rows(const ktcy_cpu *c) { return c->amd ? 1 : 4; 
  * way: they keep bf16. */
 static inline int32_t ktcy_i16_rows(const ktcy_cpu *c) { return c->amd && c->avx512_bf16 ? 0 : 4; }
 
+/* A Zen 4: AMD family 0x19 (Zen 3 and Zen 4) with AVX-512 (Zen 4 only). */
+static inline int ktcy_zen4(const ktcy_cpu *c) { return c->amd && c->family == 0x19 && c->avx512f; }
+
 /* ktcy_act.e2m1_panel_rows for this CPU: calls of at most this many rows stream one panel per tile
  * in AVX-512 MXFP4 and MXFP4_A8 (each format caps it: KT_ONE_PANEL_ROWS), where they would
- * otherwise take four.  A Zen 4 (AMD family 0x19 with AVX-512) ran a MoE layer that way at T = 1,
+ * otherwise take four.  A Zen 4 ran a MoE layer that way at T = 1,
  * 2, 4 and 8 in 0.81-0.85x (MXFP4_A8) and 0.82-0.89x (MXFP4) the time, one projection from
  * memory at M = 1 in 0.82-0.88x and 0.91x: four panels are four streams, and there fewer streams
  * read faster.  A Zen 5 ran MXFP4 (an earlier decode) 1.5x slower one panel wide, and a Xeon's
  * INT4 preferred four panels: both keep four. */
-static inline int32_t ktcy_e2m1_panel_rows(const ktcy_cpu *c) { return c->amd && c->family == 0x19 && c->avx512f ? 2 : 0; }
+static inline int32_t ktcy_e2m1_panel_rows(const ktcy_cpu *c) { return ktcy_zen4(c) ? 2 : 0; }
 
 /* ktcy_act.fp8_fetch_l2 for this CPU: AVX-512 FP8's tiles that stream their panels from memory
  * (decode: the float path's and the bf16 path's) prefetch 8 blocks ahead into L2 (prefetcht1)
@@ -160,7 +163,7 @@ static inline int32_t ktcy_e2m1_panel_rows(const ktcy_cpu *c) { return c->amd &&
  * and 0.78-0.80x the time (per channel and block alike; T = 128 0.97-0.99x), where INT4, MXFP4
  * and MXFP4_A8 ran 1.05x, 1.18x and 1.59x slower at T = 1 (they keep L1).  A Zen 5 ran FP8 T = 1
  * 1.07x slower so and a Xeon the same: they keep L1. */
-static inline int32_t ktcy_fp8_fetch_l2(const ktcy_cpu *c) { return c->amd && c->family == 0x19 && c->avx512f; }
+static inline int32_t ktcy_fp8_fetch_l2(const ktcy_cpu *c) { return ktcy_zen4(c); }
 
 /* ktcy_act.wide_tiles for this CPU: AVX2 INT8 prefill (more than 4 rows) in 3-row x 2-panel tiles
  * (12 accumulators share each broadcast and each |w|) or in 4-row x 1-panel tiles (8, no spills).
