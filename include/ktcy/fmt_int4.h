@@ -130,14 +130,29 @@ KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_
 #define KT_ONE_PANEL_ROWS(a) ((a)->one_panel_rows)
 typedef struct { int unused; } KT_(ctx);
 KT_AI KT_(ctx) KT_(make_ctx)(void) { KT_(ctx) c = {0}; return c; }
-KT_AI __m512i KT_(row)(const uint8_t *blk, int r) {
+/* Rows r and r + 8 are the low and high nibbles of the same 64 bytes.  RELOAD: an empty asm makes
+ * the high rows load them again (an L1 hit).  In tiles of 4-6 rows GCC otherwise keeps the low
+ * rows' loads live across the block and spills them in the inner loop (a 6 x 4 tile made 306
+ * stack accesses, 84-122 with it: the float sums at group ends).  Which tiles reload also moves
+ * the others' register allocation: the whole AVX-512 VNNI variant made 1258 stack accesses
+ * before, 812 as chosen (gemm_avx512_tpl.h), 1098 with only prefill's four-panel tiles.  On a
+ * Zen 4, one projection at M = 8-512 took 0.83-0.85x the time (INT4 and INT4_ZP), MoE T = 128
+ * and 512 0.78-0.87x.  The one- and two-row tiles keep the reuse: reloading cost them 1.0-1.08x. */
+#define KT_SHARED_ROW_BYTES 1
+KT_AI __m512i KT_(row)(const uint8_t *blk, int r, const int reload) {
+    if (reload && r >= 8) __asm__("" : "+r"(blk));
     __m512i raw = _mm512_loadu_si512(blk + (r & 7) * 64);
     return _mm512_and_si512(r < 8 ? raw : _mm512_srli_epi16(raw, 4), _mm512_set1_epi8(0x0F));
 }
 KT_AI void KT_(rows)(const KT_(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2]) {
     (void)c;
-    out[0].v0 = KT_(row)(blk, r);
-    out[1].v0 = KT_(row)(blk, r + 1);
+    out[0].v0 = KT_(row)(blk, r, 0);
+    out[1].v0 = KT_(row)(blk, r + 1, 0);
+}
+KT_AI void KT_(rows_reloaded)(const KT_(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2]) {
+    (void)c;
+    out[0].v0 = KT_(row)(blk, r, 1);
+    out[1].v0 = KT_(row)(blk, r + 1, 1);
 }
 KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const int MB, const int NP,
                                const ktcy_act *a, const ktcy_weight *w, int64_t m0, int64_t p0, int64_t g) {

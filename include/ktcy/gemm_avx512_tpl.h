@@ -25,6 +25,9 @@
  * KT_FETCH_L2(a): 1 where a streaming tile prefetches into L2 rather than L1 (a per-CPU choice);
  * KT_FUSED_PREDECODE 1: rows() yields the predecoded bytes, so a group's first row tile decodes
  *   in registers and keeps the rows for the others instead of a separate decode pass.
+ * KT_SHARED_ROW_BYTES 1: rows r and r + 8 of a block come from the same 64 bytes (4-bit codes),
+ *   and KT_(rows_reloaded)(ctx, blk, r, out[2]) is rows() loading them again for the high rows,
+ *   which the tiles of 4-6 rows take (but a decode call's one-panel streaming tile).
  * KT_FEW_ROWS 1: KT_(few_rows)(a, w, y, ldy, pb, pe, scratch) serves calls of at most
  *   KT_FEW_ROWS_CHOICE(a) rows (a per-CPU choice: FP8's float path a->f32_rows, MXFP4's 16-bit
  *   integer path a->i16_rows) its own way, without vdpbf16ps (with MXCSR.DAZ cleared), or returns
@@ -136,6 +139,9 @@ KT_AI void KT_(merge_split)(KT_(acc_t) acc[6][4], const int NP) {
 #ifndef KT_FUSED_PREDECODE
 #define KT_FUSED_PREDECODE 0
 #endif
+#ifndef KT_SHARED_ROW_BYTES
+#define KT_SHARED_ROW_BYTES 0
+#endif
 #ifndef KT_FEW_ROWS
 #define KT_FEW_ROWS 0
 #endif
@@ -193,7 +199,14 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const int KEEP,
                 }
 #if !KT_ALWAYS_PRE
                 else {
-                    KT_(rows)(c, blk[p], r2, wv2[p]);
+                    /* tiles of 4-6 rows load the high rows' shared bytes again
+                     * (KT_SHARED_ROW_BYTES), but a decode call's one-panel tile */
+#if KT_SHARED_ROW_BYTES
+                    if (MB >= 4 && (NP == 4 || !STREAM))
+                        KT_(rows_reloaded)(c, blk[p], r2, wv2[p]);
+                    else
+#endif
+                        KT_(rows)(c, blk[p], r2, wv2[p]);
                     if (KEEP) { /* the fused predecode: these rows serve the group's later tiles */
                         uint8_t *kept = decoded + (p * nkb + kb) * 1024 + r2 * 64;
                         _mm512_storeu_si512(kept, wv2[p][0].v0);
@@ -352,6 +365,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_FETCH_L2
 #undef KT_PRE_SCALED
 #undef KT_FUSED_PREDECODE
+#undef KT_SHARED_ROW_BYTES
 #undef KT_FEW_ROWS
 #undef KT_FEW_ROWS_MAX
 #undef KT_FEW_ROWS_CHOICE
