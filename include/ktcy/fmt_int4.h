@@ -137,7 +137,7 @@ KT_AI KT_(ctx) KT_(make_ctx)(void) { KT_(ctx) c = {0}; return c; }
  * the others' register allocation: the whole AVX-512 VNNI variant made 1258 stack accesses
  * before, 812 as chosen (gemm_avx512_tpl.h), 1098 with only prefill's four-panel tiles.  On a
  * Zen 4, one projection at M = 8-512 took 0.83-0.85x the time (INT4 and INT4_ZP), MoE T = 128
- * and 512 0.78-0.87x.  The one- and two-row tiles keep the reuse: reloading cost them 1.0-1.08x. */
+ * and 512 0.78-0.87x.  The one- and two-row tiles keep the reuse: reloading cost them 0.99-1.08x. */
 #define KT_SHARED_ROW_BYTES 1
 KT_AI __m512i KT_(row)(const uint8_t *blk, int r, const int reload) {
     if (reload && r >= 8) __asm__("" : "+r"(blk));
