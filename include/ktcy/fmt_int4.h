@@ -131,16 +131,17 @@ KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_
 typedef struct { int unused; } KT_(ctx);
 KT_AI KT_(ctx) KT_(make_ctx)(void) { KT_(ctx) c = {0}; return c; }
 /* Rows r and r + 8 are the low and high nibbles of the same 64 bytes.  RELOAD: an empty asm makes
- * the high rows load them again (an L1 hit).  In tiles of 4-6 rows GCC otherwise keeps the low
- * rows' loads live across the block and spills them in the inner loop (a 6 x 4 tile made 306
- * stack accesses, 84-122 with it: the float sums at group ends).  Which tiles reload also moves
- * the others' register allocation: the whole AVX-512 VNNI variant made 1258 stack accesses
- * before, 812 as chosen (gemm_avx512_tpl.h), 1098 with only prefill's four-panel tiles.  On a
- * Zen 4, one projection at M = 8-512 took 0.83-0.85x the time (INT4 and INT4_ZP), MoE T = 128
- * and 512 0.78-0.87x.  The one- and two-row tiles keep the reuse: reloading cost them 0.99-1.08x. */
+ * the high rows load them again (an L1 hit; which tiles do: gemm_avx512_tpl.h).  In tiles of 4-6
+ * rows GCC otherwise keeps the low rows' loads live across the block and spills them in the
+ * inner loop (a 6 x 4 tile made 306 stack accesses, 84-122 with it: the float sums at group
+ * ends).  Which tiles reload also moves the others' register allocation: the whole AVX-512 VNNI
+ * variant made 1258 stack accesses before, 812 as chosen, 1098 with only prefill's four-panel
+ * tiles.  On a Zen 4, one projection at M = 8-512 took 0.83-0.85x the time (INT4 and INT4_ZP),
+ * MoE T = 128 and 512 0.78-0.87x.  The one- and two-row tiles keep the reuse: reloading cost
+ * them 0.99-1.08x. */
 #define KT_SHARED_ROW_BYTES 1
-KT_AI __m512i KT_(row)(const uint8_t *blk, int r, const int reload) {
-    if (reload && r >= 8) __asm__("" : "+r"(blk));
+KT_AI __m512i KT_(row)(const uint8_t *blk, int r, const int RELOAD) {
+    if (RELOAD && r >= 8) __asm__("" : "+r"(blk));
     __m512i raw = _mm512_loadu_si512(blk + (r & 7) * 64);
     return _mm512_and_si512(r < 8 ? raw : _mm512_srli_epi16(raw, 4), _mm512_set1_epi8(0x0F));
 }

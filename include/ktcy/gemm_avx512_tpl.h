@@ -27,7 +27,8 @@
  *   in registers and keeps the rows for the others instead of a separate decode pass.
  * KT_SHARED_ROW_BYTES 1: rows r and r + 8 of a block come from the same 64 bytes (4-bit codes),
  *   and KT_(rows_reloaded)(ctx, blk, r, out[2]) is rows() loading them again for the high rows,
- *   which the tiles of 4-6 rows take (but a decode call's one-panel streaming tile).
+ *   which the tiles of 4-6 rows take, except one-panel streaming tiles (a decode call's, or the
+ *   last panels of a call of 3-6 rows).
  * KT_FEW_ROWS 1: KT_(few_rows)(a, w, y, ldy, pb, pe, scratch) serves calls of at most
  *   KT_FEW_ROWS_CHOICE(a) rows (a per-CPU choice: FP8's float path a->f32_rows, MXFP4's 16-bit
  *   integer path a->i16_rows) its own way, without vdpbf16ps (with MXCSR.DAZ cleared), or returns
@@ -200,7 +201,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const int KEEP,
 #if !KT_ALWAYS_PRE
                 else {
                     /* tiles of 4-6 rows load the high rows' shared bytes again
-                     * (KT_SHARED_ROW_BYTES), but a decode call's one-panel tile */
+                     * (KT_SHARED_ROW_BYTES), except one-panel streaming tiles */
 #if KT_SHARED_ROW_BYTES
                     if (MB >= 4 && (NP == 4 || !STREAM))
                         KT_(rows_reloaded)(c, blk[p], r2, wv2[p]);
