@@ -152,11 +152,11 @@ KT_AI void KT_(i16_tile)(const int MB, const int NP, int64_t p0, ktcy_span cont,
                                                              _mm256_maddubs_epi16(al1, wv[1][p][h]));
                         acc[m][p][h] = _mm256_add_epi32(acc[m][p][h], _mm256_add_epi32(_mm256_madd_epi16(high, times256),
                                                                                         _mm256_madd_epi16(low, ones)));
-                        /* kept one chain, as the skeleton's KT_KEEP does: GCC otherwise sums a
-                         * group's 4 quad pairs as a tree and spills the partial sums (one
-                         * projection 768 x 2048 from memory, 2 threads, this path forced on a
-                         * Zen 4's AVX2: M = 1, 2, 4 0.88-0.95x the time, the same bits) */
-                        __asm__("" : "+x"(acc[m][p][h]));
+                        /* one chain: GCC otherwise sums a group's 4 quad pairs as a tree and
+                         * spills the partial sums (one projection 768 x 2048 from memory, 2
+                         * threads, this path forced on a Zen 4's AVX2: M = 1, 2, 4 0.88-0.95x
+                         * the time, the same bits) */
+                        KT_KEEP(acc[m][p][h]);
                     }
             }
         }

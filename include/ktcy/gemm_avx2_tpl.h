@@ -55,6 +55,10 @@
 #define KT_AI static inline __attribute__((always_inline)) KT_TARGET
 #define KT_SKEL KT_SKEL_AVX2
 #define KT_AHEAD 8 /* blocks of software prefetch ahead of the decode stream */
+/* An empty asm on an integer accumulator: GCC would otherwise re-associate the unrolled
+ * vpaddd chains of a wide tile into trees and spill them to the stack (the traits' own tiles
+ * use it too). */
+#define KT_KEEP(v) __asm__("" : "+x"(v))
 
 #include KT_TRAITS
 
@@ -95,9 +99,6 @@
 #define KT_PREDECODE_ABOVE 4
 #endif
 
-/* An empty asm on an integer accumulator: GCC would otherwise re-associate the unrolled
- * vpaddd chains of a wide tile into trees and spill them to the stack. */
-#define KT_KEEP(v) __asm__("" : "+x"(v))
 
 static const int KT_(formats) = KT_FORMATS; /* the descriptor rows this variant serves, for registry.h */
 
