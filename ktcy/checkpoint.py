@@ -402,7 +402,9 @@ class LayerExperts:
             return (w, None)
         for scale_name in (name + "_scale_inv", name + "_scale"):
             if scale_name in self.ckpt:
-                return (w, scale_name) if want_scale_name else (w, self.ckpt.get(scale_name))
+                if want_scale_name:
+                    return (w, scale_name)
+                return (w, check_fp8_values(name, w, scale_name, self.ckpt.get(scale_name)))
         raise CheckpointError(f"{name}: FP8 weight without {name}_scale_inv or {name}_scale")
 
     def _check_expert(self, e):
@@ -474,8 +476,9 @@ class LayerExperts:
     def dense_mlp(self, name, hidden, inter):
         """A dense SwiGLU MLP stored as {name}.{gate,up,down}_proj.weight (shared experts), in the
         layout of expert(): {proj: (weight, scale | None)}, or (codes, spec) when released
-        quantized like the routed experts."""
-        out = {}
+        quantized like the routed experts; and the FP8 scale kind all three share (None when
+        not FP8)."""
+        out, kinds = {}, set()
         q = self.ckpt.quant
         for proj in ("gate", "up", "down"):
             tensor = f"{name}.{proj}_proj.weight"
@@ -492,12 +495,19 @@ class LayerExperts:
             if w.dtype.name == "float8_e4m3fn":
                 for suffix in ("_scale_inv", "_scale"):
                     if tensor + suffix in self.ckpt:
-                        scale = self.ckpt.get(tensor + suffix)
+                        scale = check_fp8_values(tensor, w, tensor + suffix, self.ckpt.get(tensor + suffix))
+                        try:
+                            kinds.add(fp8_scale_kind(tensor + suffix, scale.shape, w.shape))
+                        except ValueError as e:
+                            raise CheckpointError(str(e)) from None
                         break
                 else:
                     raise CheckpointError(f"{tensor}: FP8 weight without {tensor}_scale_inv or {tensor}_scale")
             out[proj] = (w, scale)
-        return out
+        if len(kinds) > 1:
+            raise CheckpointError(f"{name}: gate, up and down projections mix FP8 scale kinds ({', '.join(sorted(kinds))}); "
+                                  "ktcy packs the three in one format")
+        return out, next(iter(kinds), None)
 
     def dequantized(self, e):
         """Expert e as float32 arrays: FP8 codes times their scales, released INT4 / MXFP4 codes
@@ -508,14 +518,37 @@ class LayerExperts:
         return {proj: dequantize(w, s) for proj, (w, s) in self.expert(e).items()}
 
 
+def check_fp8_values(name, codes, scale_name, scale):
+    """scale, after checking that an FP8 weight read from a checkpoint holds no NaN: a NaN or
+    infinite scale, or an E4M3 NaN code (0x7F, 0xFF), makes every output of its channel NaN.
+    (The kernels themselves propagate NaN codes as IEEE does; a released model holding one is
+    corrupt, so it is refused where it is read, naming the tensor.)"""
+    s = np.asarray(scale, np.float32)
+    if not np.isfinite(s).all():
+        where = tuple(int(i) for i in np.argwhere(~np.isfinite(s))[0])
+        raise CheckpointError(f"{scale_name}: scale at {where} is {s[where]}; FP8 scales must be finite")
+    nan = (np.asarray(codes).view(np.uint8) & 0x7F) == 0x7F
+    if nan.any():
+        where = tuple(int(i) for i in np.argwhere(nan)[0])
+        raise CheckpointError(f"{name}: the E4M3 code at {where} is NaN; a checkpoint's FP8 weights must be finite")
+    return scale
+
+
 def dequantize(w, scale):
     """float32 weights from BF16/F16/F32, or from E4M3 codes with per-channel ([N] / [N, 1]) or
-    128x128 block scales (multiplied, as DeepSeek-V3's weight_scale_inv)."""
+    128x128 block scales (multiplied, as DeepSeek-V3's weight_scale_inv).  The convention is read
+    from the scale's shape, never its size: a block grid can hold N values.  The two shapes agree
+    only for a single row of at most 128 columns, where both conventions give the same product.
+    Callers check the scale tensor's name against its shape first (formats.fp8_scale_kind)."""
     f = np.asarray(w, dtype=np.float32)
     if scale is None:
         return f
     s = np.asarray(scale, np.float32)
     n, k = f.shape
-    if s.size == n:
-        return f * s.reshape(-1, 1)
+    if s.shape in ((n,), (n, 1)):
+        return f * s.reshape(n, 1)
+    grid = (-(-n // 128), -(-k // 128))
+    if s.shape != grid:
+        raise CheckpointError(f"FP8 scales of shape {s.shape} fit neither per-channel ({n},) / ({n}, 1) nor "
+                              f"128x128 blocks {grid} of a {n}x{k} weight")
     return f * expand_block_scale(s, n, k)

@@ -41,6 +41,27 @@ def as_float32_matrix(a, what):
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
+# Integer sums of the int8-activation formats reach 2^31 in size; times a weight scale up to
+# 2^96 they stay below float32's largest value (2^128) before the activation scale is applied.
+_MAX_INT_SCALE = 2.0 ** 96
+
+
+def _check_finite_scales(fmt, scale):
+    """A NaN or infinite scale would turn every output of its channel into NaN, and an integer
+    format's scale beyond _MAX_INT_SCALE overflows its float sums: refused where the scales come in
+    (a released checkpoint, a packed file, codes packed by hand), not found in the results.  The
+    position is in the array as given."""
+    if scale is None:
+        return
+    scale = np.asarray(scale, np.float32)
+    if not np.isfinite(scale).all():
+        where = tuple(int(i) for i in np.argwhere(~np.isfinite(scale))[0])
+        raise ValueError(f"{fmt} scale at {where} is {scale[where]}; scales must be finite")
+    if descriptor(fmt)["activations"] == "int8" and scale.size and np.abs(scale).max() > _MAX_INT_SCALE:
+        raise ValueError(f"{fmt} scale {np.abs(scale).max():.3g} exceeds {_MAX_INT_SCALE:.3g}: its integer sums may "
+                         "overflow float32")
+
+
 def _check_colsum(p):
     """The column sums the VNNI kernels subtract (they add 128 to the activations) must be the
     codes' own, and the codes symmetric: a damaged or foreign file would otherwise give wrong
@@ -97,6 +118,7 @@ class PackedWeight:
             n, k = (int(v) for v in self.shape)
             view = _native.Weight(_CODE[self.format], int(self.group_size or 0), n, k, self.data,
                                   self.scale, self.colsum, self.zero)
+            _check_finite_scales(self.format, self.scale)
             if self.colsum is not None:
                 _check_colsum(self)
             self._view = view
@@ -232,9 +254,20 @@ def pack(W: np.ndarray, format: str = "INT8", group_size: int = DEFAULT_INT4_GRO
         return pack_quantized(codes[:, :k], exps, fmt)
     if descriptor(fmt)["zero_points"]:
         codes, scale, zero = quantized
+        _refuse_unrepresentable(fmt, scale, w)
         return pack_quantized((codes[:, :k] + 8).astype(np.uint8), scale, fmt, group_size=group, zero_points=zero)
     codes, scale = quantized
+    _refuse_unrepresentable(fmt, scale, w)
     return pack_quantized(codes[:, :k], scale, fmt, group_size=group or None)
+
+
+def _refuse_unrepresentable(fmt, scale, w):
+    """Finite weights so large that their integer format's scales overflow (or pass
+    _MAX_INT_SCALE): a ValueError that says so, before the scale check's generic one."""
+    s = np.abs(np.asarray(scale, np.float32))
+    if not np.isfinite(s).all() or (s.size and s.max() > _MAX_INT_SCALE):
+        raise ValueError(f"{fmt} cannot hold weights as large as {float(np.abs(w).max()):.3g} (its scales would "
+                         f"pass {_MAX_INT_SCALE:.3g}); BF16 holds up to 3.4e38")
 
 
 def _refuse_non_finite(w):
@@ -292,6 +325,8 @@ def pack_quantized(codes: np.ndarray, scale: Optional[np.ndarray], format: str, 
         if code == "u4" and (codes.min() < -8 or codes.max() > 7):
             raise ValueError(f"{fmt} codes must lie in [-8, 7]")
     kind = d["scale"]
+    if kind not in ("none", "e8m0_in_block"):
+        _check_finite_scales(fmt, scale)
     block_scales = None
     if kind == "none":
         if scale is not None:

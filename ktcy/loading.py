@@ -115,9 +115,14 @@ def experts_from_checkpoint(ckpt, layer, method=None, isa=None, group_size=None,
     _warn_if_requantized(ckpt, experts.native_format, fmt, group, experts.group_size)
     bias = experts.bias()
     source = experts.source(fmt, strict=method is None)
-    if bias is None:
-        return MoE.from_experts(config, source, progress)
-    return MoE.from_experts(config, source, progress, bias=bias)
+    try:
+        if bias is None:
+            return MoE.from_experts(config, source, progress)
+        return MoE.from_experts(config, source, progress, bias=bias)
+    except ValueError as e:
+        if type(e) is not ValueError:
+            raise
+        raise CheckpointError(f"{ckpt.path}: layer {layer}: {e}") from None
 
 
 def _warn_if_requantized(ckpt, stored, fmt, group, stored_group):

@@ -14,7 +14,7 @@ import numpy as np
 from ktcy.checkpoint import Checkpoint, config_int, layer_number
 from ktcy.config import MoeConfig, QuantConfig
 from ktcy.converted import ConvertedFolder
-from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format, fp8_scale_kind
+from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format
 from ktcy.gpt_oss import read_router
 from ktcy.kernels import as_float32_matrix
 from ktcy.loading import PathLike, experts_from_checkpoint, original_checkpoint, source_for
@@ -276,15 +276,11 @@ class MoEModel:
             router = read_router(ckpt, layer.mlp_prefix, arch.num_experts, arch.hidden_size, arch.top_k)
             return MoEBlock(name, L, router, experts, None, rule, backend, origin)
         bias_name = f"{layer.mlp_prefix}.gate.e_score_correction_bias"
-        router = Router(
-            kind=router_kind(arch.raw, layer.mlp_prefix), weight=np.asarray(ckpt.get(f"{layer.mlp_prefix}.gate.weight"), np.float32),
-            top_k=arch.top_k, bias=np.asarray(ckpt.get(bias_name)) if bias_name in ckpt else None,
+        router = Router(  # float_tensor: the shape config.json implies, a float dtype, finite
+            kind=router_kind(arch.raw, layer.mlp_prefix),
+            weight=ckpt.float_tensor(f"{layer.mlp_prefix}.gate.weight", (arch.num_experts, arch.hidden_size)),
+            top_k=arch.top_k, bias=ckpt.float_tensor(bias_name, (arch.num_experts,)) if bias_name in ckpt else None,
             **arch.router_settings())
-        if router.weight.shape != (arch.num_experts, arch.hidden_size):
-            raise CheckpointError(f"{layer.mlp_prefix}.gate.weight: shape {router.weight.shape}, "
-                                  f"expected {(arch.num_experts, arch.hidden_size)}")
-        if router.bias is not None and router.bias.shape != (arch.num_experts,):
-            raise CheckpointError(f"{bias_name}: shape {router.bias.shape}, expected {(arch.num_experts,)}")
         if router.kind == "deepseek_v3" and arch.num_experts % router.n_group:
             raise CheckpointError(f"{arch.source}: n_group {router.n_group} does not divide {arch.num_experts} experts")
         shared = self._shared(layer, experts.format, backend)
@@ -302,20 +298,16 @@ class MoEModel:
             inter = ckpt.arch.intermediate_size * config_int(cfg, where, "n_shared_experts", default=1)
         elif stored(f"{p}.shared_expert"):      # Qwen2-MoE
             inter = config_int(cfg, where, "shared_expert_intermediate_size")
-            name, gate = f"{p}.shared_expert", ckpt.get(f"{p}.shared_expert_gate.weight")
-            if gate.size != H:
-                raise CheckpointError(f"{p}.shared_expert_gate.weight: shape {gate.shape}, expected (1, {H})")
+            gate_name = f"{p}.shared_expert_gate.weight"  # Linear(H, 1): [1, H], or [H] as some exports keep it
+            name, gate = f"{p}.shared_expert", ckpt.float_tensor(gate_name, (1, H) if ckpt.get(gate_name).ndim == 2 else (H,))
         else:
             return None
-        pairs = layer.dense_mlp(name, H, inter)
-        w, s = pairs["gate"]
+        pairs, kind = layer.dense_mlp(name, H, inter)
+        s = pairs["gate"][1]
         group = DEFAULT_INT4_GROUP
         if isinstance(s, dict):  # released codes: kept when fmt is theirs, else dequantized by the packer
-            kind = None
             if s["format"] == fmt and s.get("group_size") in INT4_GROUP_SIZES:
                 group = s["group_size"]
-        else:
-            kind = None if s is None else fp8_scale_kind(f"{name}.gate_proj.weight_scale", s.shape, w.shape)
         config = MoeConfig(1, 1, H, inter, QuantConfig(fmt, group_size=group), backend=backend, isa=self.isa)
         return SharedExpert(MoE.from_experts(config, source_for(fmt, kind, lambda e: pairs)), gate)
 

@@ -367,15 +367,25 @@ def pack_experts(config, expert, ids, progress=None):
 def pack_expert_weight(w, scale, fmt, group, what):
     """One expert projection: float weights are quantized; FP8 codes (with scales) are packed as
     they are when the format is FP8 and the scale kinds agree, else dequantized first; codes as
-    released with a spec dict (see MoE.from_experts) likewise."""
+    released with a spec dict (see MoE.from_experts) likewise.  A packer's error names `what`."""
     if isinstance(scale, dict):
-        return _pack_released(np.asarray(w), scale, fmt, group, what)
+        return _naming(what, _pack_released, np.asarray(w), scale, fmt, group, what)
     if w.dtype == ml_dtypes.float8_e4m3fn and scale is not None and not fmt.startswith("FP8"):
         raise ValueError(f"{what}: FP8 codes must be dequantized before packing as {fmt}")
     if fmt.startswith("FP8") and (w.dtype == ml_dtypes.float8_e4m3fn or w.dtype == np.uint8):
         if scale is None:
             raise ValueError(f"{what}: FP8 codes need their scales")
-        return kernels.pack_quantized(w, scale, fmt)
+        return _naming(what, kernels.pack_quantized, w, scale, fmt)
     if scale is not None:
         raise ValueError(f"{what}: scales are only taken with already-quantized FP8 weights")
-    return kernels.pack(w, fmt, group_size=group)
+    return _naming(what, kernels.pack, w, fmt, group_size=group)
+
+
+def _naming(what, packer, *args, **kwargs):
+    """packer(*args, **kwargs), its ValueError or TypeError (a weight it refuses) naming `what`."""
+    try:
+        return packer(*args, **kwargs)
+    except (TypeError, ValueError) as e:
+        if type(e) not in (TypeError, ValueError):
+            raise
+        raise type(e)(f"{what}: {e}") from None

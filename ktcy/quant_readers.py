@@ -213,12 +213,13 @@ def _groups(ckpt, base, k, group):
     return g, k // g
 
 
-def _int4_result(ckpt, name, codes_u, scale, zero, g, symmetric):
-    """Released INT4 / INT4_ZP from unsigned codes [N, K], scale and zeros [N, groups]."""
+def _int4_result(ckpt, name, scale_name, codes_u, scale, zero, g, symmetric):
+    """Released INT4 / INT4_ZP from unsigned codes [N, K], scale and zeros [N, groups] (name: the
+    zero points' tensor, scale_name the scales')."""
     problem = None if g in INT4_GROUP_SIZES else f"group size {g} (ktcy's INT4 layouts take {INT4_GROUP_SIZES})"
     scale = np.asarray(scale, np.float32)
     if not np.isfinite(scale).all():
-        raise CheckpointError(f"{ckpt.path}: {name} holds NaN or infinite scales")
+        raise CheckpointError(f"{ckpt.path}: {scale_name} holds NaN or infinite scales")
     if symmetric:
         if (zero != 8).any():
             r, c = (int(v) for v in np.argwhere(zero != 8)[0])
@@ -266,7 +267,7 @@ def read_compressed_tensors(ckpt, base, n, k, scheme):
                                   f"{(-(-n // 8), groups)} (packed) or int8 {(n, groups)}")
         if ((zero < 0) | (zero > 15)).any():
             raise CheckpointError(f"{ckpt.path}: {zname} holds zero points outside [-8, 7]")
-    result = _int4_result(ckpt, f"{base}.weight_zero_point" if not scheme.symmetric else base, codes,
+    result = _int4_result(ckpt, f"{base}.weight_zero_point" if not scheme.symmetric else base, f"{base}.weight_scale", codes,
                           np.asarray(scale, np.float32), zero, g, scheme.symmetric)
     return _with_g_idx(ckpt, f"{base}.weight_g_idx", result, k, g, groups)
 
@@ -280,7 +281,7 @@ def read_gptq(ckpt, base, n, k, scheme):
     zero = _unpack_nibbles(_tensor(ckpt, f"{base}.qzeros", ("int32",), (groups, n // 8)), axis=1)
     zero = zero.astype(np.int32) + scheme.zero_offset
     scale = _tensor(ckpt, f"{base}.scales", _FLOAT_SCALES, (groups, n))
-    result = _int4_result(ckpt, f"{base}.qzeros", np.ascontiguousarray(q.T), np.asarray(scale, np.float32).T,
+    result = _int4_result(ckpt, f"{base}.qzeros", f"{base}.scales", np.ascontiguousarray(q.T), np.asarray(scale, np.float32).T,
                           np.ascontiguousarray(zero.T), g, scheme.symmetric)
     return _with_g_idx(ckpt, f"{base}.g_idx", result, k, g, groups)
 
@@ -317,7 +318,7 @@ def read_awq(ckpt, base, n, k, scheme):
     q = channels(_tensor(ckpt, f"{base}.qweight", ("int32",), (k, n // 8)))          # [K, N]
     zero = channels(_tensor(ckpt, f"{base}.qzeros", ("int32",), (groups, n // 8)))   # [groups, N]
     scale = _tensor(ckpt, f"{base}.scales", _FLOAT_SCALES, (groups, n))
-    return _int4_result(ckpt, f"{base}.qzeros", np.ascontiguousarray(q.T), np.asarray(scale, np.float32).T,
+    return _int4_result(ckpt, f"{base}.qzeros", f"{base}.scales", np.ascontiguousarray(q.T), np.asarray(scale, np.float32).T,
                         np.ascontiguousarray(zero.T).astype(np.int32), g, symmetric=False)
 
 

@@ -74,6 +74,9 @@ def strict_json(text, what, kind="JSON"):
         raise CheckpointError(f"{what}: {kind} is not valid JSON ({e})") from None
 
 
+_MAX_DIMS = 32  # numpy 1.x's limit (numpy 2 allows 64); no checkpoint tensor comes close
+
+
 def _is_int(v):
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -121,6 +124,9 @@ def _entry(path, name, info):
                               f"(known: {', '.join(DTYPES)})")
     if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
         raise CheckpointError(f"{path}: tensor {name!r}: shape {shape!r:.80} is not a list of non-negative integers")
+    if len(shape) > _MAX_DIMS or any(d >= 2**62 for d in shape):  # beyond what numpy can view
+        raise CheckpointError(f"{path}: tensor {name!r}: shape {shape!r:.80} has more than {_MAX_DIMS} dimensions or "
+                              "a dimension of 2^62 or more")
     if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(v) for v in offsets):
         raise CheckpointError(f"{path}: tensor {name!r}: data_offsets {offsets!r:.80} is not [begin, end]")
     begin, end = offsets

@@ -522,3 +522,114 @@ def test_layers_argument_is_type_checked(tmp_path):
     with pytest.raises(TypeError, match="each of layers must be an integer"):
         ktcy.MoEModel.from_pretrained(tmp_path, layers=["1"])
     assert list(ktcy.MoEModel.from_pretrained(tmp_path, layers=np.arange(2, 3)).blocks) == ["model.layers.2.mlp.experts"]
+
+
+# ---- the fiftieth stop's review: scales, routers and shapes read as their names say ----
+
+def _fp8_block_checkpoint(path, *, H=256, I=2, gate_scale=None, shared_down_scale=None, code=None):
+    """FP8 block-scaled experts (E = 2) whose gate grid (1, 2) holds as many values as gate has rows."""
+    os.makedirs(path, exist_ok=True)
+    cfg = {"model_type": "qwen3_moe", "hidden_size": H, "num_hidden_layers": 1, "num_experts": 2,
+           "num_experts_per_tok": 1, "moe_intermediate_size": I}
+    rng, t = np.random.default_rng(0), {}
+    for e in range(2):
+        for p, (n, k) in (("gate", (I, H)), ("up", (I, H)), ("down", (H, I))):
+            name = f"model.layers.0.mlp.experts.{e}.{p}_proj.weight"
+            t[name] = rng.uniform(-1, 1, (n, k)).astype(ml_dtypes.float8_e4m3fn)
+            t[name + "_scale_inv"] = np.ones((-(-n // 128), -(-k // 128)), np.float32)
+    g = "model.layers.0.mlp.experts.0.gate_proj.weight"
+    if gate_scale is not None:
+        t[g + "_scale_inv"] = gate_scale
+    if code is not None:
+        t[g].view(np.uint8)[1, 3] = code
+    if shared_down_scale is not None:
+        cfg["n_shared_experts"] = 1
+        sp = "model.layers.0.mlp.shared_experts"
+        for p, (n, k) in (("gate", (I, H)), ("up", (I, H)), ("down", (H, I))):
+            t[f"{sp}.{p}_proj.weight"] = rng.uniform(-1, 1, (n, k)).astype(ml_dtypes.float8_e4m3fn)
+            t[f"{sp}.{p}_proj.weight_scale_inv"] = np.ones((-(-n // 128), -(-k // 128)), np.float32)
+        t[f"{sp}.down_proj.weight_scale_inv"] = shared_down_scale
+        t["model.layers.0.mlp.gate.weight"] = (rng.standard_normal((2, H)) * 0.1).astype(ml_dtypes.bfloat16)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    write(os.path.join(path, "model.safetensors"), t)
+    return t
+
+
+def test_fp8_block_scales_are_applied_by_block_even_when_they_number_n(tmp_path):
+    # gate [2, 256] has a (1, 2) grid: two values, as many as rows; the second covers columns 128-255
+    scale = np.array([[1.0, 100.0]], np.float32)
+    t = _fp8_block_checkpoint(tmp_path, gate_scale=scale)
+    codes = t["model.layers.0.mlp.experts.0.gate_proj.weight"].astype(np.float32)
+    expect = codes * np.repeat(scale, 128, axis=1)
+    got = Checkpoint(tmp_path).layer(0).dequantized(0)["gate"]
+    assert np.array_equal(got, expect)
+    moe = ktcy.load_experts(tmp_path, 0, method="BF16")  # packed from the dequantized weights
+    x = np.zeros((1, 256), np.float32)
+    x[0, 200] = 1.0
+    gate = moe.gate[0].dequantize()
+    assert np.array_equal(gate[:, 200], expect[:, 200].astype(ml_dtypes.bfloat16).astype(np.float32))
+
+
+def test_shared_expert_fp8_scales_are_checked_for_every_projection(tmp_path):
+    bad = np.ones((3, 3), np.float32)  # down_proj [256, 2]'s grid is (2, 1)
+    _fp8_block_checkpoint(tmp_path, shared_down_scale=bad)
+    for backend in (None, "BF16"):
+        with pytest.raises(CheckpointError, match=r"shared_experts\.down_proj\.weight_scale_inv.*\(2, 1\)"):
+            ktcy.MoEModel.from_pretrained(str(tmp_path), backend=backend)
+
+
+@pytest.mark.parametrize("case", ["nan scale", "inf scale", "nan code 0x7F", "nan code 0xFF"])
+def test_fp8_checkpoint_nan_scales_and_codes_are_refused_naming_the_tensor(tmp_path, case):
+    scale = {"nan scale": np.array([[np.nan, 1.0]], np.float32),
+             "inf scale": np.array([[1.0, np.inf]], np.float32)}.get(case)
+    code = {"nan code 0x7F": 0x7F, "nan code 0xFF": 0xFF}.get(case)
+    _fp8_block_checkpoint(tmp_path, gate_scale=scale, code=code)
+    needle = "weight_scale_inv: scale at" if scale is not None else r"gate_proj\.weight: the E4M3 code at \(1, 3\) is NaN"
+    for method in (None, "BF16", "INT8"):
+        with pytest.raises(CheckpointError, match=needle):
+            ktcy.load_experts(tmp_path, 0, method=method)
+
+
+@pytest.mark.parametrize("case", ["int32", "nan", "fp8", "shape"])
+def test_router_weights_must_be_finite_floats_of_the_config_shape(tmp_path, case):
+    make_checkpoint(tmp_path, num_layers=1, dense_layers=())
+    path = os.path.join(tmp_path, "model.safetensors")
+    f = SafetensorsFile(path)
+    t = {n: np.array(f.get(n)) for n in f.keys()}
+    del f
+    router = (np.random.default_rng(0).standard_normal((4, 128)) * 0.1).astype(np.float32)
+    if case == "nan":
+        router[2, 7] = np.nan
+    if case in ("int32", "fp8"):
+        router = router.astype(np.int32 if case == "int32" else ml_dtypes.float8_e4m3fn)
+    elif case == "shape":
+        router = router[:3]
+    t["model.layers.0.mlp.gate.weight"] = router
+    write(path, t)
+    with pytest.raises(CheckpointError, match=r"mlp\.gate\.weight"):
+        ktcy.MoEModel.from_pretrained(str(tmp_path))
+
+
+@pytest.mark.parametrize("shape", [[4, 4] + [1] * 40, [0, 2 ** 70]])
+def test_safetensors_shapes_numpy_cannot_view_are_refused_naming_the_tensor(tmp_path, shape):
+    path = tmp_path / "t.safetensors"
+    n = int(np.prod(shape, dtype=object)) * 4
+    header = json.dumps({"w": {"dtype": "F32", "shape": shape, "data_offsets": [0, n]}}).encode()
+    header += b" " * (-len(header) % 8)
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * n)
+    with pytest.raises(CheckpointError, match=r"tensor 'w': shape .* dimensions"):
+        SafetensorsFile(path)
+
+
+def test_a_float_weight_with_nan_names_layer_expert_and_projection(tmp_path):
+    make_checkpoint(tmp_path, num_layers=1, dense_layers=())
+    path = os.path.join(tmp_path, "model.safetensors")
+    f = SafetensorsFile(path)
+    t = {n: np.array(f.get(n)) for n in f.keys()}
+    del f
+    t["model.layers.0.mlp.experts.1.down_proj.weight"][3, 5] = np.nan
+    write(path, t)
+    for method in (None, "INT8"):
+        with pytest.raises(CheckpointError, match=r"layer 0: down\[1\]: weight row 3 holds NaN"):
+            ktcy.load_experts(tmp_path, 0, method=method)
