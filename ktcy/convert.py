@@ -17,10 +17,11 @@ import time
 from ktcy.checkpoint import Checkpoint
 from ktcy.convert_args import INPUT_TYPES, run_cli
 from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format, has_groups, weight_group
-from ktcy.loading import MODEL_FILE, block_settings, layer_group_size
+from ktcy.loading import MODEL_FILE, block_settings, layer_group_size, original_checkpoint
 from ktcy.output_guard import (ConvertError, OutputLock, copy_file, refuse_output_in_input, remove,
                                source_fingerprint, write_json, publish)
-from ktcy.packed_io import LAYOUT_VERSION, layer_file_name, pack_layer, read_metadata, write_layer
+from ktcy.packed_io import (LAYOUT_VERSION, layer_file_name, pack_layer, read_metadata, source_fingerprint_of,
+                            write_layer)
 from ktcy.safetensors_io import CheckpointError
 from ktcy.version import __version__
 
@@ -128,14 +129,10 @@ def check_input_type(experts, input_type):
 
 
 def _record(meta, dims):
-    """What a packed layer file was made from: format, group size, source fingerprint, layout."""
-    try:
-        source = json.loads(meta.get("source", ""))
-    except json.JSONDecodeError:
-        source = None
-    fingerprint = source.get("fingerprint") if isinstance(source, dict) else None
-    return {"weight_format": meta["weight_format"], "group_size": dims["group_size"], "source_fingerprint": fingerprint,
-            "layout_version": meta["layout_version"]}
+    """What a packed layer file was made from: layer, format, group size, source fingerprint,
+    layout."""
+    return {"layer": dims["layer"], "weight_format": meta["weight_format"], "group_size": dims["group_size"],
+            "source_fingerprint": source_fingerprint_of(meta), "layout_version": meta["layout_version"]}
 
 
 def _layers_on_disk(output_path):
@@ -158,6 +155,8 @@ def _difference(record, wanted, input_path):
     if wanted is None:
         return "it is not an MoE layer of this checkpoint"
     parts = []
+    if record["layer"] != wanted["layer"]:
+        parts.append(f"it holds layer {record['layer']} (renamed or copied from another layer's file)")
     if record["weight_format"] != wanted["weight_format"]:
         parts.append(f"format {record['weight_format']} on disk, {wanted['weight_format']} asked")
     if record["group_size"] != wanted["group_size"]:
@@ -189,7 +188,8 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
     group = check_group_size(group_size, asked)
     if resume_layer is not None and (isinstance(resume_layer, bool) or not isinstance(resume_layer, int) or resume_layer < 0):
         raise ValueError(f"--resume-layer must be a layer number >= 0, got {resume_layer!r}")
-    ckpt = Checkpoint(input_path)
+    ckpt = Checkpoint(original_checkpoint(input_path, "ktcy convert", "its safetensors weights",
+                                          "load the converted folder with load_experts instead"))
     input_path = ckpt.path  # with ~ expanded and a hub id resolved to its local snapshot
     refuse_output_in_input(input_path, output_path)
     arch = ckpt.arch
@@ -206,7 +206,7 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
         layer = ckpt.layer(L)
         fmt = asked or layer.native_format
         g = layer_group_size(layer, fmt) if group_size is None else group  # released INT4 keeps its own groups
-        return {"weight_format": fmt, "group_size": weight_group(fmt, g), "source_fingerprint": fingerprint,
+        return {"layer": L, "weight_format": fmt, "group_size": weight_group(fmt, g), "source_fingerprint": fingerprint,
                 "layout_version": LAYOUT_VERSION}
 
     with OutputLock(output_path):
@@ -219,10 +219,17 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
             raise ConvertError(f"{'--resume: ' if resume else ''}{os.path.join(output_path, layer_file_name(L))} differs "
                                f"from this conversion: {_difference(conflicts[L], wanted(L), input_path)}{more}; use "
                                "another output folder, or --overwrite to replace those files")
-        for L in conflicts:
+        unreadable = sorted(L for L, rec in on_disk.items() if rec is None)
+        if unreadable and not overwrite:
+            raise ConvertError(f"{os.path.join(output_path, layer_file_name(unreadable[0]))} is not a packed layer this "
+                               "ktcy can read (another tool's, damaged, or from another ktcy version); it is not "
+                               "replaced without --overwrite")
+        for L in list(conflicts) + unreadable:
             remove(os.path.join(output_path, layer_file_name(L)))
         if conflicts:
             progress.line(f"--overwrite: removed {len(conflicts)} layer files converted differently")
+        if unreadable:
+            progress.line(f"--overwrite: removed {len(unreadable)} layer files that are not readable packed layers")
         done = []
         for i, L in enumerate(chosen):
             final = os.path.join(output_path, layer_file_name(L))
@@ -236,8 +243,6 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
                 progress.line(f"layer {L}: below --resume-layer {resume_layer} but {output_path} has no usable file "
                               "for it; not converted")
                 continue
-            if on_disk.get(L, 0) is None:
-                progress.line(f"layer {L}: the existing file is not a readable packed layer; converting again")
             experts = ckpt.layer(L)
             check_input_type(experts, input_type)
             want = wanted(L)
@@ -245,7 +250,13 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
             label = f"layer {L} ({i + 1}/{len(chosen)}) {fmt}"
             t0 = time.perf_counter()
             g = want["group_size"] or group
-            arrays = pack_layer(arch.num_experts, fmt, g, experts.source(fmt, strict=asked is None), lambda n, total: progress.bar(label, n, total))
+            try:
+                arrays = pack_layer(arch.num_experts, fmt, g, experts.source(fmt, strict=asked is None),
+                                    lambda n, total: progress.bar(label, n, total))
+            except ValueError as e:
+                if type(e) is not ValueError:
+                    raise
+                raise ConvertError(f"{input_path}: layer {L}: {e}") from None
             bias = experts.bias()  # GPT-OSS: biases and the clamped activation go into the layer file
             publish(final, lambda tmp: write_layer(tmp, arrays, fmt, g, arch.num_experts, arch.top_k,
                                                     arch.hidden_size, arch.intermediate_size, L, source=source,

@@ -29,6 +29,11 @@ EXAMPLES = """examples:
 """
 
 
+class UsageError(ValueError):
+    """Flags that do not go together or are missing: a malformed command line (exit status 2,
+    as argparse's own errors)."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, not the usage block
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
@@ -140,9 +145,9 @@ def resolve_method(args):
         given.append(("--quant-config", fmt))
     for (name_a, a), (name_b, b) in zip(given, given[1:]):
         if a != b:
-            raise ValueError(f"{name_a} ({a}) and {name_b} ({b}) disagree")
+            raise UsageError(f"{name_a} ({a}) and {name_b} ({b}) disagree")
     if args.group_size is not None and group is not None and args.group_size != group:
-        raise ValueError(f"--group-size {args.group_size} and --quant-config group_size {group} disagree")
+        raise UsageError(f"--group-size {args.group_size} and --quant-config group_size {group} disagree")
     return (given[0][1] if given else None), (args.group_size if args.group_size is not None else group)
 
 
@@ -173,7 +178,7 @@ def run_cli(argv=None, prog="convert_cpu_weights.py"):
         if args.debug:
             raise
         print(f"{prog}: error: {_one_line(e)}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, UsageError) else 1
     except KeyboardInterrupt:
         if args.debug:
             raise
@@ -201,19 +206,19 @@ def _run(args):
     method, group = resolve_method(args)
     if args.input_bf16_hf_path or args.output_fp8_hf_path:
         if not (args.input_bf16_hf_path and args.output_fp8_hf_path):
-            raise ValueError("--input-bf16-hf-path and --output-fp8-hf-path go together")
+            raise UsageError("--input-bf16-hf-path and --output-fp8-hf-path go together")
         if args.input or args.output:
-            raise ValueError("--input/--output and --input-bf16-hf-path/--output-fp8-hf-path are two different "
+            raise UsageError("--input/--output and --input-bf16-hf-path/--output-fp8-hf-path are two different "
                              "conversions; give one pair")
         if method not in (None, "FP8_PERCHANNEL") or group is not None or args.resume_layer is not None:
-            raise ValueError("--output-fp8-hf-path writes FP8 per-channel experts; it takes no other method, group "
+            raise UsageError("--output-fp8-hf-path writes FP8 per-channel experts; it takes no other method, group "
                              "size or --resume-layer")
         from ktcy.hf_fp8 import convert_to_hf_fp8
         convert_to_hf_fp8(args.input_bf16_hf_path, args.output_fp8_hf_path, args.layers, args.resume, progress,
                           overwrite=args.overwrite, input_type=args.input_type)
         return 0
     if not args.input or not args.output:
-        raise ValueError("--input and --output are required")
+        raise UsageError("--input and --output are required")
     convert(args.input, args.output, method, args.input_type, args.layers, args.resume, group, progress,
             overwrite=args.overwrite, resume_layer=args.resume_layer)
     return 0

@@ -9,7 +9,6 @@ when that differs (the checkpoint was copied or re-downloaded, which changes fil
 experts of the layer are packed again from the checkpoint and must give the same bytes."""
 import errno
 import fcntl
-import json
 import logging
 import os
 
@@ -18,7 +17,7 @@ import numpy as np
 from ktcy.loading import MODEL_FILE, block_settings, is_converted
 from ktcy.moe import pack_expert_weight
 from ktcy.output_guard import LOCK_NAME, source_fingerprint
-from ktcy.packed_io import PROJECTIONS, layer_file_name, load_layer, read_metadata
+from ktcy.packed_io import PROJECTIONS, layer_file_name, load_layer, read_metadata, source_fingerprint_of
 from ktcy.paths import MAX_CONFIG_BYTES, allowed_roots, confined_file, read_json, require_folder, resolve_model_path
 from ktcy.safetensors_io import CheckpointError
 
@@ -168,12 +167,7 @@ class ConvertedFolder:
                                   + "; ".join(diffs))
 
     def _recorded_fingerprint(self, f):
-        _, meta, _ = read_metadata(f)
-        try:
-            source = json.loads(meta.get("source") or "null")
-        except json.JSONDecodeError:
-            return None
-        return source.get("fingerprint") if isinstance(source, dict) else None
+        return source_fingerprint_of(read_metadata(f)[1])
 
     def _compare_with_checkpoint(self, f, L, moe):
         """The first and last expert packed again from the checkpoint in the file's format must

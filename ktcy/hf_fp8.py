@@ -11,9 +11,9 @@ That is the scheme llm-compressor writes for per-channel FP8 and vLLM / transfor
 not channels).  Its targets are regexes over exactly the converted expert modules, so the
 unquantized tensors are not claimed.  ktcy_fp8_export.json lists the files this converter
 created, so that a later run replaces only those (others need --overwrite)."""
-import json
 import os
 import re
+import shutil
 import stat
 
 import ml_dtypes
@@ -21,8 +21,10 @@ import numpy as np
 
 from ktcy.checkpoint import Checkpoint
 from ktcy.convert import Progress, check_input_type, parse_layers
-from ktcy.output_guard import (ConvertError, OutputLock, copy_file, refuse_output_in_input, source_fingerprint,
+from ktcy.loading import original_checkpoint
+from ktcy.output_guard import (ConvertError, OutputLock, publish, refuse_output_in_input, source_fingerprint,
                                write_json, write_safetensors)
+from ktcy.paths import MAX_INDEX_BYTES, allowed_roots, confined_file, read_json
 from ktcy.safetensors_io import CheckpointError, SafetensorsFile
 from ktcy.version import __version__
 
@@ -106,18 +108,40 @@ def _rest_shards(ckpt, replaced):
 
 
 def _small_files(input_path):
-    """Tokenizer, generation config and other plain files of the checkpoint folder."""
-    out = []
+    """Tokenizer, generation config and other plain files of the checkpoint folder.  The export
+    is meant to be shared: a file that is a symlink out of the checkpoint is refused, as shards
+    are (a Hugging Face cache snapshot's links into its blobs are allowed)."""
+    out, roots = [], allowed_roots(input_path)
     for name in sorted(os.listdir(input_path)):
         path = os.path.join(input_path, name)
         if name.startswith(".") or name in ("config.json", INDEX) or name.lower().endswith(_NOT_COPIED):
             continue
         try:
-            if stat.S_ISREG(os.stat(path).st_mode):
-                out.append(name)
+            if not stat.S_ISREG(os.stat(path).st_mode):
+                continue
         except OSError:
             continue
+        confined_file(input_path, name, roots, input_path, noun="file")
+        out.append(name)
     return out
+
+
+def _copy_small_file(input_path, name, final):
+    """Copies a file _small_files listed, confined again at copy time: its real path is checked
+    and opened without following a link, so a file swapped for a symlink meanwhile is refused."""
+    real = os.path.realpath(confined_file(input_path, name, allowed_roots(input_path), input_path, noun="file"))
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise ConvertError(f"{input_path}: cannot read {name} ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as src:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConvertError(f"{input_path}: {name} is no longer a regular file")
+
+        def copy(tmp):
+            with open(tmp, "xb") as dst:
+                shutil.copyfileobj(src, dst)
+        publish(final, copy)
 
 
 def _shard_is_current(path, fingerprint, names):
@@ -136,14 +160,14 @@ def _tensor_bytes(path):
 
 def _read_marker(output_path):
     path = os.path.join(output_path, MARKER)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         return None
     try:
-        with open(path) as f:
-            marker = json.load(f)
-        if isinstance(marker, dict) and isinstance(marker.get("files"), list):
+        marker = read_json(path, MAX_INDEX_BYTES)
+        if isinstance(marker, dict) and isinstance(marker.get("files"), list) \
+                and all(isinstance(f, str) for f in marker["files"]):
             return marker
-    except (OSError, ValueError):
+    except CheckpointError:
         pass
     raise ConvertError(f"{path} is unreadable; it lists which files ktcy wrote - remove the folder or use another")
 
@@ -154,8 +178,10 @@ def convert_to_hf_fp8(input_path, output_path, layers=None, resume=False, progre
     whose experts it holds in FP8."""
     input_path, output_path = os.fspath(input_path), os.fspath(output_path)
     progress = progress or Progress()
+    ckpt = Checkpoint(original_checkpoint(input_path, "the HF FP8 export", "its safetensors weights",
+                                          "pass the checkpoint it was converted from"))
+    input_path = ckpt.path  # a hub id or cache snapshot, resolved: every read below is of that folder
     refuse_output_in_input(input_path, output_path, "--output-fp8-hf-path")
-    ckpt = Checkpoint(input_path)
     text = ckpt.config.get("text_config") if isinstance(ckpt.config.get("text_config"), dict) else {}
     if "quantization_config" in ckpt.config or "quantization_config" in text or ckpt.quant is not None:
         raise ConvertError(f"{input_path} is already quantized (a quantization_config in config.json, or "
@@ -209,7 +235,7 @@ def convert_to_hf_fp8(input_path, output_path, layers=None, resume=False, progre
             total += _tensor_bytes(final)
         progress.line(f"carried over {sum(map(len, rest))} other tensors unchanged in {len(rest)} shard(s)")
         for name in small:
-            copy_file(os.path.join(input_path, name), os.path.join(output_path, name))
+            _copy_small_file(input_path, name, os.path.join(output_path, name))
         write_json(os.path.join(output_path, INDEX), {"metadata": {"total_size": total, "producer": f"ktcy {__version__}"},
                                                       "weight_map": dict(sorted(weight_map.items()))})
         config = dict(ckpt.config)

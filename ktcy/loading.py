@@ -24,13 +24,13 @@ def is_converted(path):
     return os.path.lexists(os.path.join(path, MODEL_FILE))
 
 
-def original_checkpoint(path, who, needs):
+def original_checkpoint(path, who, needs, hint="pass the converted folder as experts_path"):
     """The resolved path of a whole checkpoint, or a CheckpointError when it is a folder
     written by `ktcy convert` (experts only), which `who` cannot use: it `needs` the rest."""
     path = resolve_model_path(path)
     if is_converted(path):
         raise CheckpointError(f"{path}: a converted folder holds experts only; {who} needs the original "
-                              f"checkpoint ({needs}) - pass the converted folder as experts_path")
+                              f"checkpoint ({needs}) - {hint}")
     return path
 
 
@@ -91,6 +91,9 @@ def converted_layer_file(path, layer, method=None, group_size=None):
         layers = model.get("layers", [])
         raise CheckpointError(f"{path}: layer {layer} was not converted (converted layers: {layers!r:.200})")
     _, meta, dims = read_metadata(f)
+    if dims["layer"] != layer:
+        raise CheckpointError(f"{f}: holds layer {dims['layer']}, not layer {layer} (a file renamed or copied from "
+                              "another layer); convert the checkpoint again")
     stored = meta["weight_format"]
     if method is not None and canonical_format(method) != stored:
         raise CheckpointError(f"{f}: packed as {stored}; converting to "

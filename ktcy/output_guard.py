@@ -7,13 +7,16 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
+import stat
 import struct
 
 from ktcy.safetensors_io import write
 
 LOCK_NAME = ".ktcy_convert.lock"
+_PID_LINE = re.compile(rb"(?:[0-9]{1,20}\n?)?")  # what a lock file holds: empty (new) or a pid
 _MAX_HEADER = 100 * 1024 * 1024
 
 
@@ -44,10 +47,9 @@ class OutputLock:
             raise ConvertError(f"output {self.folder} exists and is not a folder")
         try:
             os.makedirs(self.folder, exist_ok=True)
-            path = os.path.join(self.folder, LOCK_NAME)
-            self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             raise ConvertError(f"cannot create the output folder {self.folder} ({e.strerror})") from None
+        self.fd = _open_lock_file(os.path.join(self.folder, LOCK_NAME))
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -68,6 +70,26 @@ class OutputLock:
             os.close(self.fd)
             self.fd = None
         return False
+
+
+def _open_lock_file(path):
+    """The lock file opened for writing, only if it is ours to write: never through a symlink, and
+    never a FIFO, device or a file holding anything but a converter's pid (the lock's pid is
+    rewritten, so a foreign file of that name would be destroyed).  A hard-linked pid file (a
+    folder copied with `cp -al`) is still a lock file: its other names lock with it."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        why = "it is a symlink" if e.errno == errno.ELOOP else e.strerror
+        raise ConvertError(f"cannot open the lock file {path} ({why}); ktcy writes only a lock file it can own - "
+                           "remove it or choose another output folder") from None
+    st = os.fstat(fd)
+    content = os.pread(fd, 33, 0) if stat.S_ISREG(st.st_mode) else b""
+    if not stat.S_ISREG(st.st_mode) or not _PID_LINE.fullmatch(content):
+        os.close(fd)
+        raise ConvertError(f"{path} is not a ktcy lock file (a converter's pid); ktcy does not overwrite it - "
+                           "remove it or choose another output folder")
+    return fd
 
 
 def _temporary_name(final):

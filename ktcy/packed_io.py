@@ -7,6 +7,7 @@ still load (those small arrays are rearranged on load, the blocks are the same).
 the file and wraps the stacked arrays, no copy; the layout is ISA-independent, so a file packed
 on one machine runs on any other."""
 import os
+import re
 import weakref
 from dataclasses import dataclass
 from typing import Optional
@@ -19,7 +20,7 @@ from ktcy.config import MoeConfig, QuantConfig
 from ktcy.formats import DEFAULT_INT4_GROUP, DESCRIPTORS, FORMATS, weight_group
 from ktcy.kernels import PackedWeight, panel_major
 from ktcy.moe import MoE, pack_expert_weight
-from ktcy.safetensors_io import CheckpointError, SafetensorsFile, open_regular_file, write
+from ktcy.safetensors_io import CheckpointError, SafetensorsFile, open_regular_file, strict_json, write
 
 FILE_FORMAT = "ktcy.packed_experts"
 LAYOUT_VERSION = "2"
@@ -28,6 +29,7 @@ PROJECTIONS = ("gate", "up", "down")
 # Largest dimension a metadata value may claim: far above any model, far below what could
 # overflow the size arithmetic.
 _MAX_DIM = 1 << 24
+_WHOLE_NUMBER = re.compile(r"[0-9]{1,9}")  # ASCII digits only (str.isdigit accepts "²"), short enough for int()
 
 
 def layer_file_name(layer):
@@ -103,7 +105,7 @@ def read_metadata(path):
     dims = {}
     for key in ("num_experts", "top_k", "hidden_size", "intermediate_size", "group_size", "layer"):
         value = m.get(key)
-        if not isinstance(value, str) or not value.isdigit() or int(value) > _MAX_DIM:
+        if not isinstance(value, str) or not _WHOLE_NUMBER.fullmatch(value) or int(value) > _MAX_DIM:
             raise CheckpointError(f"{path}: metadata {key}={value!r} is not a whole number up to {_MAX_DIM}")
         dims[key] = int(value)
     for key in ("num_experts", "top_k", "hidden_size", "intermediate_size"):
@@ -116,6 +118,17 @@ def read_metadata(path):
         raise CheckpointError(f"{path}: metadata scale_kind {m.get('scale_kind')!r} contradicts "
                               f"{m['weight_format']} ({kind})")
     return f, m, dims
+
+
+def source_fingerprint_of(meta):
+    """The source checkpoint's fingerprint recorded in a packed file's metadata (the "source"
+    JSON that `ktcy convert` writes), or None when absent or not readable."""
+    try:
+        source = strict_json(meta.get("source") or "null", "source", "metadata")
+    except CheckpointError:
+        return None
+    fingerprint = source.get("fingerprint") if isinstance(source, dict) else None
+    return fingerprint if isinstance(fingerprint, str) else None
 
 
 def _stacked(f, path, name, dtype, experts, shape, flat_ok=True, source="the metadata implies"):

@@ -92,18 +92,18 @@ def allowed_roots(folder):
     return roots
 
 
-def confined_file(folder, name, roots, what):
+def confined_file(folder, name, roots, what, noun="shard"):
     """folder/name for a file name read from disk (an index's shard names, or a listing): a
     relative name without `..` whose real path stays under one of `roots`."""
     if not isinstance(name, str) or not name or "\0" in name:
-        raise CheckpointError(f"{what}: shard name {name!r} is not a file name")
+        raise CheckpointError(f"{what}: {noun} name {name!r} is not a file name")
     parts = name.replace("\\", "/").split("/")
     if os.path.isabs(name) or ".." in parts:
-        raise CheckpointError(f"{what}: shard name {name!r} points outside the checkpoint folder {folder}")
+        raise CheckpointError(f"{what}: {noun} name {name!r} points outside the checkpoint folder {folder}")
     full = os.path.join(folder, name)
     real = os.path.realpath(full)
     if not any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots):
-        raise CheckpointError(f"{what}: shard {name!r} resolves to {real}, outside the checkpoint folder {folder} "
+        raise CheckpointError(f"{what}: {noun} {name!r} resolves to {real}, outside the checkpoint folder {folder} "
                               "(a symlink out of the folder is refused)")
     return full
 

@@ -20,7 +20,7 @@ from ktcy import convert as convert_mod
 from ktcy.convert_args import parse_quant_config
 from ktcy.output_guard import ConvertError
 from ktcy.packed_io import layer_file_name, read_metadata
-from ktcy.safetensors_io import write
+from ktcy.safetensors_io import CheckpointError, SafetensorsFile, write
 from test_model import build as build_family
 
 QUIET = convert_mod.Progress(open(os.devnull, "w"))
@@ -496,3 +496,111 @@ def test_hf_fp8_resume_and_refusals(tmp_path):
     assert_one_line_error(cli("--input-bf16-hf-path", fp8_src, "--output-fp8-hf-path", tmp_path / "x"), "already quantized")
     assert_one_line_error(cli("--input-bf16-hf-path", src, "--output-fp8-hf-path", tmp_path / "y", "--method", "INT8"),
                           "FP8 per-channel")
+
+
+# ---- the fiftieth stop's review: files in the output the converter did not create ----
+
+def test_missing_or_clashing_flags_exit_2_as_a_malformed_command_line(src, tmp_path):
+    for args in ([], ["--input", src], ["--input-bf16-hf-path", src],
+                 ["--input", src, "--output", tmp_path / "o", "--output-fp8-hf-path", tmp_path / "p"],
+                 ["--input", src, "--output", tmp_path / "o", "--method", "INT8", "--quant-method", "int4"],
+                 ["--input", src, "--output", tmp_path / "o", "--group-size", "64", "--quant-config",
+                  '{"method": "INT4", "group_size": 32}']):
+        r = cli(*args)
+        assert_one_line_error(r)
+        assert r.returncode == 2, (args, r.stderr)
+
+
+@pytest.mark.parametrize("kind", ["symlink", "hard link", "foreign text", "fifo"])
+def test_a_lock_file_ktcy_cannot_own_is_refused_and_left_alone(src, tmp_path, kind):
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "precious.txt"
+    victim.write_text("not ktcy's\n" * 10)
+    lock = out / ".ktcy_convert.lock"
+    if kind == "symlink":
+        os.symlink(victim, lock)
+    elif kind == "hard link":
+        os.link(victim, lock)
+    elif kind == "foreign text":
+        lock.write_text("someone's notes\n")
+    else:
+        os.mkfifo(lock)
+    for flags in (["--input", src, "--output", out], ["--input-bf16-hf-path", src, "--output-fp8-hf-path", out]):
+        assert_one_line_error(cli(*flags), ".ktcy_convert.lock")
+    assert victim.read_text() == "not ktcy's\n" * 10
+    assert sorted(os.listdir(out)) == [".ktcy_convert.lock"]
+
+
+def test_a_hard_linked_lock_of_a_copied_output_folder_still_locks(src, tmp_path):
+    out = tmp_path / "out"
+    assert cli("--input", src, "--output", out, "--layers", "1").returncode == 0
+    snapshot = tmp_path / "snapshot"
+    subprocess.run(["cp", "-al", str(out), str(snapshot)], check=True)  # the lock file now has 2 links
+    assert os.stat(out / ".ktcy_convert.lock").st_nlink == 2
+    r = cli("--input", src, "--output", out, "--resume")
+    assert r.returncode == 0, r.stderr
+    assert json.load(open(out / "ktcy_model.json"))["layers"] == [1, 2, 3]
+
+
+def test_hf_fp8_export_refuses_a_small_file_linked_from_outside(src, tmp_path):
+    secret = tmp_path / "SECRET"
+    secret.write_text("outside the checkpoint")
+    os.symlink(secret, src / "tokenizer.model")
+    out = tmp_path / "out"
+    assert_one_line_error(cli("--input-bf16-hf-path", src, "--output-fp8-hf-path", out), "tokenizer.model",
+                          "outside the checkpoint folder")
+    assert not (out / "tokenizer.model").exists()
+
+
+@pytest.mark.parametrize("marker", ["[" * 100000, '{"files": [["a"]]}', "fifo"])
+def test_a_hostile_export_marker_is_one_line(src, tmp_path, marker):
+    out = tmp_path / "out"
+    out.mkdir()
+    path = out / "ktcy_fp8_export.json"
+    if marker == "fifo":
+        os.mkfifo(path)
+    else:
+        path.write_text(marker)
+    assert_one_line_error(cli("--input-bf16-hf-path", src, "--output-fp8-hf-path", out, timeout=60),
+                          "ktcy_fp8_export.json is unreadable")
+
+
+def test_a_layer_file_renamed_to_another_layer_is_not_that_layer(src, tmp_path):
+    out = tmp_path / "out"
+    assert cli("--input", src, "--output", out, "--layers", "1").returncode == 0
+    os.rename(out / layer_file_name(1), out / layer_file_name(2))
+    with pytest.raises(CheckpointError, match="holds layer 1, not layer 2"):
+        ktcy.load_experts(out, 2)
+    assert_one_line_error(cli("--input", src, "--output", out, "--layers", "2", "--resume"), "it holds layer 1")
+
+
+@pytest.mark.parametrize("key,value", [("num_experts", "\u00b2"), ("hidden_size", "9" * 5000),
+                                       ("source", "[" * 100000), ("source", "1" * 5000)])
+def test_odd_metadata_in_an_output_layer_file_is_one_line(src, tmp_path, key, value):
+    good = tmp_path / "good"
+    convert_mod.convert(src, good, method="INT8", layers="1", progress=QUIET)
+    f = SafetensorsFile(good / layer_file_name(1))
+    tensors, meta = {n: np.array(f.get(n)) for n in f.keys()}, dict(f.metadata)
+    del f
+    out = tmp_path / "out"
+    out.mkdir()
+    write(out / layer_file_name(1), tensors, dict(meta, **{key: value}))
+    if key != "source":
+        with pytest.raises(CheckpointError, match=f"metadata {key}="):
+            read_metadata(out / layer_file_name(1))
+    r = cli("--input", src, "--output", out, "--method", "INT8", "--layers", "1")
+    if key == "source":  # readable, from an unknown source: a conversion of its own that differs
+        assert_one_line_error(r, "differs from this conversion", "not recorded")
+    else:  # not a packed layer ktcy can read: kept unless --overwrite
+        assert_one_line_error(r, "is not a packed layer this ktcy can read", "--overwrite")
+        assert cli("--input", src, "--output", out, "--method", "INT8", "--layers", "1", "--overwrite").returncode == 0
+        read_metadata(out / layer_file_name(1))
+
+
+def test_a_converted_folder_given_as_the_input_says_so(src, tmp_path):
+    out = tmp_path / "out"
+    assert cli("--input", src, "--output", out, "--layers", "1").returncode == 0
+    assert_one_line_error(cli("--input", out, "--output", tmp_path / "again"), "a converted folder holds experts only")
+    assert_one_line_error(cli("--input-bf16-hf-path", out, "--output-fp8-hf-path", tmp_path / "fp8"),
+                          "a converted folder holds experts only")
