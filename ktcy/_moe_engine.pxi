@@ -304,6 +304,7 @@ cdef class MoEEngine:
             raise ValueError("the slot array must be [T, k, H]")
         if nthreads < 1:
             raise ValueError(f"thread count must be >= 1, got {nthreads}")
+        nthreads = _team(nthreads)
         # Counting sort of the (token, expert) pairs, in plain loops over buffers kept from call
         # to call: numpy calls and fresh arrays here cost a decode call 10-15 us (2-3% of it).
         cdef int64_t[::1] cnt = self.counts, segv = self.seg, fillv = self.fill

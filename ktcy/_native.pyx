@@ -5,6 +5,7 @@ Everything here is thin: the numbers are computed by the C headers in include/kt
 mutable module state is the dispatch table (set at import from the probe and the environment)
 and the thread count.
 """
+import logging
 import os
 
 import numpy as np
@@ -16,6 +17,8 @@ from libc.string cimport memset, strncpy
 cimport openmp
 
 from ktcy.errors import TileError, UnsupportedISAError
+
+_log = logging.getLogger("ktcy")
 
 FORMATS = tuple(KTCY_FORMAT_DESCS[i].name.decode() for i in range(KTCY_NUM_FORMATS))
 ISAS = ("ref", "avx2", "avx512", "amx", "amx_emu")
@@ -132,8 +135,20 @@ cdef void _fill_best():
                     _best[f][isa] = i
                     break
 
-def _amx_switch_on(value):
-    return (value or "ON").strip().upper() not in ("OFF", "0", "FALSE", "NO")
+def _amx_switch(value):
+    """(AMX on?, the problem with the value or None) for a CPUINFER_ENABLE_AMX value: ON unless
+    it says OFF; a value that says neither keeps AMX on and is reported (a typo such as "of"
+    must not pass for OFF unnoticed)."""
+    word = (value or "ON").strip().upper()
+    if word in ("OFF", "0", "FALSE", "NO"):
+        return False, None
+    if word in ("ON", "1", "TRUE", "YES"):
+        return True, None
+    return True, f"CPUINFER_ENABLE_AMX={value!r} is neither ON nor OFF (nor 1/0, TRUE/FALSE, YES/NO); AMX stays enabled"
+
+def _isa_name(name):
+    """An ISA name as given (KTCY_ISA, isa=) in the canonical lower case; other types unchanged."""
+    return name.strip().lower() if isinstance(name, str) else name
 
 def configure_dispatch(forced_isa=None, amx_enabled=True, strict=True):
     """Set the per-format ISA choice.  Called at import with KTCY_ISA and CPUINFER_ENABLE_AMX
@@ -141,6 +156,7 @@ def configure_dispatch(forced_isa=None, amx_enabled=True, strict=True):
     must still run - but every kernel lookup raises, naming the variable)."""
     global _policy
     cdef int f
+    forced_isa = _isa_name(forced_isa)
     bad = forced_isa is not None and forced_isa not in ISAS
     if bad and strict:
         raise ValueError(f"KTCY_ISA={forced_isa!r} is not an ISA name; choose one of {', '.join(ISAS)}")
@@ -201,6 +217,7 @@ def resolve(format_name, isa_name=None):
             raise _unsupported(format_name, _policy["forced"])
         isa = _auto[f]
     else:
+        isa_name = _isa_name(isa_name)
         if isa_name not in ISAS:
             raise ValueError(f"unknown ISA {isa_name!r}; choose one of {', '.join(ISAS)}")
         isa = ISAS.index(isa_name)
@@ -217,12 +234,40 @@ def kernel_table():
     return table
 
 _fill_best()
-configure_dispatch((os.environ.get("KTCY_ISA") or "").strip() or None,
-                   _amx_switch_on(os.environ.get("CPUINFER_ENABLE_AMX")), strict=False)
+_amx_on, AMX_SWITCH_PROBLEM = _amx_switch(os.environ.get("CPUINFER_ENABLE_AMX"))
+if AMX_SWITCH_PROBLEM:
+    _log.warning(AMX_SWITCH_PROBLEM)
+configure_dispatch((os.environ.get("KTCY_ISA") or "").strip() or None, _amx_on, strict=False)
 
 # ---------------------------------------------------------------- threads
 
 cdef int _num_threads = 1
+# libgomp's thread pool does not survive fork(): in a forked child a parallel region waits forever
+# for threads that exist only in the parent.  A child forked after `import ktcy` therefore runs
+# every kernel on one thread (as PyTorch's children do); "spawn" children start afresh.
+cdef bint _forked = False
+cdef int _lost_threads = 1  # the count in force before the fork, or asked for since: said once
+
+def _after_fork_in_child():
+    global _forked, _num_threads, _lost_threads
+    _forked = True
+    _lost_threads = max(_lost_threads, _num_threads)
+    _num_threads = 1
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+cdef int _team(int n) except -1:
+    """The OpenMP team for n requested threads: n, or 1 in a forked child, where the first
+    parallel call that would have used more says so once (at the call, not at the fork: a
+    child that never runs a kernel hears nothing)."""
+    global _lost_threads
+    if not _forked:
+        return n
+    if max(n, _lost_threads) > 1:
+        _log.warning("ktcy runs on 1 thread in this forked process: OpenMP's threads do not survive fork() "
+                     "(start workers with the 'spawn' or 'forkserver' method to use %d)", max(n, _lost_threads))
+        _lost_threads = 0  # said
+    return 1
 
 def usable_cpus():
     """CPUs this process may run on (its affinity mask), the most threads that can help."""
@@ -242,8 +287,11 @@ def check_thread_count(n, what="thread count"):
     return int(n)
 
 def set_num_threads(n):
-    global _num_threads
-    _num_threads = check_thread_count(n)
+    global _num_threads, _lost_threads
+    n = check_thread_count(n)
+    if _forked and n == 1 and _lost_threads > 0:
+        _lost_threads = 1  # one thread asked for: nothing to say
+    _num_threads = _team(n)
 
 def get_num_threads():
     return _num_threads
@@ -307,7 +355,8 @@ def quantize_weights(int fmt, const float[:, ::1] w, int group=0):
     result = (q, zero) if d.scale == KTCY_SCALE_IN_BLOCK else (q, scale, zero) if d.zero_points else (q, scale)
     if n == 0 or k == 0:
         return result
-    for i in prange(units, nogil=True, num_threads=_num_threads, schedule="dynamic"):
+    cdef int team = _team(_num_threads)
+    for i in prange(units, nogil=True, num_threads=team, schedule="dynamic"):
         if _quantize_unit(fmt, &w[0, 0], n, k, group, i, <void *>&qv[0, 0], k_pad, &sv[0], &zv[0], ld_scale) >= 0:
             bad += 1
     if bad:  # prange reductions give a count, not the row; numpy finds the first offender
@@ -320,7 +369,8 @@ def to_bf16_bits(const float[:, ::1] w):
     cdef int64_t n = w.shape[0], k = w.shape[1], r, i
     out = np.empty((n, k), np.uint16)
     cdef uint16_t[:, ::1] ov = out
-    for r in prange(n, nogil=True, num_threads=_num_threads, schedule="static"):
+    cdef int team = _team(_num_threads)
+    for r in prange(n, nogil=True, num_threads=team, schedule="static"):
         for i in range(k):
             ov[r, i] = ktcy_f32_to_bf16(w[r, i])
     return out
@@ -427,7 +477,8 @@ def layout(int fmt, codes, int64_t n, int64_t k, int group=0, block_scales=None)
         cv = colsum
         cptr = &cv[0]
     cdef const void *src = &raw[0, 0] if n > 0 and ld > 0 else NULL
-    for p in prange(panels, nogil=True, num_threads=_num_threads, schedule="static"):
+    cdef int team = _team(_num_threads)
+    for p in prange(panels, nogil=True, num_threads=team, schedule="static"):
         ktcy_layout_panels(fmt, src, ld, n, k, k_pad, p, p + 1, &dv[0], cptr)
         if bs_ptr != NULL:
             ktcy_layout_block_scales(bs_ptr, bs_ld, n, k_pad, p, p + 1, &dv[0])
@@ -524,6 +575,7 @@ cdef class Activations:
         cdef int32_t *gptr = NULL
         cdef ktcy_quant_act_fn quant_act
         cdef ktcy_bf16_act_fn bf16_act
+        cdef int team = _team(_num_threads)
         memset(&self.view, 0, sizeof(ktcy_act))
         self.view.m, self.view.m_pad, self.view.k_pad, self.view.group = m, m_pad, k_pad, gsum_group
         _set_tile_choices(&self.view)
@@ -538,7 +590,7 @@ cdef class Activations:
             self.view.q, self.view.scale, self.view.group_sum = &qv[0, 0], &sv[0], gptr
             if m > 0 and k > 0:
                 quant_act = _quant_act_for(KTCY_NEED_AVX512)
-                for r in prange(m, nogil=True, num_threads=_num_threads, schedule="static"):
+                for r in prange(m, nogil=True, num_threads=team, schedule="static"):
                     quant_act(&x[0, 0], k, k, k_pad, r, r + 1, &qv[0, 0], &sv[0], gsum_group, gptr)
         else:
             self.bf16 = np.zeros((m_pad, k_pad), np.uint16)
@@ -546,7 +598,7 @@ cdef class Activations:
             self.view.bf16 = &bv[0, 0]
             if m > 0 and k > 0:
                 bf16_act = _bf16_act_for(KTCY_NEED_AVX512)
-                for r in prange(m, nogil=True, num_threads=_num_threads, schedule="static"):
+                for r in prange(m, nogil=True, num_threads=team, schedule="static"):
                     bf16_act(&x[0, 0], k, k, k_pad, r, r + 1, &bv[0, 0])
 
 # ---------------------------------------------------------------- GEMM driver
@@ -697,7 +749,7 @@ def gemm(str format_name, str variant_name, Activations act, Weight weight, floa
     if fp8_fetch_l2 >= 0:
         view.fp8_fetch_l2 = fp8_fetch_l2
     cdef char message[160]
-    cdef int st
+    cdef int st, team = _team(_num_threads)
     cdef int64_t panels = weight.view.n_pad // KTCY_PANEL
     message[0] = 0
     if weight.fmt != _format_index(format_name) or act.fmt != weight.fmt:
@@ -710,7 +762,7 @@ def gemm(str format_name, str variant_name, Activations act, Weight weight, floa
         raise ValueError("output buffer too small")
     with nogil:
         st = _gemm_parallel(fn, &view, &weight.view, &out[0, 0] if out.shape[0] > 0 else NULL,
-                            out.shape[1], 0, panels, _num_threads, message)
+                            out.shape[1], 0, panels, team, message)
     _raise_status(st, message)
 
 cdef _raise_status(int st, char *message):

@@ -49,11 +49,11 @@ def peak_names():
 
 cdef double _timed_run(int which, int64_t iters, int threads):
     """Wall seconds of every thread running `iters` loop steps at once."""
-    cdef int t
+    cdef int t, team = _team(threads)
     cdef float sink = 0
     start = _time.perf_counter()
     with nogil:
-        for t in prange(threads, num_threads=threads, schedule="static"):
+        for t in prange(threads, num_threads=team, schedule="static"):
             sink += _run_peak(which, iters)
     return _time.perf_counter() - start
 
@@ -100,11 +100,11 @@ cdef int64_t _read_bytes(int kind, int64_t per_thread, int threads):
 
 cdef double _read_pass(const uint8_t[::1] view, int64_t start_at, int64_t per_thread, int threads, int kind):
     """Wall seconds of `threads` threads each streaming per_thread bytes from start_at on."""
-    cdef int t
+    cdef int t, team = _team(threads)
     cdef uint64_t sink = 0
     start = _time.perf_counter()
     with nogil:
-        for t in prange(threads, num_threads=threads, schedule="static"):
+        for t in prange(threads, num_threads=team, schedule="static"):
             if kind == 2:
                 sink ^= ktcy_read_avx512(&view[start_at + t * per_thread], per_thread)
             elif kind == 1:

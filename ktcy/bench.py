@@ -62,6 +62,16 @@ def check_isa(isa, formats):
         _native.resolve(fmt, isa)
 
 
+def check_shape(H, I, E, k, formats):
+    """The layer configuration of every format, checked before the roofline is measured (INT8's
+    K limit, say): ValueError naming the format."""
+    for fmt in formats:
+        try:
+            MoeConfig(E, k, H, I, QuantConfig(fmt))
+        except ValueError as e:
+            raise ValueError(f"--formats {fmt} at --shape {H},{I},{E},{k}: {e}") from None
+
+
 def memory_needed(H, I, E, k=1, max_tokens=1):
     """Bytes the bench holds at its peak: the float32 sources of the distinct experts, the largest
     packed layer (BF16) and one being built beside it, and per call the activations, the routing

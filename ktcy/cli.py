@@ -10,6 +10,7 @@ import sys
 
 from ktcy import log, report
 from ktcy.formats import FORMATS
+from ktcy.output_guard import publish
 from ktcy.distributed import launch
 from ktcy.hf import generate_cli
 from ktcy.version import __version__
@@ -127,6 +128,7 @@ def cmd_bench(args):
     H, I, E, k, note = bench.parse_shape(args.shape)
     bench.check_isa(args.isa, formats)
     bench.check_memory(H, I, E, k, max(tokens))
+    bench.check_shape(H, I, E, k, formats)
     if args.plot:  # fail on a missing matplotlib or a bad path before minutes of work
         try:
             import matplotlib  # noqa: F401
@@ -170,6 +172,8 @@ def cmd_bench(args):
 def _check_output_path(path, flag):
     if os.path.isdir(path):
         raise ValueError(f"{flag} {path!r} is a folder; give a file name")
+    if os.path.exists(path) and not os.path.isfile(path):  # the result replaces the path: never a device or FIFO
+        raise ValueError(f"{flag} {path!r} exists and is not a regular file; give a file name")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise ValueError(f"{flag} {path!r}: folder {parent!r} does not exist")
@@ -186,11 +190,15 @@ def _load_hidden_states(path, hidden):
         raise ValueError(f"--input {path!r} is not a readable .npy file ({e})") from None
     if isinstance(h, np.ndarray) and h.dtype == np.dtype("V2"):
         h = h.view(ml_dtypes.bfloat16)  # np.save writes ml_dtypes.bfloat16 as 2-byte void
+    if isinstance(h, np.ndarray) and h.dtype.kind == "f" and not h.dtype.isnative:
+        h = h.astype(h.dtype.newbyteorder("="))  # written on (or for) a big-endian machine: the same values
     if not isinstance(h, np.ndarray) or h.dtype not in (np.float32, np.float64, np.dtype(ml_dtypes.bfloat16)):
         raise ValueError(f"--input {path!r} holds {getattr(h, 'dtype', type(h).__name__)}; "
                          "hidden states must be float32, float64 or bfloat16")
     if h.ndim != 2 or h.shape[1] != hidden or h.shape[0] < 1:
         raise ValueError(f"--input {path!r} has shape {h.shape}; this block needs [T, {hidden}] with T >= 1")
+    if h.dtype == np.float64 and (np.abs(h[np.isfinite(h)]) > np.finfo(np.float32).max).any():
+        raise ValueError(f"--input {path!r} holds values beyond float32's range; the block computes in float32")
     return h
 
 
@@ -210,9 +218,10 @@ def cmd_run_block(args):
     block = next(iter(model.blocks.values()))
     h = _load_hidden_states(args.input, block.experts.config.hidden_size)
     y = block.forward(h)
-    tmp = args.output + ".partial.npy"
-    np.save(tmp, y)
-    os.replace(tmp, args.output)
+    def save(tmp):
+        with open(tmp, "xb") as f:
+            np.save(f, y)
+    publish(args.output, save)  # a unique temporary name, renamed when complete: never half a file
     origin = f"; experts from {block.experts_from}" if args.experts else ""
     print(f"{block.name}: {block.experts.kernel}{origin}; {h.shape[0]} tokens -> {args.output}")
     return 0

@@ -1,7 +1,11 @@
 """MoE layer configuration in the seeds' vocabulary: QuantConfig and MoeConfig."""
 import math
+import numbers
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from ktcy._native import INT8_MAX_K
 from ktcy.formats import AMX_BACKENDS, DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format, has_groups
 
 
@@ -14,10 +18,19 @@ class QuantConfig:
     group_size: int = DEFAULT_INT4_GROUP
 
     def __post_init__(self):
+        if self.per_channel is not None and not isinstance(self.per_channel, (bool, np.bool_)):
+            raise TypeError(f"QuantConfig.per_channel must be True, False or None, got {self.per_channel!r}")
         canonical_format(self.method, self.per_channel)  # validates the name
         fmt = canonical_format(self.method)
-        if has_groups(fmt) and self.group_size not in INT4_GROUP_SIZES:
-            raise ValueError(f"{fmt} group_size must be one of {INT4_GROUP_SIZES}, got {self.group_size}")
+        if has_groups(fmt):
+            if not _is_integer(self.group_size) or self.group_size not in INT4_GROUP_SIZES:
+                raise ValueError(f"{fmt} group_size must be one of {INT4_GROUP_SIZES}, got {self.group_size!r}")
+            object.__setattr__(self, "group_size", int(self.group_size))
+
+
+def _is_integer(value):
+    """An int or numpy integer, not a bool (True == 1) and not a float that equals a whole number."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
 @dataclass(frozen=True)
@@ -44,15 +57,15 @@ class MoeConfig:
     swiglu_limit: float = 7.0
 
     def __post_init__(self):
-        for name in ("num_experts", "top_k", "hidden_size", "intermediate_size"):
+        for name in ("num_experts", "top_k", "hidden_size", "intermediate_size", "num_threads"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if name == "num_threads" and value is None:
+                continue
+            if not _is_integer(value) or value < 1:
                 raise ValueError(f"MoeConfig.{name} must be a positive integer, got {value!r}")
+            object.__setattr__(self, name, int(value))  # numpy integers as plain ints
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
-        if self.num_threads is not None and (isinstance(self.num_threads, bool) or not isinstance(self.num_threads, int)
-                                             or self.num_threads < 1):
-            raise ValueError(f"MoeConfig.num_threads must be a positive integer, got {self.num_threads!r}")
         if self.activation not in ("silu", "gpt_oss"):
             raise ValueError(f"MoeConfig.activation must be 'silu' or 'gpt_oss', got {self.activation!r}")
         for name in ("swiglu_alpha", "swiglu_limit"):
@@ -61,7 +74,9 @@ class MoeConfig:
                 raise ValueError(f"MoeConfig.{name} must be a positive finite number, got {value!r}")
         if not isinstance(self.quant_config, QuantConfig):
             raise TypeError("quant_config must be a ktcy.QuantConfig")
-        self.weight_format  # validates backend
+        if self.weight_format == "INT8" and max(self.hidden_size, self.intermediate_size) > INT8_MAX_K:
+            raise ValueError(f"INT8 experts with hidden_size {self.hidden_size} and intermediate_size "
+                             f"{self.intermediate_size}: K > {INT8_MAX_K} would overflow the int32 sums; use BF16 or INT4")
 
     @property
     def weight_format(self):

@@ -181,6 +181,8 @@ def environment_problems():
     KTCY_NUM_THREADS does not stop `import ktcy`; it is reported here)."""
     from ktcy import threads
     problems = list(getattr(threads, "ENV_PROBLEMS", []))
+    if _native.AMX_SWITCH_PROBLEM:
+        problems.append(_native.AMX_SWITCH_PROBLEM)
     error = _native._policy.get("error")
     if error:
         problems.append(str(error))

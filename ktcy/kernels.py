@@ -454,8 +454,13 @@ def linear_variant(X, packed, variant, out=None, one_panel_rows=None, f32_rows=N
     m, n = np.shape(X)[0], packed.shape[0]
     if out is None:
         out = np.empty((m, n), np.float32)
-    elif out.shape != (m, n) or out.dtype != np.float32 or not out.flags.c_contiguous:
-        raise ValueError(f"out must be a C-contiguous float32 array of shape {(m, n)}")
+    elif not isinstance(out, np.ndarray) or out.shape != (m, n) or out.dtype != np.float32 \
+            or not out.flags.c_contiguous or not out.flags.writeable:
+        got = type(out).__name__
+        if isinstance(out, np.ndarray):
+            got += f" {out.dtype} {out.shape}" + ("" if out.flags.c_contiguous else ", not C-contiguous") \
+                + ("" if out.flags.writeable else ", read-only")
+        raise ValueError(f"out must be a writable C-contiguous float32 numpy array of shape {(m, n)}, got {got}")
     if m and n:
         _native.gemm(packed.format, variant, act, weight, out, -1 if one_panel_rows is None else int(one_panel_rows),
                      -1 if f32_rows is None else int(f32_rows), -1 if i16_rows is None else int(i16_rows),

@@ -241,6 +241,11 @@ class MoE:
         if T:
             ids = np.ascontiguousarray(ids, np.int64)
             w = np.ascontiguousarray(w, np.float32)
+            # the engine writes out while it still reads the routing (x it gathers first)
+            if np.may_share_memory(result, w):
+                w = w.copy()
+            if np.may_share_memory(result, ids):
+                ids = ids.copy()
             self._call_engine(x, ids, w, result, per_slot)
         if target is not None:
             torch_bridge.copy_back(result, target)
@@ -317,7 +322,7 @@ def _checked_bias(bias, E, H, I):
         a = np.asarray(b)
         if a.shape != shape or not (np.issubdtype(a.dtype, np.floating) or a.dtype == ml_dtypes.bfloat16):
             raise ValueError(f"{name} bias must be a float array of shape {shape}, got {a.dtype} {a.shape}")
-        a = np.ascontiguousarray(a, np.float32)
+        a = np.array(a, np.float32, order="C")  # a copy, as the weights are: later edits of the caller's array change nothing
         if not np.isfinite(a).all():
             raise ValueError(f"{name} bias holds NaN or infinity")
         out[name] = a

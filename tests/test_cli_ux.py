@@ -276,3 +276,50 @@ def test_amx_fallback_notice_is_shown_once():
     notices = [line for line in r.stderr.splitlines() if "AMXINT8" in line]
     assert len(notices) == 1, r.stderr
     assert notices[0].startswith("ktcy: ") and "ktcy: ktcy:" not in notices[0]
+
+
+# ---- the fiftieth stop's review ----
+
+def test_run_block_never_replaces_a_fifo_and_leaves_no_temporary_file(checkpoint, hidden, tmp_path):
+    fifo = tmp_path / "y.npy"
+    os.mkfifo(fifo)
+    r = ktcy_cli("run-block", checkpoint, "--layer", 1, "--input", hidden, "--output", fifo)
+    assert_one_line_error(r, "--output", "not a regular file", rc=1)
+    assert os.listdir(tmp_path) == ["y.npy"] and not os.path.isfile(fifo)
+    out = tmp_path / "z.npy"
+    assert ktcy_cli("run-block", "-q", checkpoint, "--layer", 1, "--input", hidden, "--output", out).returncode == 0
+    assert sorted(os.listdir(tmp_path)) == ["y.npy", "z.npy"]
+
+
+def test_run_block_takes_big_endian_input_and_refuses_float32_overflow(checkpoint, hidden, tmp_path):
+    x = np.load(hidden)
+    np.save(tmp_path / "be.npy", x.astype(">f4"))
+    assert ktcy_cli("run-block", "-q", checkpoint, "--layer", 1, "--input", tmp_path / "be.npy",
+                    "--output", tmp_path / "y_be.npy").returncode == 0
+    assert ktcy_cli("run-block", "-q", checkpoint, "--layer", 1, "--input", hidden,
+                    "--output", tmp_path / "y.npy").returncode == 0
+    assert np.array_equal(np.load(tmp_path / "y_be.npy"), np.load(tmp_path / "y.npy"))
+    big = x.astype(np.float64)
+    big[1, 2] = 1e300
+    np.save(tmp_path / "big.npy", big)
+    r = ktcy_cli("run-block", checkpoint, "--layer", 1, "--input", tmp_path / "big.npy", "--output", tmp_path / "b.npy")
+    assert_one_line_error(r, "--input", "beyond float32's range", rc=1)
+    assert not (tmp_path / "b.npy").exists()
+
+
+def test_bench_refuses_a_shape_int8_cannot_run_before_measuring():
+    r = ktcy_cli("bench", "--shape", "16,65600,1,1", "--formats", "BF16,INT8", "--tokens", "1")
+    assert_one_line_error(r, "--formats INT8", "K > 65536", rc=1)
+    assert r.stdout == ""  # nothing measured or printed first
+
+
+def test_isa_names_take_any_case_and_a_bad_amx_switch_is_reported():
+    env = dict(os.environ, KTCY_ISA="AVX2", CPUINFER_ENABLE_AMX="of")
+    code = ("import json, ktcy; from ktcy import doctor; "
+            "print(json.dumps([ktcy.kernel_table()['INT8']['isa'], doctor.environment_problems()]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    isa, problems = json.loads(r.stdout)
+    assert isa == "avx2"
+    assert any("CPUINFER_ENABLE_AMX='of'" in p and "AMX stays enabled" in p for p in problems)
+    assert "CPUINFER_ENABLE_AMX='of'" in r.stderr  # logged once at import

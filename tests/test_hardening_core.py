@@ -314,3 +314,135 @@ def test_map_layer_validates_only_the_experts_asked_for(tmp_path):
         ktcy.packed_io.load_layer(damaged)
     with pytest.raises(ktcy.CheckpointError, match="asked for"):
         map_layer(f, experts=[99])
+
+
+# ---- the fiftieth stop's review ----
+
+def _small_layer(**kw):
+    rng = np.random.default_rng(3)
+    gate, up = (rng.standard_normal((E, I, H)).astype(np.float32) * 0.05 for _ in range(2))
+    down = rng.standard_normal((E, H, I)).astype(np.float32) * 0.05
+    cfg = ktcy.MoeConfig(E, K_TOP, H, I, ktcy.QuantConfig("BF16"), **kw)
+    return ktcy.MoE.from_weights(cfg, gate, up, down)
+
+
+_FORKED_CHILD = """
+import multiprocessing as mp, sys, numpy as np, ktcy
+def run(q):
+    moe, x, ids, w = build()
+    q.put(moe.forward(x, ids, w))
+def build():
+    rng = np.random.default_rng(0)
+    E, H, I = 4, 128, 64
+    g, u = (rng.standard_normal((E, I, H)).astype(np.float32) * 0.05 for _ in range(2))
+    d = rng.standard_normal((E, H, I)).astype(np.float32) * 0.05
+    moe = ktcy.MoE.from_weights(ktcy.MoeConfig(E, 2, H, I, ktcy.QuantConfig("INT8")), g, u, d)
+    x = rng.standard_normal((40, H)).astype(np.float32)
+    ids = np.argsort(rng.random((40, E)), axis=1)[:, :2].astype(np.int64)
+    return moe, x, ids, rng.random((40, 2)).astype(np.float32)
+moe, x, ids, w = build()
+parent = moe.forward(x, ids, w)  # the parent's OpenMP pool now exists
+q = mp.get_context("fork").Queue()
+p = mp.get_context("fork").Process(target=run, args=(q,))
+p.start()
+child = q.get(timeout=60)
+p.join(60)
+print(p.exitcode == 0 and np.array_equal(parent, child))
+"""
+
+
+@pytest.mark.skipif(_native.usable_cpus() < 2, reason="a forked child hangs only with a team of 2 or more threads")
+def test_a_forked_child_runs_on_one_thread_instead_of_hanging():
+    # the default thread count (every CPU), as a plain worker pool would use it
+    r = subprocess.run([sys.executable, "-c", _FORKED_CHILD], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "True", r.stdout + r.stderr
+    assert "ktcy runs on 1 thread in this forked process" in r.stderr
+
+
+def test_out_that_holds_the_routing_weights_or_ids_gives_the_same_result():
+    # the engine writes out while it still reads the routing: views of out's first bytes as w or ids
+    moe = _small_layer()
+    rng = np.random.default_rng(4)
+    T = 5
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    ids = np.argsort(rng.random((T, E)), axis=1)[:, :K_TOP].astype(np.int64)
+    w = rng.random((T, K_TOP)).astype(np.float32)
+    expect = moe.forward(x, ids, w)
+    buf = np.zeros((T, H), np.float32)
+    w_in_out = buf.reshape(-1)[:T * K_TOP].reshape(T, K_TOP)
+    w_in_out[:] = w
+    assert moe.forward(x, ids, w_in_out, out=buf) is buf and np.array_equal(buf, expect)
+    buf = np.zeros((T, H), np.float32)
+    ids_in_out = buf.reshape(-1)[:2 * T * K_TOP].view(np.int64).reshape(T, K_TOP)
+    ids_in_out[:] = ids
+    assert moe.forward(x, ids_in_out, w, out=buf) is buf and np.array_equal(buf, expect)
+
+
+def test_biases_are_copied_like_the_weights():
+    rng = np.random.default_rng(5)
+    gate, up = (rng.standard_normal((E, I, H)).astype(np.float32) * 0.05 for _ in range(2))
+    down = rng.standard_normal((E, H, I)).astype(np.float32) * 0.05
+    bias = {"gate": rng.standard_normal((E, I)).astype(np.float32), "down": rng.standard_normal((E, H)).astype(np.float32)}
+    moe = ktcy.MoE.from_weights(ktcy.MoeConfig(E, K_TOP, H, I, ktcy.QuantConfig("BF16")), gate, up, down, bias=bias)
+    x = rng.standard_normal((3, H)).astype(np.float32)
+    ids = np.array([[0, 1], [1, 2], [2, 0]], np.int64)
+    w = np.full((3, K_TOP), 0.5, np.float32)
+    before = moe.forward(x, ids, w)
+    bias["gate"][:] = np.nan
+    bias["down"] += 100
+    assert np.array_equal(moe.forward(x, ids, w), before)
+
+
+@pytest.mark.parametrize("fmt,magnitude", [("INT4", 1e36), ("INT4_ZP", 1e36), ("INT8", 1e36), ("INT4", 1e37),
+                                           ("INT4_ZP", 3e38)])
+def test_weights_too_large_for_an_integer_format_are_refused(fmt, magnitude):
+    W = np.random.default_rng(6).standard_normal((16, 64)).astype(np.float32) * np.float32(magnitude / 4)
+    with pytest.raises(ValueError, match=f"{fmt} cannot hold weights as large as .*BF16"):
+        kernels.pack(W, fmt)
+
+
+def test_large_weights_within_the_bound_stay_exact_on_every_isa():
+    W = np.random.default_rng(7).standard_normal((16, 64)).astype(np.float32) * np.float32(1e27)
+    p = kernels.pack(W, "INT4")
+    X = np.full((2, 64), 1e-27, np.float32)
+    R = X.astype(np.float64) @ p.dequantize().T
+    outs = [kernels.linear(X, p, isa=isa) for isa in _native.available_isas() + ["amx_emu"] if isa != "amx"]
+    for Y in outs:
+        assert np.isfinite(Y).all() and np.allclose(Y, R, rtol=1e-5, atol=0)
+        assert np.array_equal(Y, outs[0])
+
+
+@pytest.mark.parametrize("fmt", ["INT8", "INT4", "FP8_BLOCK"])
+def test_a_packed_file_with_a_nan_scale_is_refused(tmp_path, fmt):
+    path = write_packed(tmp_path / "l.safetensors", fmt)
+    f = ktcy.safetensors_io.SafetensorsFile(path)
+    tensors, meta = {n: np.array(f.get(n)) for n in f.keys()}, dict(f.metadata)
+    del f
+    tensors["up.scale"].reshape(-1)[0] = np.nan
+    ktcy.safetensors_io.write(path, tensors, meta)
+    with pytest.raises(CheckpointError, match=r"up\[0\]: .*scale at .* is nan"):
+        load_layer(str(path))
+
+
+@pytest.mark.parametrize("out,needle", [([[0.0] * 3] * 2, "got list"),
+                                        (np.zeros((2, 3), np.float32), "read-only")])
+def test_linear_out_errors_name_what_is_wrong(out, needle):
+    p = kernels.pack(np.ones((3, 32), np.float32), "BF16")
+    if isinstance(out, np.ndarray):
+        out.flags.writeable = False
+    with pytest.raises(ValueError, match=f"out must be .*{needle}"):
+        kernels.linear(np.ones((2, 32), np.float32), p, out=out)
+
+
+def test_config_takes_numpy_integers_and_refuses_loose_values():
+    cfg = ktcy.MoeConfig(np.int64(4), np.int32(2), np.int64(64), np.uint16(32), num_threads=np.int64(1))
+    assert (cfg.num_experts, cfg.top_k, cfg.hidden_size, cfg.intermediate_size, cfg.num_threads) == (4, 2, 64, 32, 1)
+    assert all(type(v) is int for v in (cfg.num_experts, cfg.hidden_size, cfg.num_threads))
+    assert ktcy.QuantConfig("INT4", group_size=np.int64(32)).group_size == 32
+    with pytest.raises(ValueError, match="group_size"):
+        ktcy.QuantConfig("INT4", group_size=64.0)
+    with pytest.raises(TypeError, match="per_channel"):
+        ktcy.QuantConfig("FP8", per_channel="no")
+    assert ktcy.QuantConfig("FP8", per_channel=np.bool_(True)).per_channel
+    with pytest.raises(ValueError, match="K > 65536"):
+        ktcy.MoeConfig(1, 1, 16, 65600, ktcy.QuantConfig("INT8"))
