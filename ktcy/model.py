@@ -11,6 +11,7 @@ from typing import Iterable, List, Optional
 
 import numpy as np
 
+from ktcy import torch_bridge
 from ktcy.checkpoint import Checkpoint, config_int, layer_number
 from ktcy.config import MoeConfig, QuantConfig
 from ktcy.converted import ConvertedFolder
@@ -33,7 +34,11 @@ class RuleError(ValueError):
 
 class Rule:
     """One optimize rule in the seeds' schema: match.name (a regex over block names, matched from
-    the start as KTransformers does) -> replace.kwargs.backend.  The other replace keys (class,
+    the start as KTransformers does) -> replace.kwargs.backend.  As in KTransformers a rule with
+    match.class matches only modules of that class too: ktcy's blocks are expert modules, so a
+    class whose name says neither MoE nor experts (torch.nn.Linear, a rotary embedding) never
+    matches one - KTransformers' own rule files put such rules, with names that would match
+    `model.layers.N.mlp.experts`, before the experts rule.  The other replace keys (class,
     devices, ops) are kept for describe() and otherwise ignored: ktcy runs on the CPU."""
 
     def __init__(self, index, raw):
@@ -48,8 +53,17 @@ class Rule:
             self.pattern = re.compile(name) if name is not None else None
         except (re.error, TypeError) as e:
             raise RuleError(f"rule {index}: match.name {name!r} is not a valid regex ({e})") from None
+        cls = match.get("class")
+        if cls is not None and not isinstance(cls, str):
+            raise RuleError(f"rule {index}: match.class must be a class path string, got {cls!r:.80}")
+        self.selects_experts = cls is None or re.search(r"moe|expert", cls.rsplit(".", 1)[-1], re.I) is not None
         replace = raw.get("replace") or {}
-        kwargs = dict(replace.get("kwargs") or {}) if isinstance(replace, dict) else {}
+        if not isinstance(replace, dict):
+            raise RuleError(f"rule {index}: 'replace' must be a mapping, got {type(replace).__name__}")
+        kwargs = replace.get("kwargs") or {}
+        if not isinstance(kwargs, dict):
+            raise RuleError(f"rule {index}: 'replace.kwargs' must be a mapping, got {type(kwargs).__name__}")
+        kwargs = dict(kwargs)
         self.backend = kwargs.pop("backend", None)
         if self.backend is not None:
             try:
@@ -57,12 +71,12 @@ class Rule:
             except ValueError as e:
                 raise RuleError(f"rule {index}: {e}") from None
         self.kept = dict(kwargs)
-        if isinstance(replace, dict) and replace.get("class"):
+        if replace.get("class"):
             self.kept["class"] = replace["class"]
 
     def matches(self, block_name):
         # a rule without match.name selects modules by class only, which names no ktcy block
-        return self.pattern is not None and self.pattern.match(block_name) is not None
+        return self.selects_experts and self.pattern is not None and self.pattern.match(block_name) is not None
 
 
 def _layer_list(layers):
@@ -122,7 +136,9 @@ class MoEBlock:
         return self.router(h)
 
     def forward(self, h):
-        """The block's output for hidden states h [T, H]: routed experts plus shared experts."""
+        """The block's output for hidden states h [T, H] (numpy or a torch tensor, float32, float64,
+        float16 or bfloat16), routed experts plus shared experts, as float32 numpy: the block is
+        the numpy API (ktcy.hf runs blocks inside torch models)."""
         h = self._hidden(h)
         ids, w = self.router(h)
         y = self.experts.forward(h, ids, w)
@@ -140,6 +156,8 @@ class MoEBlock:
                 f"shared_experts={self.shared is not None}, experts_from={self.experts_from!r})")
 
     def _hidden(self, h):
+        if torch_bridge.is_tensor(h):
+            h = torch_bridge.as_numpy(h, "hidden states")
         h = as_float32_matrix(h, "hidden states")
         if h.shape[1] != self.experts.config.hidden_size:
             raise ValueError(f"{self.name}: hidden states have {h.shape[1]} columns, hidden_size is "

@@ -171,6 +171,12 @@ class MoE:
                 raise CheckpointError(f"{path} changed size on disk ({size} -> {now} bytes) while mapped; "
                                       f"reload the layer")
 
+    def __reduce_ex__(self, protocol):
+        # pickle and copy.deepcopy (of a whole ktcy.hf model too) would otherwise fail inside
+        # Cython's native descriptors with a message that names nothing
+        raise TypeError("a ktcy.MoE cannot be pickled or copied: its experts are packed native buffers (or a mapped "
+                        "file); build it again in the other process (MoE.from_weights, ktcy.load_experts)")
+
     def forward(self, x, topk_ids, topk_weights, out=None):
         """y [T, H] = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]).
 

@@ -5,7 +5,9 @@ softmax      probabilities over all experts, top-k, renormalised when norm_topk_
 mixtral      top-k of the logits, softmax over those k
 deepseek_v3  sigmoid scores; choice on scores + e_score_correction_bias restricted to the
              topk_group best of n_group groups (a group scores the sum of its top 2); weights are
-             the unbiased scores, normalised when norm_topk_prob, times routed_scaling_factor
+             the unbiased scores, normalised when norm_topk_prob and k > 1 (as DeepSeek's own code;
+             transformers' module also normalises a single weight to 1, so at top_k = 1, which no
+             released model uses, MoEModel and ktcy.hf differ), times routed_scaling_factor
 """
 from dataclasses import dataclass
 

@@ -4,6 +4,8 @@ A CPU tensor becomes a numpy view of its memory (bfloat16 as ml_dtypes.bfloat16 
 words); a tensor on another device (cuda, ...) is copied to host memory first and the result copied
 back to that device.  Gradients are not tracked through ktcy: tensors are detached.
 """
+import functools
+
 import ml_dtypes
 import numpy as np
 
@@ -25,7 +27,18 @@ def as_numpy(a, what):
         t = t.cpu()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    if t.dtype not in _numpy_dtypes():  # float8 kinds, complex32, quantized: numpy has no view of them
+        raise TypeError(f"{what} is a {t.dtype} tensor, which ktcy does not take")
     return t.numpy()
+
+
+@functools.lru_cache(maxsize=None)
+def _numpy_dtypes():
+    """The torch dtypes whose tensors numpy views (torch is imported on first use: it is optional)."""
+    import torch
+    return frozenset({torch.float32, torch.float64, torch.float16, torch.int8, torch.int16, torch.int32, torch.int64,
+                      torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.bool, torch.complex64,
+                      torch.complex128})
 
 
 def result_like(y, like, keep_float32=False):

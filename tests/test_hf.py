@@ -212,3 +212,42 @@ def test_hub_id_is_found_in_the_local_cache(folders, tmp_path, monkeypatch):
     assert rel_l2(logits(model, PROMPT), logits(stock(folders["olmoe"]), PROMPT)) < 0.01
     with pytest.raises(ktcy.CheckpointError, match="huggingface-cli download"):
         ktcy.hf.from_pretrained("tiny/absent")
+
+
+# ---- the fiftieth stop's review ----
+
+def test_kt_rule_files_linear_rules_do_not_take_the_experts(folders):
+    # KTransformers' rule files (optimize_rules/DeepSeek-V3-Chat-amx.yaml) put a torch.nn.Linear rule
+    # whose name matches every module under model.layers before the experts rule
+    rules = textwrap.dedent("""\
+        - match: {class: some.RotaryEmbedding}
+          replace: {class: some.Rope}
+        - match: {name: "^model\\\\.layers\\\\.(?!.*self_attn\\\\.kv_b_proj).*$", class: torch.nn.Linear}
+          replace: {class: ktransformers.operators.linear.KTransformersLinear, kwargs: {generate_op: KLinearMarlin}}
+        - match: {name: "^model\\\\.layers\\\\..*\\\\.mlp\\\\.experts$"}
+          replace: {class: ktransformers.operators.experts.KTransformersExperts, kwargs: {backend: AMXInt4}}
+        """)
+    model = ktcy.hf.from_pretrained(folders["olmoe"], rules=rules, dtype=torch.float32)
+    assert {m.kernel.split(" ")[0] for m in model.ktcy_experts().values()} == {"INT4"}
+    blocks = ktcy.MoEModel.from_pretrained(folders["olmoe"], rules=rules).describe()
+    assert [(r["format"], r["rule"]) for r in blocks] == [("INT4", 2)] * len(blocks)
+    with pytest.raises(ktcy.RuleError, match="rule 0: 'replace' must be a mapping"):
+        ktcy.hf.from_pretrained(folders["olmoe"], rules=[{"match": {"name": ".*"}, "replace": [1]}])
+
+
+def test_empty_batch_and_save_pretrained_and_copies(folders, tmp_path):
+    model = ktcy.hf.from_pretrained(folders["qwen3_moe"], dtype=torch.float32)
+    block = model.model.layers[0].mlp
+    assert tuple(block(torch.zeros(1, 0, 64)).shape) == (1, 0, 64)  # as stock's sparse block
+    experts = next(iter(model.ktcy_experts().values()))
+    assert tuple(experts(torch.zeros(0, 64), torch.zeros(0, 2, dtype=torch.int64), torch.zeros(0, 2)).shape) == (0, 64)
+    with pytest.raises(NotImplementedError, match="no routed experts"):
+        model.save_pretrained(tmp_path / "saved")
+    assert not (tmp_path / "saved").exists()
+    import copy
+    import pickle
+    for attempt in (lambda: copy.deepcopy(model), lambda: pickle.dumps(experts.moe)):
+        with pytest.raises(TypeError, match="cannot be pickled or copied"):
+            attempt()
+    with pytest.raises(ValueError, match="dtype must be torch.float32"):
+        ktcy.hf.from_pretrained(folders["qwen3_moe"], dtype=torch.float8_e4m3fn)

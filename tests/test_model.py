@@ -211,3 +211,17 @@ def test_run_block_cli(tmp_path):
         "model.layers.2.mlp.experts"].forward(h)
     assert np.array_equal(y, expect)
     assert "INT8" in r.stdout
+
+
+def test_block_takes_torch_tensors_as_the_layer_does(tmp_path):
+    torch = pytest.importorskip("torch", reason="the hf extra (torch) is not installed")
+    build(tmp_path, "qwen3")
+    block = next(iter(ktcy.MoEModel.from_pretrained(tmp_path).blocks.values()))
+    h = np.random.default_rng(2).standard_normal((3, 128)).astype(np.float32)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        t = torch.from_numpy(h).to(dtype)
+        expect = block.forward(t.float().numpy() if dtype != torch.bfloat16 else
+                               t.view(torch.int16).numpy().view(ml_dtypes.bfloat16))
+        assert np.array_equal(block.forward(t), expect)
+        ids, w = block.route(t)
+        assert ids.shape == (3, block.experts.config.top_k)

@@ -93,3 +93,11 @@ def test_the_numpy_core_does_not_import_torch():
             "m.forward(np.ones((1, 64), np.float32), np.zeros((1, 1), np.int64), np.ones((1, 1), np.float32))\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_tensors_numpy_cannot_view_are_refused_by_name(layer):
+    x, ids, w = inputs()
+    with pytest.raises(TypeError, match="x is a torch.float8_e4m3fn tensor"):
+        layer.forward(torch.from_numpy(x).to(torch.float8_e4m3fn), ids, w)
+    with pytest.raises(TypeError, match="topk_weights is a torch.float8_e5m2 tensor"):
+        layer.forward(x, ids, torch.from_numpy(w).to(torch.float8_e5m2))

@@ -37,7 +37,8 @@ class KtcyExperts(torch.nn.Module):
         T = hidden_states.numel() // H
         # MoE.forward takes the tensors as they are: CPU ones as zero-copy views (bf16 included),
         # those on another device copied to host memory and the result copied back there
-        y = self.moe.forward(hidden_states.reshape(T, H), top_k_index.reshape(T, -1), top_k_weights.reshape(T, -1))
+        k = top_k_index.shape[-1]  # not reshape(T, -1): an empty batch (T = 0) has no size to infer
+        y = self.moe.forward(hidden_states.reshape(T, H), top_k_index.reshape(T, k), top_k_weights.reshape(T, k))
         self.seconds += time.perf_counter() - start
         self.calls += 1
         return y.reshape(hidden_states.shape)

@@ -72,7 +72,8 @@ def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwar
         use_kernels (hub kernels would replace the MoE blocks ktcy runs).
 
     Returns the model, with `inject_expert_backend(layer_regex, backend)` and
-    `ktcy_experts()` (name -> KtcyExperts).
+    `ktcy_experts()` (name -> KtcyExperts); its save_pretrained raises NotImplementedError (the
+    state dict holds no routed experts).
 
     Raises UnsupportedArchitectureError (a ValueError) for a model_type ktcy.hf does not serve;
     CheckpointError for a missing, malformed or converted checkpoint; RuleError / ValueError for
@@ -130,7 +131,17 @@ def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwar
     _warn_if_threads_spin()
     model.inject_expert_backend = types.MethodType(inject_expert_backend, model)
     model.ktcy_experts = types.MethodType(ktcy_experts, model)
+    model.save_pretrained = types.MethodType(_save_pretrained, model)
     return model
+
+
+def _save_pretrained(model, *args, **kwargs):
+    """The routed experts live in ktcy's packed buffers, not in the state dict: transformers'
+    save_pretrained would write a checkpoint without them, which stock transformers loads with
+    random experts.  Refused with the way to a file that has them."""
+    raise NotImplementedError("save_pretrained of a ktcy.hf model would write no routed experts (they are ktcy's "
+                              "packed buffers, not torch parameters); keep the original checkpoint, and use "
+                              "`ktcy convert` to save the packed experts (load them back with experts_path=)")
 
 
 def _dtype(kwargs):
@@ -141,8 +152,8 @@ def _dtype(kwargs):
         return None
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype, None)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a torch floating dtype (torch.float32, torch.bfloat16, ...), got {dtype!r}")
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):  # float8 kinds have no storage
+        raise ValueError(f"dtype must be torch.float32, torch.bfloat16, torch.float16 or torch.float64, got {dtype!r}")
     return dtype
 
 
