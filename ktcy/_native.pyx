@@ -246,13 +246,13 @@ cdef int _num_threads = 1
 # for threads that exist only in the parent.  A child forked after `import ktcy` therefore runs
 # every kernel on one thread (as PyTorch's children do); "spawn" children start afresh.
 cdef bint _forked = False
-cdef int _lost_threads = 1  # the count in force before the fork, or asked for since: said once
+cdef int _threads_before_fork = 1
+cdef bint _fork_said = False  # the child's one warning given (or not needed: 1 thread asked for)
 
 def _after_fork_in_child():
-    global _forked, _num_threads, _lost_threads
-    _forked = True
-    _lost_threads = max(_lost_threads, _num_threads)
-    _num_threads = 1
+    global _forked, _num_threads, _threads_before_fork, _fork_said
+    _forked, _fork_said = True, False
+    _threads_before_fork, _num_threads = _num_threads, 1
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
@@ -260,13 +260,13 @@ cdef int _team(int n) except -1:
     """The OpenMP team for n requested threads: n, or 1 in a forked child, where the first
     parallel call that would have used more says so once (at the call, not at the fork: a
     child that never runs a kernel hears nothing)."""
-    global _lost_threads
+    global _fork_said
     if not _forked:
         return n
-    if max(n, _lost_threads) > 1:
+    if not _fork_said and max(n, _threads_before_fork) > 1:
+        _fork_said = True
         _log.warning("ktcy runs on 1 thread in this forked process: OpenMP's threads do not survive fork() "
-                     "(start workers with the 'spawn' or 'forkserver' method to use %d)", max(n, _lost_threads))
-        _lost_threads = 0  # said
+                     "(start workers with the 'spawn' or 'forkserver' method to use %d)", max(n, _threads_before_fork))
     return 1
 
 def usable_cpus():
@@ -287,10 +287,10 @@ def check_thread_count(n, what="thread count"):
     return int(n)
 
 def set_num_threads(n):
-    global _num_threads, _lost_threads
+    global _num_threads, _fork_said
     n = check_thread_count(n)
-    if _forked and n == 1 and _lost_threads > 0:
-        _lost_threads = 1  # one thread asked for: nothing to say
+    if _forked and n == 1:
+        _fork_said = True  # one thread asked for: nothing to say
     _num_threads = _team(n)
 
 def get_num_threads():

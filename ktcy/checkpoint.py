@@ -404,7 +404,9 @@ class LayerExperts:
             if scale_name in self.ckpt:
                 if want_scale_name:
                     return (w, scale_name)
-                return (w, check_fp8_values(name, w, scale_name, self.ckpt.get(scale_name)))
+                scale = self.ckpt.get(scale_name)
+                check_fp8_tensor(name, w, scale_name, scale)
+                return (w, scale)
         raise CheckpointError(f"{name}: FP8 weight without {name}_scale_inv or {name}_scale")
 
     def _check_expert(self, e):
@@ -495,11 +497,8 @@ class LayerExperts:
             if w.dtype.name == "float8_e4m3fn":
                 for suffix in ("_scale_inv", "_scale"):
                     if tensor + suffix in self.ckpt:
-                        scale = check_fp8_values(tensor, w, tensor + suffix, self.ckpt.get(tensor + suffix))
-                        try:
-                            kinds.add(fp8_scale_kind(tensor + suffix, scale.shape, w.shape))
-                        except ValueError as e:
-                            raise CheckpointError(str(e)) from None
+                        scale = self.ckpt.get(tensor + suffix)
+                        kinds.add(check_fp8_tensor(tensor, w, tensor + suffix, scale))
                         break
                 else:
                     raise CheckpointError(f"{tensor}: FP8 weight without {tensor}_scale_inv or {tensor}_scale")
@@ -518,11 +517,16 @@ class LayerExperts:
         return {proj: dequantize(w, s) for proj, (w, s) in self.expert(e).items()}
 
 
-def check_fp8_values(name, codes, scale_name, scale):
-    """scale, after checking that an FP8 weight read from a checkpoint holds no NaN: a NaN or
-    infinite scale, or an E4M3 NaN code (0x7F, 0xFF), makes every output of its channel NaN.
-    (The kernels themselves propagate NaN codes as IEEE does; a released model holding one is
-    corrupt, so it is refused where it is read, naming the tensor.)"""
+def check_fp8_tensor(name, codes, scale_name, scale):
+    """The scale kind (formats.fp8_scale_kind: the scale's name against its shape) of an FP8
+    weight read from a checkpoint, after checking that it holds no NaN: a NaN or infinite scale,
+    or an E4M3 NaN code (0x7F, 0xFF), makes every output of its channel NaN.  (The kernels
+    themselves propagate NaN codes as IEEE does; a released model holding one is corrupt, so it
+    is refused where it is read.)  CheckpointError naming the tensor otherwise."""
+    try:
+        kind = fp8_scale_kind(scale_name, scale.shape, codes.shape)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
     s = np.asarray(scale, np.float32)
     if not np.isfinite(s).all():
         where = tuple(int(i) for i in np.argwhere(~np.isfinite(s))[0])
@@ -531,7 +535,7 @@ def check_fp8_values(name, codes, scale_name, scale):
     if nan.any():
         where = tuple(int(i) for i in np.argwhere(nan)[0])
         raise CheckpointError(f"{name}: the E4M3 code at {where} is NaN; a checkpoint's FP8 weights must be finite")
-    return scale
+    return kind
 
 
 def dequantize(w, scale):

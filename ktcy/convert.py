@@ -16,6 +16,7 @@ import time
 
 from ktcy.checkpoint import Checkpoint
 from ktcy.convert_args import INPUT_TYPES, run_cli
+from ktcy.errors import naming
 from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format, has_groups, weight_group
 from ktcy.loading import MODEL_FILE, block_settings, layer_group_size, original_checkpoint
 from ktcy.output_guard import (ConvertError, OutputLock, copy_file, refuse_output_in_input, remove,
@@ -250,13 +251,9 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
             label = f"layer {L} ({i + 1}/{len(chosen)}) {fmt}"
             t0 = time.perf_counter()
             g = want["group_size"] or group
-            try:
+            with naming(f"{input_path}: layer {L}", ConvertError):
                 arrays = pack_layer(arch.num_experts, fmt, g, experts.source(fmt, strict=asked is None),
                                     lambda n, total: progress.bar(label, n, total))
-            except ValueError as e:
-                if type(e) is not ValueError:
-                    raise
-                raise ConvertError(f"{input_path}: layer {L}: {e}") from None
             bias = experts.bias()  # GPT-OSS: biases and the clamped activation go into the layer file
             publish(final, lambda tmp: write_layer(tmp, arrays, fmt, g, arch.num_experts, arch.top_k,
                                                     arch.hidden_size, arch.intermediate_size, L, source=source,

@@ -25,7 +25,7 @@ from ktcy.loading import original_checkpoint
 from ktcy.output_guard import (ConvertError, OutputLock, publish, refuse_output_in_input, source_fingerprint,
                                write_json, write_safetensors)
 from ktcy.paths import MAX_INDEX_BYTES, allowed_roots, confined_file, read_json
-from ktcy.safetensors_io import CheckpointError, SafetensorsFile
+from ktcy.safetensors_io import CheckpointError, SafetensorsFile, open_regular_file
 from ktcy.version import __version__
 
 MARKER = "ktcy_fp8_export.json"
@@ -130,14 +130,7 @@ def _copy_small_file(input_path, name, final):
     """Copies a file _small_files listed, confined again at copy time: its real path is checked
     and opened without following a link, so a file swapped for a symlink meanwhile is refused."""
     real = os.path.realpath(confined_file(input_path, name, allowed_roots(input_path), input_path, noun="file"))
-    try:
-        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        raise ConvertError(f"{input_path}: cannot read {name} ({e.strerror})") from None
-    with os.fdopen(fd, "rb") as src:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ConvertError(f"{input_path}: {name} is no longer a regular file")
-
+    with os.fdopen(open_regular_file(real, f"{input_path}: {name}", follow_symlinks=False), "rb") as src:
         def copy(tmp):
             with open(tmp, "xb") as dst:
                 shutil.copyfileobj(src, dst)

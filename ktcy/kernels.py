@@ -46,20 +46,25 @@ def as_float32_matrix(a, what):
 _MAX_INT_SCALE = 2.0 ** 96
 
 
-def _check_finite_scales(fmt, scale):
-    """A NaN or infinite scale would turn every output of its channel into NaN, and an integer
-    format's scale beyond _MAX_INT_SCALE overflows its float sums: refused where the scales come in
-    (a released checkpoint, a packed file, codes packed by hand), not found in the results.  The
-    position is in the array as given."""
-    if scale is None:
-        return
+def _scale_problem(fmt, scale):
+    """Why scales cannot be packed, or None: a NaN or infinite scale would turn every output of
+    its channel into NaN, and an integer format's scale beyond _MAX_INT_SCALE overflows its float
+    sums.  The position is in the array as given."""
     scale = np.asarray(scale, np.float32)
     if not np.isfinite(scale).all():
         where = tuple(int(i) for i in np.argwhere(~np.isfinite(scale))[0])
-        raise ValueError(f"{fmt} scale at {where} is {scale[where]}; scales must be finite")
+        return f"{fmt} scale at {where} is {scale[where]}; scales must be finite"
     if descriptor(fmt)["activations"] == "int8" and scale.size and np.abs(scale).max() > _MAX_INT_SCALE:
-        raise ValueError(f"{fmt} scale {np.abs(scale).max():.3g} exceeds {_MAX_INT_SCALE:.3g}: its integer sums may "
-                         "overflow float32")
+        return f"{fmt} scale {np.abs(scale).max():.3g} exceeds {_MAX_INT_SCALE:.3g}: its integer sums may overflow float32"
+    return None
+
+
+def _check_finite_scales(fmt, scale):
+    """Scales refused where they come in (a released checkpoint, a packed file, codes packed by
+    hand), not found in the results (_scale_problem)."""
+    problem = None if scale is None else _scale_problem(fmt, scale)
+    if problem:
+        raise ValueError(problem)
 
 
 def _check_colsum(p):
@@ -264,8 +269,7 @@ def pack(W: np.ndarray, format: str = "INT8", group_size: int = DEFAULT_INT4_GRO
 def _refuse_unrepresentable(fmt, scale, w):
     """Finite weights so large that their integer format's scales overflow (or pass
     _MAX_INT_SCALE): a ValueError that says so, before the scale check's generic one."""
-    s = np.abs(np.asarray(scale, np.float32))
-    if not np.isfinite(s).all() or (s.size and s.max() > _MAX_INT_SCALE):
+    if _scale_problem(fmt, scale):
         raise ValueError(f"{fmt} cannot hold weights as large as {float(np.abs(w).max()):.3g} (its scales would "
                          f"pass {_MAX_INT_SCALE:.3g}); BF16 holds up to 3.4e38")
 

@@ -8,6 +8,7 @@ from typing import Callable, Optional, Union
 
 from ktcy.checkpoint import Checkpoint, dequantize, layer_number
 from ktcy.config import MoeConfig, QuantConfig
+from ktcy.errors import naming
 from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format, has_groups, keeps_codes
 from ktcy.log import warn_once
 from ktcy.moe import MoE
@@ -118,14 +119,10 @@ def experts_from_checkpoint(ckpt, layer, method=None, isa=None, group_size=None,
     _warn_if_requantized(ckpt, experts.native_format, fmt, group, experts.group_size)
     bias = experts.bias()
     source = experts.source(fmt, strict=method is None)
-    try:
+    with naming(f"{ckpt.path}: layer {layer}", CheckpointError):
         if bias is None:
             return MoE.from_experts(config, source, progress)
         return MoE.from_experts(config, source, progress, bias=bias)
-    except ValueError as e:
-        if type(e) is not ValueError:
-            raise
-        raise CheckpointError(f"{ckpt.path}: layer {layer}: {e}") from None
 
 
 def _warn_if_requantized(ckpt, stored, fmt, group, stored_group):

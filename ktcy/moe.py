@@ -17,7 +17,7 @@ from ktcy import _native, kernels, torch_bridge
 from ktcy import progress as _progress
 from ktcy.log import warn_once
 from ktcy.config import MoeConfig
-from ktcy.errors import UnsupportedISAError
+from ktcy.errors import UnsupportedISAError, naming
 from ktcy.formats import has_groups, keeps_codes
 from ktcy.expert_arena import ExpertArena
 from ktcy.safetensors_io import CheckpointError
@@ -335,11 +335,11 @@ def _checked_bias(bias, E, H, I):
     return out or None
 
 
-def _pack_released(w, spec, fmt, group, what):
+def _pack_released(w, spec, fmt, group):
     """Codes as released (INT4 / INT4_ZP / MXFP4 with their spec dict): packed as stored when fmt
     is their format, else dequantized exactly and packed in fmt."""
     if not isinstance(spec, dict) or "format" not in spec:
-        raise ValueError(f"{what}: a scale spec must be a dict with a 'format'")
+        raise ValueError("a scale spec must be a dict with a 'format'")
     stored = spec["format"]
     if stored == "MXFP4":
         packed = kernels.pack_quantized(w, spec.get("exponents"), fmt if keeps_codes(stored, fmt) else stored)
@@ -347,7 +347,7 @@ def _pack_released(w, spec, fmt, group, what):
         packed = kernels.pack_quantized(w, spec.get("scale"), stored, group_size=spec.get("group_size"),
                                         zero_points=spec.get("zero_points"))
     else:
-        raise ValueError(f"{what}: codes as released in {stored!r} are not understood")
+        raise ValueError(f"codes as released in {stored!r} are not understood")
     if fmt == packed.format and (not has_groups(fmt) or packed.group_size == group):
         return packed
     if stored == "INT4" and fmt == "INT4_ZP" and packed.group_size == group:  # z = 8
@@ -380,23 +380,16 @@ def pack_expert_weight(w, scale, fmt, group, what):
     they are when the format is FP8 and the scale kinds agree, else dequantized first; codes as
     released with a spec dict (see MoE.from_experts) likewise.  A packer's error names `what`."""
     if isinstance(scale, dict):
-        return _naming(what, _pack_released, np.asarray(w), scale, fmt, group, what)
+        with naming(what):
+            return _pack_released(np.asarray(w), scale, fmt, group)
     if w.dtype == ml_dtypes.float8_e4m3fn and scale is not None and not fmt.startswith("FP8"):
         raise ValueError(f"{what}: FP8 codes must be dequantized before packing as {fmt}")
     if fmt.startswith("FP8") and (w.dtype == ml_dtypes.float8_e4m3fn or w.dtype == np.uint8):
         if scale is None:
             raise ValueError(f"{what}: FP8 codes need their scales")
-        return _naming(what, kernels.pack_quantized, w, scale, fmt)
+        with naming(what):
+            return kernels.pack_quantized(w, scale, fmt)
     if scale is not None:
         raise ValueError(f"{what}: scales are only taken with already-quantized FP8 weights")
-    return _naming(what, kernels.pack, w, fmt, group_size=group)
-
-
-def _naming(what, packer, *args, **kwargs):
-    """packer(*args, **kwargs), its ValueError or TypeError (a weight it refuses) naming `what`."""
-    try:
-        return packer(*args, **kwargs)
-    except (TypeError, ValueError) as e:
-        if type(e) not in (TypeError, ValueError):
-            raise
-        raise type(e)(f"{what}: {e}") from None
+    with naming(what):
+        return kernels.pack(w, fmt, group_size=group)

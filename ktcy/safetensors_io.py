@@ -31,12 +31,14 @@ class CheckpointError(ValueError):
     """A checkpoint or packed file that is missing, truncated, malformed or inconsistent."""
 
 
-def open_regular_file(path, what=None):
+def open_regular_file(path, what=None, follow_symlinks=True):
     """A read-only descriptor of path, which must be a regular file: opened non-blocking so that a
-    FIFO fails at once instead of waiting for a writer, then checked with fstat (no race)."""
+    FIFO fails at once instead of waiting for a writer, then checked with fstat (no race).
+    follow_symlinks=False refuses a path that is itself a symlink (ELOOP)."""
     what = what or path
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, flags if follow_symlinks else flags | os.O_NOFOLLOW)
     except FileNotFoundError:
         raise CheckpointError(f"{what}: no such file") from None
     except IsADirectoryError:

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 import transformers
 
-from ktcy.checkpoint import Checkpoint, check_fp8_values, dequantize
-from ktcy.formats import canonical_format, fp8_scale_kind
+from ktcy.checkpoint import Checkpoint, check_fp8_tensor, dequantize
+from ktcy.formats import canonical_format
 from ktcy.hf.architectures import ROUTED_EXPERT_TENSOR, architecture, layer_of
 from ktcy.hf.experts_module import KtcyExperts
 from ktcy.log import warn_once
@@ -258,11 +258,8 @@ def _stored_weight(ckpt, name):
         return t
     for suffix in _SCALE_SUFFIXES:
         if name + suffix in ckpt:
-            scale = check_fp8_values(name, t, name + suffix, ckpt.get(name + suffix))
-            try:
-                fp8_scale_kind(name + suffix, scale.shape, t.shape)
-            except ValueError as e:
-                raise CheckpointError(f"{ckpt.path}: {e}") from None
+            scale = ckpt.get(name + suffix)
+            check_fp8_tensor(name, t, name + suffix, scale)
             return dequantize(t, scale)
     raise CheckpointError(f"{ckpt.path}: {name} is FP8 without {name}_scale_inv or {name}_scale")
 
