@@ -408,8 +408,8 @@ def test_tiny_outputs_of_wide_rows_keep_their_bits(small, scale, flushing, one_t
 
 def test_a_scale_near_the_float_maximum_does_not_overflow_one_row_calls():
     """Per-channel scale 2e36 and a row of 2^13 (row factor 2^8 in the float decodes): the output
-    2.56e38 is finite, as the bf16 tiles and the portable path give it.  (AVX2's float
-    decode multiplies the scale by the row factor, which may then overflow: documented there.)"""
+    2.56e38 is finite on every path (AVX2 multiplies such a scale by the sums before the row
+    factor: kt_times_scale_row)."""
     codes = np.zeros((16, 32), np.uint8)
     codes[:, 1] = 0x08  # 2^-6
     X = np.zeros((1, 32), np.float32)
@@ -417,7 +417,27 @@ def test_a_scale_near_the_float_maximum_does_not_overflow_one_row_calls():
     p = kernels.pack_quantized(codes, np.full(16, 2e36, np.float32), "FP8_PERCHANNEL")
     want = 2.0 ** 7 * float(np.float32(2e36))
     for v in runnable_variants("FP8_PERCHANNEL"):
-        if v == "fp8_avx2":
-            continue
         got = float(kernels.linear_variant(X, p, v)[0, 0])
         assert abs(got - want) <= 1e-6 * want, (v, got)
+
+
+@pytest.mark.parametrize("fmt", ["FP8_PERCHANNEL", "FP8_BLOCK"])
+@pytest.mark.parametrize("scale", [1e-30, 1e-12, 1e-9, 3e-7])
+@pytest.mark.parametrize("m", [2, 5, 40])
+def test_tiny_scales_beside_a_wide_row_keep_every_row(fmt, scale, m, one_thread):
+    """A call holding a row of 2^15 or more takes AVX2's wide decode, whose row factors reach
+    2^-112: multiplied into a scale of 1e-30 first they made zero, and every row of the call came
+    out 0 (a scale of 1e-9 with rows near 1e-7: 3e-3 off).  Every output here is a normal float,
+    and every path must give it within 1e-5."""
+    rng = np.random.default_rng(m)
+    codes = rng.integers(0, 0x78, (40, 96), dtype=np.uint8)
+    codes[:, ::2] |= 0x80  # both signs
+    scales = np.full(40, scale, np.float32) if fmt == "FP8_PERCHANNEL" else np.full((1, 1), scale, np.float32)
+    p = kernels.pack_quantized(codes, scales, fmt)
+    X = rng.standard_normal((m, 96)).astype(np.float32) * np.float32(1e-7)
+    X[0] *= np.float32(1e7)        # a row near 1
+    X[m - 1, 3] = 40000.0          # the wide row (>= 2^15)
+    ref = bf16_round(X).astype(np.float64) @ p.dequantize().astype(np.float64).T
+    assert np.all(np.abs(ref) > 2.0 ** -126)
+    for v in runnable_variants(fmt):
+        assert rel_err_rows(kernels.linear_variant(X, p, v), ref) <= 1e-5, v

@@ -67,6 +67,24 @@ def test_gemm_matches_float64_on_every_variant(m, n, k):
         assert rel_err_rows(kernels.linear_variant(X, p, v), ref) <= 1e-5, v
 
 
+@pytest.mark.parametrize("m", [1, 3, 8, 40])
+@pytest.mark.parametrize("top", [1e30, 1e36])
+def test_activations_up_to_1e36_stay_finite_and_within_1e5_on_every_variant(m, top):
+    """The paths that scale after the lookup (AVX2, AVX-512 calls of up to 4 rows) multiply codes of
+    up to 6 by the activations: the README promises them finite up to 1e36 (a block's 32 products
+    of 6 x 1e36 stay below float's maximum), with large and small values in one row."""
+    rng = np.random.default_rng(m)
+    W = rng.standard_normal((48, 96)).astype(np.float32)
+    p = kernels.pack(W, "MXFP4")
+    X = rng.standard_normal((m, 96)).astype(np.float32)
+    X[:, :32] = np.float32(top) * np.sign(X[:, :32])   # a whole block at the limit
+    ref = bf16_round(X).astype(np.float64) @ p.dequantize().astype(np.float64).T
+    for v in runnable_variants("MXFP4"):
+        got = kernels.linear_variant(X, p, v)
+        assert np.all(np.isfinite(got)), v
+        assert rel_err_rows(got, ref) <= 1e-5, v
+
+
 def test_quantizer_rounds_to_nearest_even_with_the_shared_exponent_rule():
     rng = np.random.default_rng(9)
     W = (rng.standard_normal((32, 256)) * np.exp2(rng.integers(-6, 6, (32, 1)))).astype(np.float32)

@@ -146,10 +146,10 @@ KT_AI __m256 KT_(group_scale)(const ktcy_weight *w, int64_t p, int64_t g, int h)
     return _mm256_set1_ps(KT_FP8_BLOCK_SCALE(w, p * 16, g));
 }
 /* Half h (n0 = panel start + 8h) in the lane-split order: channels 0-3, 8-11 or 4-7, 12-15.  The
- * row factor f (a power of two, 1 for rows below 2^6) multiplies the scales, the block scales too
- * (the skeleton's row_scale), so one rounding gives each output from the sums and nothing passes
- * through subnormals where the true sum times the scale would not (scales near the float
- * maximum over f would overflow). */
+ * row factor f (a power of two, 1 for rows below 2^6) meets the scales as kt_times_scale_row
+ * orders it, the block scales too (the skeleton's times_group_scale): one rounding where the
+ * scale times f is a normal float, and nothing through subnormals or inf where the true sum
+ * times the scale is normal. */
 KT_AI __m256 KT_(final_scaled)(__m256i acc, __m256 facc, float f, const ktcy_act *a, const ktcy_weight *w,
                                int64_t m, int64_t n0) {
     (void)a; (void)m;
@@ -157,7 +157,7 @@ KT_AI __m256 KT_(final_scaled)(__m256i acc, __m256 facc, float f, const ktcy_act
     const float *s = w->scale + (n0 & ~(int64_t)15);
     const __m256 s0 = _mm256_loadu_ps(s), s1 = _mm256_loadu_ps(s + 8);
     const __m256 half = (n0 & 8) ? _mm256_permute2f128_ps(s0, s1, 0x31) : _mm256_permute2f128_ps(s0, s1, 0x20);
-    return _mm256_mul_ps(_mm256_castsi256_ps(acc), _mm256_mul_ps(half, _mm256_set1_ps(f)));
+    return kt_times_scale_row(_mm256_castsi256_ps(acc), half, f);
 }
 
 #else /* AVX-512 */

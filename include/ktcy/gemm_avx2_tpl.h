@@ -186,14 +186,16 @@ KT_AI __m256i KT_(dp)(__m256i acc, KT_(avec) a, kt_w256 w) {
 /* The 16 outputs of one row and panel, v[h] from final() of half h (kt_store16). */
 KT_AI void KT_(store16)(float *dst, int64_t valid, __m256 v[2]) { kt_store16(dst, valid, v, KT_LANE_SPLIT); }
 
-/* A group's multipliers for row m: times the row's factor (KT_ROW_PRESCALE; rowf from f32_rows),
- * so the float sums hold the true values, as the channel scales take it in final_scaled(). */
-KT_AI __m256 KT_(row_scale)(__m256 s, const float *rowf, int64_t m) {
+/* Float sums v times a group's multipliers s for row m, and times the row's factor (KT_ROW_PRESCALE;
+ * rowf from f32_rows), so the float sums hold the true values, as final_scaled() does for the
+ * channel scales. */
+KT_AI __m256 KT_(times_group_scale)(__m256 v, __m256 s, const float *rowf, int64_t m) {
     (void)rowf; (void)m;
 #if KT_ROW_PRESCALE
-    s = _mm256_mul_ps(s, _mm256_set1_ps(rowf[m]));
+    return kt_times_scale_row(v, s, rowf[m]);
+#else
+    return _mm256_mul_ps(v, s);
 #endif
-    return s;
 }
 
 /* Half h of row m's outputs; KT_ROW_PRESCALE: the traits' final_scaled() takes the row's factor
@@ -343,8 +345,8 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
                             const __m256 s = KT_(group_scale)(w, p + q, g, h);
                             _Pragma("GCC unroll 8")
                             for (int m = 0; m < MB; ++m) { /* as the float prefill's tiles do */
-                                facc[q][m][h] = _mm256_add_ps(facc[q][m][h], _mm256_mul_ps(_mm256_castsi256_ps(acc[q][m][h]),
-                                                                                           KT_(row_scale)(s, rowf, m0 + m)));
+                                facc[q][m][h] = _mm256_add_ps(facc[q][m][h], KT_(times_group_scale)(_mm256_castsi256_ps(acc[q][m][h]),
+                                                                                                    s, rowf, m0 + m));
                                 acc[q][m][h] = _mm256_setzero_si256();
                             }
                         }
@@ -507,7 +509,7 @@ KT_AI void KT_(f32_micro)(const int MB, const ktcy_act *a, const ktcy_weight *w,
             for (int m = 0; m < MB; ++m)
                 _Pragma("GCC unroll 2")
                 for (int h = 0; h < 2; ++h) {
-                    facc[m][h] = _mm256_add_ps(facc[m][h], _mm256_mul_ps(acc[m][h], KT_(row_scale)(KT_(group_scale)(w, p, g, h), rowf, m)));
+                    facc[m][h] = _mm256_add_ps(facc[m][h], KT_(times_group_scale)(acc[m][h], KT_(group_scale)(w, p, g, h), rowf, m));
                     acc[m][h] = _mm256_setzero_ps();
                 }
     }

@@ -36,6 +36,17 @@ __attribute__((target("avx2"))) static inline kt_w256 kt_bf16_split(__m256i v) {
     w.o = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xFFFF0000u)));
     return w;
 }
+/* v x s x f for sums v, scales s and a row factor f (a power of two): s x f first, one rounding
+ * for the product, where s x f is a normal float; else (v x s) x f, exact in f where the true
+ * product is normal.  A tiny scale and a tiny f (the wide decode shifts small rows by up to
+ * 2^-112) made s x f subnormal or zero, and every row of such a call came out 0. */
+__attribute__((target("avx2"))) static inline __m256 kt_times_scale_row(__m256 v, __m256 s, float f) {
+    const __m256 fv = _mm256_set1_ps(f), sf = _mm256_mul_ps(s, fv);
+    const __m256 mag = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), sf);
+    const __m256 normal = _mm256_and_ps(_mm256_cmp_ps(mag, _mm256_set1_ps(0x1p-126f), _CMP_GE_OQ),
+                                        _mm256_cmp_ps(mag, _mm256_set1_ps(__builtin_inff()), _CMP_LT_OQ));
+    return _mm256_blendv_ps(_mm256_mul_ps(_mm256_mul_ps(v, s), fv), _mm256_mul_ps(v, sf), normal);
+}
 /* Powers of two 2^(e - 127) from 16 E8M0 exponents (channels 0-15), for the 8 channels of half h
  * as in-lane unpacks leave them (KT_LANE_SPLIT: 0-3, 8-11 | 4-7, 12-15).  Exponents above 254
  * are clamped: packing lets blocks of zero codes carry any, and 2^128 would turn their zero sums
