@@ -130,3 +130,11 @@ def ordered_slot_sum(slots):
     for j in range(slots.shape[1]):
         y += slots[:, j]
     return y
+
+
+@pytest.fixture
+def long_run(request):
+    """The long runs are opt-in: `-m fuzz` (the default suite stays fast)."""
+    expr = request.config.getoption("markexpr") or ""
+    if "fuzz" not in expr or "not fuzz" in expr:
+        pytest.skip("long fuzz run: select it with -m fuzz")

@@ -35,14 +35,6 @@ LONG = settings(max_examples=2000, deadline=None, database=None,
 EXAMPLE_SECONDS = 20
 
 
-@pytest.fixture
-def long_run(request):
-    """The long runs are opt-in: `-m fuzz` (the default suite stays fast)."""
-    expr = request.config.getoption("markexpr") or ""
-    if "fuzz" not in expr or "not fuzz" in expr:
-        pytest.skip("long fuzz run: select it with -m fuzz")
-
-
 # --- strategies -------------------------------------------------------------------------------
 
 JSON_SCALARS = (st.none() | st.booleans() | st.integers(-3, 20) | st.integers(-2**70, 2**70)
