@@ -43,6 +43,11 @@ def int8_exact_reference(q_x, s_x, q_w, s_w):
     return (acc.astype(np.float32) * s_x[:, None]) * s_w[None, :]
 
 
+# MXFP4 variants whose few-row calls (up to i16_rows) run on 16-bit integers, with the variant whose
+# tiles they share for the other calls (AVX2: none apart).
+MXFP4_I16_PATHS = {"mxfp4_avx512_vbmi": "mxfp4_avx512_bf16", "mxfp4_avx2": None}
+
+
 def bf16_round(x):
     return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import ktcy
-from conftest import bf16_round, rel_err_rows, runnable_variants
+from conftest import MXFP4_I16_PATHS, bf16_round, rel_err_rows, runnable_variants
 from ktcy import kernels
 
 INT_FORMATS = ("INT8", "INT4", "INT4_ZP", "MXFP4_A8")
@@ -20,8 +20,6 @@ FLOAT_FORMATS = ("BF16", "FP8_PERCHANNEL", "FP8_BLOCK", "MXFP4")
 FORMATS = INT_FORMATS + FLOAT_FORMATS
 ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 31, 32, 33, 36, 37, 64, 100)
 PATTERNS = ("gaussian", "outlier", "zero_row", "tiny_row", "huge", "wide_row", "sparse")
-# the variants whose few-row MXFP4 calls can run on 16-bit integers (fmt_mxfp4.h)
-I16_VARIANTS = ("mxfp4_avx2", "mxfp4_avx512_vbmi")
 
 
 @pytest.fixture
@@ -56,14 +54,14 @@ def weights(rng, n, k):
     return w
 
 
-def i16_bound(X, p):
-    """What the 16-bit path may add to the bf16 path's error, per output: each value off by at most
-    2^-15 of its 32-value block's largest |x| (README), times the weights' block sums of |w|."""
-    xb, w = np.abs(bf16_round(X)), np.abs(p.dequantize().astype(np.float64))
-    k = xb.shape[1]
-    bound = np.zeros((X.shape[0], w.shape[0]))
-    for b in range(0, k, 32):
-        bound += 2.0 ** -15 * xb[:, b:b + 32].max(axis=1, keepdims=True) * w[:, b:b + 32].sum(axis=1)[None, :]
+def i16_bound(xb, wd):
+    """What the 16-bit path may add to the bf16 path's error, per output, from the bf16-rounded
+    activations xb and the dequantized weights wd: each value off by at most 2^-15 of its 32-value
+    block's largest |x| (README), times the weights' block sums of |w|."""
+    xa, wa = np.abs(xb), np.abs(wd)
+    bound = np.zeros((xa.shape[0], wa.shape[0]))
+    for b in range(0, xa.shape[1], 32):
+        bound += 2.0 ** -15 * xa[:, b:b + 32].max(axis=1, keepdims=True) * wa[:, b:b + 32].sum(axis=1)[None, :]
     return bound
 
 
@@ -99,8 +97,8 @@ def case(seed):
         excess = np.abs(y.astype(np.float64) - ref) - allowed
         assert np.all(excess <= 0), f"{where}: {v} {rel_err_rows(y, ref):.2e} of the row norm"
     if fmt == "MXFP4" and m <= 4:
-        allowed += i16_bound(X, p)
-        for v in set(I16_VARIANTS) & set(outs):
+        allowed += i16_bound(xb, wd)
+        for v in set(MXFP4_I16_PATHS) & set(outs):
             y = kernels.linear_variant(X, p, v, i16_rows=4, **tiles)
             excess = np.abs(y.astype(np.float64) - ref) - allowed
             assert np.all(excess <= 0), f"{where}: {v} 16-bit path {excess.max():.2e} past its bound"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import ktcy
-from conftest import bf16_round, rel_err_rows, runnable_variants
+from conftest import MXFP4_I16_PATHS, bf16_round, rel_err_rows, runnable_variants
 from ktcy import _native, kernels
 from ktcy.packed_io import load_layer, pack_layer, write_layer
 
@@ -144,9 +144,7 @@ def test_blocks_of_zeros_with_any_exponent_give_zeros(rows):
         assert np.isfinite(y).all() and rel_err_rows(y, ref) <= 1e-5, v
 
 
-# The variants whose few-row calls (up to i16_rows) run on 16-bit integers, with the variant whose
-# tiles they share for the other calls (AVX2: none apart).
-INTEGER_PATHS = {"mxfp4_avx512_vbmi": "mxfp4_avx512_bf16", "mxfp4_avx2": None}
+INTEGER_PATHS = MXFP4_I16_PATHS
 
 
 def integer_path_definition(X, codes, exps):
