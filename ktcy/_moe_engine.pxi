@@ -120,6 +120,7 @@ cdef class MoEEngine:
     cdef ktcy_gemm_fn big_fn, small_fn
     cdef ktcy_swiglu_fn swiglu
     cdef ktcy_quant_act_fn quant_act
+    cdef ktcy_e2m1_starts_fn e2m1_starts  # MXFP4_A8's block sums (act_quant.h); NULL for the others
     cdef ktcy_bf16_act_fn bf16_act
     cdef ktcy_glu_clamped_fn glu_clamped
     cdef int activation
@@ -182,6 +183,7 @@ cdef class MoEEngine:
         need = _layer_need(isa_big, isa_small)
         self.swiglu = _swiglu_for(need)
         self.quant_act = _quant_act_for(need)
+        self.e2m1_starts = _e2m1_starts_for(need) if self.fmt == KTCY_FMT_MXFP4_A8 else NULL
         self.bf16_act = _bf16_act_for(need)
         self.glu_clamped = _glu_clamped_for(need)
         if activation not in ACTIVATIONS:
@@ -396,6 +398,8 @@ cdef class MoEEngine:
         cdef ktcy_bf16_act_fn bf16_act = self.bf16_act
         cdef ktcy_glu_clamped_fn glu_clamped = self.glu_clamped
         cdef int clamped = self.activation == 1
+        cdef ktcy_e2m1_starts_fn e2m1_starts = self.e2m1_starts
+        cdef int quant_group = 0 if e2m1_starts != NULL else group  # its block sums have their own form
         cdef float alpha = self.alpha, limit = self.limit
         cdef const float *bg = self.bias_gate
         cdef const float *bu = self.bias_up
@@ -416,7 +420,9 @@ cdef class MoEEngine:
             # 0. convert every token once, then gather its rows into the expert segments
             for t in prange(T, schedule="static"):
                 if integer:
-                    quant_act(&x[0, 0], H, H, kh, t, t + 1, &xq[0, 0], &xs[0], group, &xg[0, 0])
+                    quant_act(&x[0, 0], H, H, kh, t, t + 1, &xq[0, 0], &xs[0], quant_group, &xg[0, 0])
+                    if e2m1_starts != NULL:
+                        e2m1_starts(&xq[0, 0], kh, t, t + 1, &xg[0, 0])
                 else:
                     bf16_act(&x[0, 0], H, H, kh, t, t + 1, &xb[0, 0])
             for r in prange(rows, schedule="static"):
@@ -487,7 +493,10 @@ cdef class MoEEngine:
                         # the expert's rows: O(rows x I) against its GEMMs' O(rows x I x H).
                         if ktcy_finish_item(&pend[e]) == 0:
                             if integer:
-                                quant_act(&hg[0, 0], I, I, ki, seg0, seg0 + m, &q2[0, 0], &s2[0], group, &g2[0, 0])
+                                quant_act(&hg[0, 0], I, I, ki, seg0, seg0 + m, &q2[0, 0], &s2[0], quant_group,
+                                          &g2[0, 0])
+                                if e2m1_starts != NULL:
+                                    e2m1_starts(&q2[0, 0], ki, seg0, seg0 + m, &g2[0, 0])
                             else:
                                 bf16_act(&hg[0, 0], I, I, ki, seg0, seg0 + m, &b2[0, 0])
                             ktcy_publish(&pub[e])

@@ -127,6 +127,9 @@ cdef extern from "ktcy/ktcy.h" nogil:
                                      int64_t m1, int8_t *q, float *scale, int group, int32_t *gsum)
     void ktcy_quantize_act_int8_avx512(const float *x, int64_t ldx, int64_t k, int64_t k_pad, int64_t m0,
                                        int64_t m1, int8_t *q, float *scale, int group, int32_t *gsum)
+    ctypedef void (*ktcy_e2m1_starts_fn)(const int8_t *q, int64_t k_pad, int64_t m0, int64_t m1, int32_t *starts)
+    void ktcy_act_e2m1_starts(const int8_t *q, int64_t k_pad, int64_t m0, int64_t m1, int32_t *starts)
+    void ktcy_act_e2m1_starts_avx2(const int8_t *q, int64_t k_pad, int64_t m0, int64_t m1, int32_t *starts)
     ctypedef void (*ktcy_bf16_act_fn)(const float *x, int64_t ldx, int64_t k, int64_t k_pad, int64_t m0,
                                       int64_t m1, uint16_t *out)
     void ktcy_convert_act_bf16(const float *x, int64_t ldx, int64_t k, int64_t k_pad, int64_t m0,

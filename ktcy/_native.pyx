@@ -495,6 +495,12 @@ cdef ktcy_quant_act_fn _quant_act_for(int need) noexcept:
         return ktcy_quantize_act_int8_avx2
     return ktcy_quantize_act_int8
 
+cdef ktcy_e2m1_starts_fn _e2m1_starts_for(int need) noexcept:
+    """MXFP4_A8's block sums (act_quant.h) on the same rule as _quant_act_for."""
+    if need & (KTCY_NEED_AVX512 | KTCY_NEED_AVX2) and _satisfied & KTCY_NEED_AVX2:
+        return ktcy_act_e2m1_starts_avx2
+    return ktcy_act_e2m1_starts
+
 cdef ktcy_bf16_act_fn _bf16_act_for(int need) noexcept:
     """The bf16 activation conversion on the same rule as _quant_act_for."""
     if need & KTCY_NEED_AVX512 and _satisfied & KTCY_NEED_AVX512:
@@ -537,6 +543,20 @@ def quantize_act_int8(str isa, const float[:, ::1] x, int64_t k_pad, int group=0
             fn(&x[0, 0], k, k, k_pad, 0, m, &qv[0, 0], &sv[0], group, gptr)
     return q, scale, sums
 
+def act_e2m1_starts(str isa, const int8_t[:, ::1] q):
+    """MXFP4_A8's block sums of int8 rows [m, k_pad] (k_pad a multiple of 32) by one ISA's version
+    (ref, avx2), for the tests."""
+    cdef int64_t m = q.shape[0], k_pad = q.shape[1]
+    if k_pad % 32:
+        raise ValueError(f"rows of {k_pad} codes are not whole 32-K blocks")
+    out = np.zeros((m, k_pad // 32), np.int32)
+    cdef int32_t[:, ::1] ov = out
+    cdef ktcy_e2m1_starts_fn fn = _e2m1_starts_for(_act_isa_need(isa))
+    if m > 0 and k_pad > 0:
+        with nogil:
+            fn(&q[0, 0], k_pad, 0, m, &ov[0, 0])
+    return out
+
 def convert_act_bf16(str isa, const float[:, ::1] x, int64_t k_pad):
     """The bf16 bits [m, k_pad] of the rows of x by the conversion of one ISA (ref, avx2, avx512),
     for the tests."""
@@ -574,6 +594,8 @@ cdef class Activations:
         cdef int32_t[:, ::1] gv
         cdef int32_t *gptr = NULL
         cdef ktcy_quant_act_fn quant_act
+        cdef ktcy_e2m1_starts_fn e2m1_starts = NULL
+        cdef int quant_group = gsum_group
         cdef ktcy_bf16_act_fn bf16_act
         cdef int team = _team(_num_threads)
         memset(&self.view, 0, sizeof(ktcy_act))
@@ -590,8 +612,12 @@ cdef class Activations:
             self.view.q, self.view.scale, self.view.group_sum = &qv[0, 0], &sv[0], gptr
             if m > 0 and k > 0:
                 quant_act = _quant_act_for(KTCY_NEED_AVX512)
+                if fmt == KTCY_FMT_MXFP4_A8:  # its block sums have their own form
+                    e2m1_starts, quant_group = _e2m1_starts_for(KTCY_NEED_AVX512), 0
                 for r in prange(m, nogil=True, num_threads=team, schedule="static"):
-                    quant_act(&x[0, 0], k, k, k_pad, r, r + 1, &qv[0, 0], &sv[0], gsum_group, gptr)
+                    quant_act(&x[0, 0], k, k, k_pad, r, r + 1, &qv[0, 0], &sv[0], quant_group, gptr)
+                    if e2m1_starts != NULL:
+                        e2m1_starts(&qv[0, 0], k_pad, r, r + 1, gptr)
         else:
             self.bf16 = np.zeros((m_pad, k_pad), np.uint16)
             bv = self.bf16

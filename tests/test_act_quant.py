@@ -80,6 +80,28 @@ def test_bad_arguments():
                 _native.quantize_act_int8(isa, x, 128)
 
 
+@pytest.mark.parametrize("isa", [p for p in quant_params() if p.id != "avx512"])
+@pytest.mark.parametrize("k_pad", [0, 32, 64, 2048])
+def test_e2m1_starts_are_minus_12_times_the_word_sums(isa, k_pad):
+    """MXFP4_A8's block sums: per 32-K block, -12 x the codes at K = 0, 1 (mod 4) in the low 16
+    bits and at K = 2, 3 in the high 16, down to the largest (+-16 x 127, both words)."""
+    rng = np.random.default_rng(k_pad)
+    q = rng.integers(-127, 128, (9, k_pad)).astype(np.int8)
+    q[0], q[1] = 127, -127
+    q[2, :] = np.where(np.arange(k_pad) % 4 < 2, 127, -127)
+    q[3] = 0
+    blocks = q.astype(np.int64).reshape(9, k_pad // 32, 8, 4)
+    low, high = -12 * blocks[..., :2].sum(axis=(2, 3)), -12 * blocks[..., 2:].sum(axis=(2, 3))
+    want = ((low & 0xFFFF) | ((high & 0xFFFF) << 16)).astype(np.uint32).view(np.int32)
+    got = _native.act_e2m1_starts(isa, q)
+    assert got.shape == (9, k_pad // 32)
+    np.testing.assert_array_equal(got, want)
+    if k_pad:
+        assert got.view(np.uint32)[0, 0] == (0x10000 - 24384) * 0x10001
+    with pytest.raises(ValueError, match="32-K blocks"):
+        _native.act_e2m1_starts(isa, np.zeros((2, 48), np.int8))
+
+
 def bf16_rows(rng, m, k):
     """Rounding ties both ways, values that round up to infinity, subnormals, signed zeros, NaNs
     with payloads (signalling and quiet, both signs) and infinities."""

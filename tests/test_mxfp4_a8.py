@@ -92,17 +92,27 @@ def test_blocks_of_zeros_with_any_exponent_give_zeros(rows):
         assert np.isfinite(y).all() and np.array_equal(y, ref), v
 
 
-def test_extreme_codes_do_not_overflow_the_int16_sums():
-    """All codes 2 x 6 = 12 (stored 24 with the zero point 12) against activations of +-127: the
-    AVX2 kernels add four rows of vpmaddubsw pairs in int16 (4 x 2 x 24 x 127 = 24384)."""
+@pytest.mark.parametrize("m", [1, 2, 9])
+def test_extreme_codes_do_not_overflow_the_int16_sums(m):
+    """Codes of 2 x 6 = 12 in size (stored 24 and 0 with the zero point 12) against activations of
+    +-127: the AVX2 kernels add a block's 8 rows of vpmaddubsw pairs in int16, where the stored
+    codes' sums reach 16 x 24 x 127 = 48768 and wrap; each word starts from -12 x its activations,
+    so it ends at most 16 x 12 x 127 = 24384 in size.  Signs per K mod 4 tell the two words of a
+    dword apart (their starts differ)."""
     n, k = 32, 256
     codes = np.full((n, k), 7, np.uint8)
     codes[1::2] = 15  # -6
+    codes[2::4, 2::4] = 15
     exps = np.full((n, k // 32), 127, np.uint8)
     p = kernels.pack_quantized(codes, exps, "MXFP4_A8")
-    for X in (np.ones((9, k), np.float32), -np.ones((9, k), np.float32)):
+    by_word = np.where(np.arange(k) % 4 < 2, 1.0, -1.0).astype(np.float32)
+    signs = np.random.default_rng(m).choice([-1.0, 1.0], (m, k)).astype(np.float32)
+    for uniform, X in ((True, np.ones((m, k), np.float32)), (True, -np.ones((m, k), np.float32)),
+                       (False, np.tile(by_word, (m, 1))), (False, signs)):
         ref = mxfp4_a8_exact_reference(X, p)
-        assert np.allclose(ref[0, :2], [6 * k * X[0, 0], -6 * k * X[0, 0]])
+        if uniform:
+            assert np.allclose(ref[0, :2], [6 * k * X[0, 0], -6 * k * X[0, 0]])
+        assert np.allclose(ref, X.astype(np.float64) @ p.dequantize().T, rtol=1e-6, atol=1e-6)
         for v in runnable_variants("MXFP4_A8"):
             assert np.array_equal(kernels.linear_variant(X, p, v), ref), v
 

@@ -86,6 +86,46 @@ static inline void ktcy_act_row_tail(int8_t *out, int64_t k, int64_t k_pad, int 
         }
 }
 
+/* MXFP4_A8's block sums (fmt_mxfp4_a8.h), written after the codes (a quantizer called with no
+ * group), in the form AVX2's int16 sums start from: per row and 32-K block, -12 x the sum of the
+ * codes at K = 0, 1 (mod 4) in the low 16 bits and -12 x the sum at K = 2, 3 (mod 4) in the high
+ * 16 (each at most 12 x 16 x 127 = 24384 in size).  Every version writes the same words. */
+typedef void (*ktcy_e2m1_starts_fn)(const int8_t *q, int64_t k_pad, int64_t m0, int64_t m1, int32_t *starts);
+
+static inline int32_t ktcy_e2m1_start_words(int32_t low, int32_t high) {
+    return (int32_t)((uint32_t)(uint16_t)(-12 * low) | (uint32_t)(uint16_t)(-12 * high) << 16);
+}
+
+static inline void ktcy_act_e2m1_starts(const int8_t *q, int64_t k_pad, int64_t m0, int64_t m1, int32_t *starts) {
+    const int64_t blocks = k_pad / 32;
+    for (int64_t m = m0; m < m1; ++m)
+        for (int64_t b = 0; b < blocks; ++b) {
+            const int8_t *c = q + m * k_pad + b * 32;
+            int32_t low = 0, high = 0;
+            for (int i = 0; i < 32; i += 4) {
+                low += c[i] + c[i + 1];
+                high += c[i + 2] + c[i + 3];
+            }
+            starts[m * blocks + b] = ktcy_e2m1_start_words(low, high);
+        }
+}
+
+/* The scalar loop costs as much as 3% of an AVX2 GEMM at M = 512: the pair sums in one vpmaddubsw,
+ * each dword's words split by two vpmaddwd, then two horizontal adds. */
+__attribute__((target("avx2"))) static inline void ktcy_act_e2m1_starts_avx2(const int8_t *q, int64_t k_pad, int64_t m0,
+                                                                            int64_t m1, int32_t *starts) {
+    const int64_t blocks = k_pad / 32;
+    const __m256i ones = _mm256_set1_epi8(1), low_word = _mm256_set1_epi32(1), high_word = _mm256_set1_epi32(0x10000);
+    for (int64_t m = m0; m < m1; ++m)
+        for (int64_t b = 0; b < blocks; ++b) {
+            const __m256i pairs = _mm256_maddubs_epi16(ones, _mm256_loadu_si256((const __m256i *)(q + m * k_pad + b * 32)));
+            const __m256i both = _mm256_hadd_epi32(_mm256_madd_epi16(pairs, low_word), _mm256_madd_epi16(pairs, high_word));
+            __m128i sum = _mm_add_epi32(_mm256_castsi256_si128(both), _mm256_extracti128_si256(both, 1));
+            sum = _mm_hadd_epi32(sum, sum); /* low, high, low, high */
+            starts[m * blocks + b] = ktcy_e2m1_start_words(_mm_cvtsi128_si32(sum), _mm_extract_epi32(sum, 1));
+        }
+}
+
 /* Symmetric int8 per row, scale = amax/127 (0 for zero and tiny rows, KTCY_ABS_BITS_TINY).  A
  * row holding NaN or infinity gets a NaN scale and zero codes, so the non-finite value reaches that row's outputs (and no other row's).  Codes
  * past k are zero up to k_pad.  When group > 0 the per-group code sums (INT4 kernels subtract

@@ -46,7 +46,9 @@
  * one row tile) decode each panel once into scratch; fewer decode in registers in every row tile;
  * KT_ACC16_ROWS n: unsigned codes up to c add n rows of vpmaddubsw pairs in int16 (n x 2 x c x 127
  * must stay below 32768; default 8, for 4-bit codes); KT_ACC16_ONE_ROW 1: one-row tiles add them
- * in int16 too.
+ * in int16 too; KT_ACC16_START 1: each run of n rows starts its int16 sums from
+ * KT_(acc16_start)(a, m, kb, r) (row m, first row r of the run), a centring that leaves every final
+ * sum within int16 however far the wrapping adds went past it.
  */
 
 #define KT_CAT_(a, b) a##_##b
@@ -178,6 +180,9 @@ KT_AI __m256i KT_(dp)(__m256i acc, KT_(avec) a, kt_w256 w) {
 #ifndef KT_ACC16_ROWS
 #define KT_ACC16_ROWS 8 /* rows of pairs the int16 sums hold (traits with larger codes set fewer) */
 #endif
+#ifndef KT_ACC16_START
+#define KT_ACC16_START 0 /* 1: each run of KT_ACC16_ROWS rows starts from KT_(acc16_start) */
+#endif
 #ifndef KT_ACC16_ONE_ROW
 #define KT_ACC16_ONE_ROW 0 /* one-row tiles too (formats whose row decode is long: MXFP4_A8) */
 #endif
@@ -280,6 +285,17 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
         for (int q = 0; q < NP; ++q) fetch[q] = ktcy_stream_ahead(cont, q, panel[q], kb, nkb, KT_AHEAD, block_bytes);
         _Pragma("GCC unroll 16")
         for (int r = 0; r < 16; ++r) {
+#if KT_ACC16_START
+            if (KT_ACC16(PRE, MB) && r % KT_ACC16_ROWS == 0)
+                _Pragma("GCC unroll 8")
+                for (int m = 0; m < MB; ++m) {
+                    const __m256i start = KT_(acc16_start)(a, m0 + m, kb, r);
+                    _Pragma("GCC unroll 4")
+                    for (int q = 0; q < NP; ++q)
+                        _Pragma("GCC unroll 2")
+                        for (int h = 0; h < 2; ++h) acc16[q][m][h] = start;
+                }
+#endif
             /* tiles that read packed panels stream them from memory: fetch KT_AHEAD blocks
              * ahead, a line per row while the block has lines left, so the loads find the bytes
              * in cache (4-row tiles too: their activation loads crowd the load queue, and
@@ -725,6 +741,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_ACC16
 #undef KT_ACC16_ROWS
 #undef KT_ACC16_ONE_ROW
+#undef KT_ACC16_START
 #undef KT_XSIZE
 #undef KT_HAS_WROW
 #undef KT_CHECKED_ROWS

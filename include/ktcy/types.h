@@ -33,7 +33,8 @@ typedef struct {
     const int8_t *q;         /* INT8 activations: symmetric int8 codes, [m_pad][k_pad] */
     const uint16_t *bf16;    /* BF16 activations: bf16 bits, [m_pad][k_pad] */
     const float *scale;      /* INT8 activations: per-row scale, [m_pad] */
-    const int32_t *group_sum;/* GROUP formats: sum of codes per group, [m_pad][k_pad/group] */
+    const int32_t *group_sum;/* GROUP formats: sum of codes per group, [m_pad][k_pad/group]; */
+                             /* MXFP4_A8: ktcy_act_e2m1_starts' words per 32-K block        */
     int32_t group;           /* group size the sums were taken over (0: none) */
     const ktcy_weight *next_w; /* optional hint (NULL: none): the weight, same format, whose */
     int64_t next_pb, next_pe;  /* panels [next_pb, next_pe) this thread multiplies next       */
