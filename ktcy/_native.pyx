@@ -612,7 +612,9 @@ cdef class Activations:
             self.view.q, self.view.scale, self.view.group_sum = &qv[0, 0], &sv[0], gptr
             if m > 0 and k > 0:
                 quant_act = _quant_act_for(KTCY_NEED_AVX512)
-                if fmt == KTCY_FMT_MXFP4_A8:  # its block sums have their own form
+                if fmt == KTCY_FMT_MXFP4_A8:  # its block sums have their own form, a word pair per 32 K
+                    if gsum_group != 32:
+                        raise ValueError(f"MXFP4_A8 activations take group 32 (its E8M0 block), not {group}")
                     e2m1_starts, quant_group = _e2m1_starts_for(KTCY_NEED_AVX512), 0
                 for r in prange(m, nogil=True, num_threads=team, schedule="static"):
                     quant_act(&x[0, 0], k, k, k_pad, r, r + 1, &qv[0, 0], &sv[0], quant_group, gptr)

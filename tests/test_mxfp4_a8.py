@@ -97,18 +97,19 @@ def test_extreme_codes_do_not_overflow_the_int16_sums(m):
     """Codes of 2 x 6 = 12 in size (stored 24 and 0 with the zero point 12) against activations of
     +-127: the AVX2 kernels add a block's 8 rows of vpmaddubsw pairs in int16, where the stored
     codes' sums reach 16 x 24 x 127 = 48768 and wrap; each word starts from -12 x its activations,
-    so it ends at most 16 x 12 x 127 = 24384 in size.  Signs per K mod 4 tell the two words of a
-    dword apart (their starts differ)."""
+    so it ends at most 16 x 12 x 127 = 24384 in size.  Activations on one word of each dword only
+    tell the two words apart: with their starts swapped, the sums would wrap differently."""
     n, k = 32, 256
     codes = np.full((n, k), 7, np.uint8)
     codes[1::2] = 15  # -6
     codes[2::4, 2::4] = 15
     exps = np.full((n, k // 32), 127, np.uint8)
     p = kernels.pack_quantized(codes, exps, "MXFP4_A8")
-    by_word = np.where(np.arange(k) % 4 < 2, 1.0, -1.0).astype(np.float32)
+    low_word = (np.arange(k) % 4 < 2).astype(np.float32)
     signs = np.random.default_rng(m).choice([-1.0, 1.0], (m, k)).astype(np.float32)
     for uniform, X in ((True, np.ones((m, k), np.float32)), (True, -np.ones((m, k), np.float32)),
-                       (False, np.tile(by_word, (m, 1))), (False, signs)):
+                       (False, np.tile(low_word, (m, 1))), (False, np.tile(1 - low_word, (m, 1))),
+                       (False, -np.tile(low_word, (m, 1))), (False, signs)):
         ref = mxfp4_a8_exact_reference(X, p)
         if uniform:
             assert np.allclose(ref[0, :2], [6 * k * X[0, 0], -6 * k * X[0, 0]])
@@ -163,6 +164,13 @@ def test_a_hand_made_weight_with_another_group_is_refused(group):
     hand = kernels.PackedWeight("MXFP4_A8", p.shape, p.data, None, None, group)
     with pytest.raises(ValueError, match="group"):
         kernels.linear(np.ones((1, 64), np.float32), hand)
+
+
+@pytest.mark.parametrize("group", [0, 64])
+def test_activations_for_another_group_are_refused(group):
+    """The block sums are a word pair per 32-K block: no other group gets them written."""
+    with pytest.raises(ValueError, match="group 32"):
+        _native.Activations(kernels._CODE["MXFP4_A8"], np.ones((3, 128), np.float32), 128, group)
 
 
 def test_names_and_descriptor():

@@ -67,12 +67,12 @@ KT_AI float KT_(final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64
 #define KT_HAS_WROW 1
 #define KT_LANE_SPLIT 1
 /* The weights are 2 e2m1 + 12 in [0, 24]: a vpmaddubsw pair is up to 2 x 24 x 127, and a block's
- * 8 rows add up to twice what int16 holds.  Each word's sums start from -12 x the activations it
+ * 8 rows add up past what int16 holds (to 48768).  Each word's sums start from -12 x the activations it
  * meets (ktcy_act_e2m1_starts, in a->group_sum), so a block's sums end as those of 2 e2m1 alone,
  * at most 16 x 12 x 127 = 24384 in size: the wrapping int16 adds give them exactly, one widening
  * and no bias per block (the + 12 bias widened twice per block before: MoE T = 512 0.92x the time). */
 #define KT_ACC16_ROWS 8
-#define KT_ACC16_START 1
+#define KT_ACC16_START 1 /* needs KT_ACC16_ONE_ROW below: every tile on the centred int16 sums */
 KT_AI __m256i KT_(acc16_start)(const ktcy_act *a, int64_t m, int64_t kb, int r) {
     return _mm256_set1_epi32(a->group_sum[m * (a->k_pad / KTCY_E2M1_SUB_K) + 2 * kb + (r >> 3)]);
 }

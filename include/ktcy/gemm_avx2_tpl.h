@@ -45,7 +45,7 @@
  * KT_PREDECODE_ABOVE n: with KT_PREDECODE and KT_REG_DECODE, calls of more than n rows (default 4,
  * one row tile) decode each panel once into scratch; fewer decode in registers in every row tile;
  * KT_ACC16_ROWS n: unsigned codes up to c add n rows of vpmaddubsw pairs in int16 (n x 2 x c x 127
- * must stay below 32768; default 8, for 4-bit codes); KT_ACC16_ONE_ROW 1: one-row tiles add them
+ * must stay below 32768 without KT_ACC16_START; default 8, for 4-bit codes); KT_ACC16_ONE_ROW 1: one-row tiles add them
  * in int16 too; KT_ACC16_START 1: each run of n rows starts its int16 sums from
  * KT_(acc16_start)(a, m, kb, r) (row m, first row r of the run), a centring that leaves every final
  * sum within int16 however far the wrapping adds went past it.
@@ -185,6 +185,9 @@ KT_AI __m256i KT_(dp)(__m256i acc, KT_(avec) a, kt_w256 w) {
 #endif
 #ifndef KT_ACC16_ONE_ROW
 #define KT_ACC16_ONE_ROW 0 /* one-row tiles too (formats whose row decode is long: MXFP4_A8) */
+#endif
+#if KT_ACC16_START && !KT_ACC16_ONE_ROW
+#error "KT_ACC16_START: the traits' sums are centred only on the int16 path, so every tile must take it"
 #endif
 #define KT_ACC16(PRE, MB) (KT_INT_ACT && KT_WKIND == KT_W_U8 && ((PRE) || (MB) >= 2 || KT_ACC16_ONE_ROW))
 
