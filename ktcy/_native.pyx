@@ -587,6 +587,8 @@ cdef class Activations:
         cdef int gsum_group = group if d.groups else 0  # GROUP formats' group, MXFP4_A8's E8M0 block
         if k_pad < k or k_pad % d.block_k or (gsum_group and (gsum_group <= 0 or k_pad % gsum_group)):
             raise ValueError(f"k_pad {k_pad} does not fit K = {k} in {FORMATS[fmt]} blocks (group {group})")
+        if fmt == KTCY_FMT_MXFP4_A8 and gsum_group != KTCY_E2M1_SUB_K:  # its block sums: a word pair per 32 K
+            raise ValueError(f"MXFP4_A8 activations take group {KTCY_E2M1_SUB_K} (its E8M0 block), not {group}")
         self.fmt = fmt
         cdef int8_t[:, ::1] qv
         cdef uint16_t[:, ::1] bv
@@ -612,9 +614,7 @@ cdef class Activations:
             self.view.q, self.view.scale, self.view.group_sum = &qv[0, 0], &sv[0], gptr
             if m > 0 and k > 0:
                 quant_act = _quant_act_for(KTCY_NEED_AVX512)
-                if fmt == KTCY_FMT_MXFP4_A8:  # its block sums have their own form, a word pair per 32 K
-                    if gsum_group != 32:
-                        raise ValueError(f"MXFP4_A8 activations take group 32 (its E8M0 block), not {group}")
+                if fmt == KTCY_FMT_MXFP4_A8:  # its block sums have their own form
                     e2m1_starts, quant_group = _e2m1_starts_for(KTCY_NEED_AVX512), 0
                 for r in prange(m, nogil=True, num_threads=team, schedule="static"):
                     quant_act(&x[0, 0], k, k, k_pad, r, r + 1, &qv[0, 0], &sv[0], quant_group, gptr)
