@@ -26,7 +26,8 @@
  * cost more than the TDPs themselves.
  *
  * Per-thread scratch (64-byte aligned):  C tiles [32][32] (4 KiB) | acc [32][32] float (4 KiB) |
- *     B blocks of 2 panels when prepare_b unpacks/decodes | KTCY_AMX_A_ROWS activation rows in tile order
+ *     B blocks of 2 panels when prepare_b unpacks/decodes | KTCY_AMX_A_ROWS activation rows in tile order |
+ *     the panel pair's column factors [groups][32] float (cols_table)
  * Loops: activation chunks of KTCY_AMX_A_ROWS rows (packed once) > panel pairs (B prepared once
  * per chunk) > 32-row blocks > scale groups > K steps. */
 
@@ -114,15 +115,23 @@ KT_AI void KT_(fold_rows)(float *restrict acc, const KT_C_T *restrict c, int row
             for (int j = 0; j < cols; ++j) ar[j] = KT_(tile_group)(ar[j], cr[j], r, s[j]);
     }
 }
+/* s: the group's 32 column factors, from the panel pair's table (cols_table). */
 KT_AI void KT_(fold_group)(float *restrict acc, const KT_C_T *restrict c, int rows, int cols, const ktcy_act *a,
-                           int64_t m0, const ktcy_weight *w, int64_t p, int np, int64_t g) {
-    float s[32];
-    KT_(group_cols)(w, p, np, g, s);
+                           int64_t m0, const float *restrict s, int64_t g) {
     /* two full panels, the usual case, as a constant: the row loop becomes straight vector code
      * (with the vector column factors: one projection at M = 512, MXFP4_A8 with a group per
      * 32 K 0.80x the time, INT4 g64 0.86x) */
     if (cols == 32) KT_(fold_rows)(acc, c, rows, 32, a, m0, s, g);
     else KT_(fold_rows)(acc, c, rows, cols, a, m0, s, g);
+}
+
+/* Every group's column factors of panels p, p + 1, once per panel pair: 32 floats a group.  Written
+ * per group just before its fold (scalar stores, then read as vectors), they could not be forwarded
+ * and the fold's loads waited for every store before them to drain, the C tiles' stores behind the
+ * TDPs included: each group's TDPs and fold ran one after the other (a Xeon with AMX, INT4 g64:
+ * 35% of the GEMM's samples on that wait). */
+KT_AI void KT_(cols_table)(float *restrict table, const ktcy_weight *w, int64_t p, int np, int64_t groups) {
+    for (int64_t g = 0; g < groups; ++g) KT_(group_cols)(w, p, np, g, table + 32 * g);
 }
 
 /* Formats whose scale group is one K step (INT4 g32/g64 with or without zero points, MXFP4,
@@ -154,24 +163,30 @@ KT_AI void KT_(fold_group)(float *restrict acc, const KT_C_T *restrict c, int ro
     } while (0)
 KT_AI void KT_(one_step_groups)(float *restrict acc, KT_C_T *restrict c, const uint8_t *ab, int64_t rb,
                                 const uint8_t *b0, const uint8_t *b1, int np, int rows, int cols,
-                                const ktcy_act *a, int64_t m0, const ktcy_weight *w, int64_t p, int64_t kstep) {
+                                const ktcy_act *a, int64_t m0, const ktcy_weight *w, const float *table,
+                                int64_t kstep) {
     const int64_t ng = w->k_pad / kstep; /* k_pad is a multiple of the 64-K block, kstep 32 or 64 */
     KT_C_T *const even = c, *const odd = c + 16 * 32;
     for (int h = 0; 16 * h < rows; ++h) {
         const uint8_t *ah = ab + 16 * h * rb; /* a block's A tiles: rows 0-15, then 16-31, per step */
         float *acch = acc + 16 * h * 32;
         const int hrows = rows - 16 * h < 16 ? rows - 16 * h : 16;
-        for (int64_t g = 0; g < ng; g += 2) {
-            KT_GROUP_TDPS(0, 1, g);
-            KT_GROUP_STORE(0, 1, even);
-            if (g > 0) KT_(fold_group)(acch, odd, hrows, cols, a, m0 + 16 * h, w, p, np, g - 1);
-            if (g + 1 < ng) {
-                KT_GROUP_TDPS(2, 3, g + 1);
-                KT_GROUP_STORE(2, 3, odd);
+        /* group g: TDPs into tile pair g % 2; stored one group later, when its TDPs are done, into
+         * buffer g % 2; folded one group after that */
+        for (int64_t g = 0; g < ng; ++g) {
+            if (g % 2 == 0) {
+                KT_GROUP_TDPS(0, 1, g);
+                if (g > 0) KT_GROUP_STORE(2, 3, odd);
+            } else {
+                KT_GROUP_TDPS(2, 3, g);
+                KT_GROUP_STORE(0, 1, even);
             }
-            KT_(fold_group)(acch, even, hrows, cols, a, m0 + 16 * h, w, p, np, g);
+            if (g > 1) KT_(fold_group)(acch, g % 2 ? odd : even, hrows, cols, a, m0 + 16 * h, table + 32 * (g - 2), g - 2);
         }
-        if (ng % 2 == 0) KT_(fold_group)(acch, odd, hrows, cols, a, m0 + 16 * h, w, p, np, ng - 1);
+        if (ng > 1) KT_(fold_group)(acch, ng % 2 ? odd : even, hrows, cols, a, m0 + 16 * h, table + 32 * (ng - 2), ng - 2);
+        if (ng % 2) KT_GROUP_STORE(0, 1, even);
+        else KT_GROUP_STORE(2, 3, odd);
+        KT_(fold_group)(acch, ng % 2 ? even : odd, hrows, cols, a, m0 + 16 * h, table + 32 * (ng - 1), ng - 1);
     }
 }
 #undef KT_GROUP_TDPS
@@ -206,6 +221,8 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
     KT_C_T *c = (KT_C_T *)ktcy_align64(scratch);
     float *acc = (float *)(c + 32 * 32);
     uint8_t *buf = (uint8_t *)(acc + 32 * 32), *apack = buf + 2 * nkb * 1024;
+    float *table = (float *)ktcy_align64(apack + KTCY_AMX_A_ROWS * w->k_pad * KT_ASIZE);
+    const int64_t groups = (w->k_pad + glen - 1) / glen;
     KT_(configure)((int)rb);
     for (int64_t mc = 0; mc < a->m; mc += KTCY_AMX_A_ROWS) {
         const int64_t mce = a->m - mc < KTCY_AMX_A_ROWS ? a->m : mc + KTCY_AMX_A_ROWS;
@@ -214,13 +231,14 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
         for (int64_t p = pb; p < pe; p += 2) {
             const int np = pe - p >= 2 ? 2 : 1;
             const uint8_t *b0 = KT_(prepare_b)(w, p, np, buf), *b1 = b0 + nkb * 1024;
+            KT_(cols_table)(table, w, p, np, groups);
             const int cols = 16 * np < w->n - p * 16 ? 16 * np : (int)(w->n - p * 16);
             float t[32];
             KT_(final_cols)(w, p, np, t);
             for (int64_t m0 = mc; m0 < mce; m0 += 32) {
                 const int mt = a->m - m0 > 16 ? 2 : 1, rows = a->m - m0 < 32 ? (int)(a->m - m0) : 32;
                 const uint8_t *ab = apack + (m0 - mc) / 32 * steps * 32 * rb;
-                if (glen == kstep && glen < w->k_pad) KT_(one_step_groups)(acc, c, ab, rb, b0, b1, np, rows, cols, a, m0, w, p, kstep);
+                if (glen == kstep && glen < w->k_pad) KT_(one_step_groups)(acc, c, ab, rb, b0, b1, np, rows, cols, a, m0, w, table, kstep);
                 else for (int64_t k0 = 0; k0 < w->k_pad; k0 += glen) {
                     KT_(zero_c)();
                     for (int64_t k = k0; k < k0 + glen && k < w->k_pad; k += kstep) {
@@ -229,7 +247,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
                         KT_(step)(ab + k / kstep * 32 * rb, rb, b0 + boff, b1 + boff, mt, np);
                     }
                     KT_(store_c)(c, mt, np);
-                    KT_(fold_group)(acc, c, rows, cols, a, m0, w, p, np, k0 / glen);
+                    KT_(fold_group)(acc, c, rows, cols, a, m0, table + 32 * (k0 / glen), k0 / glen);
                 }
                 for (int i = 0; i < rows; ++i) {
                     const float r = KT_(final_row)(a, m0 + i);
