@@ -147,14 +147,14 @@ KT_AI void KT_(cols_table)(float *restrict table, const ktcy_weight *w, int64_t 
 #else
 #define KT_DP(c, a, b) KT_TILE_DP_BF16(c, a, b)
 #endif
-#define KT_GROUP_TDPS(c0, c1, g)                                                                             \
+#define KT_GROUP_TDPS(c0, c1, at, g)                                                                         \
     do {                                                                                                   \
         const int64_t k = (g) * kstep, boff = (k / KT_BK) * 1024 + (k % KT_BK) / KT_KPR * 64;              \
         KT_TILE_ZERO(c0);                                                                                  \
-        KT_TILE_LOAD(4, ah + (g) * 32 * rb, rb);                                                           \
+        KT_TILE_LOAD(at, ah + (g) * 32 * rb, rb);                                                          \
         KT_TILE_LOAD(6, b0 + boff, 64);                                                                    \
-        KT_DP(c0, 4, 6);                                                                                   \
-        if (np == 2) { KT_TILE_ZERO(c1); KT_TILE_LOAD(7, b1 + boff, 64); KT_DP(c1, 4, 7); }                \
+        KT_DP(c0, at, 6);                                                                                  \
+        if (np == 2) { KT_TILE_ZERO(c1); KT_TILE_LOAD(7, b1 + boff, 64); KT_DP(c1, at, 7); }               \
     } while (0)
 #define KT_GROUP_STORE(c0, c1, to)                                                                           \
     do {                                                                                                   \
@@ -175,10 +175,10 @@ KT_AI void KT_(one_step_groups)(float *restrict acc, KT_C_T *restrict c, const u
          * buffer g % 2; folded one group after that */
         for (int64_t g = 0; g < ng; ++g) {
             if (g % 2 == 0) {
-                KT_GROUP_TDPS(0, 1, g);
+                KT_GROUP_TDPS(0, 1, 4, g);
                 if (g > 0) KT_GROUP_STORE(2, 3, odd);
             } else {
-                KT_GROUP_TDPS(2, 3, g);
+                KT_GROUP_TDPS(2, 3, 5, g);
                 KT_GROUP_STORE(0, 1, even);
             }
             if (g > 1) KT_(fold_group)(acch, g % 2 ? odd : even, hrows, cols, a, m0 + 16 * h, table + 32 * (g - 2), g - 2);
