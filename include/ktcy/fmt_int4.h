@@ -214,10 +214,18 @@ KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uin
                 const int64_t n0 = (p + q) * KTCY_PANEL;
                 const uint8_t *zl = w->zero + KT_INT4_AT(w, kb * 64 / w->group, n0);
                 const uint8_t *zh = w->zero + KT_INT4_AT(w, (kb * 64 + 32) / w->group, n0);
+#if KT_AMX_REAL
+                /* each byte four times: a widening and a multiply (the scalar loop was 1.4-1.5x an
+                 * INT4_ZP projection's time at 32 rows) */
+                const __m512i four = _mm512_set1_epi32(0x01010101);
+                _mm512_storeu_si512(zlo, _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)zl)), four));
+                _mm512_storeu_si512(zhi, _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)zh)), four));
+#else
                 for (int j = 0; j < 64; ++j) {
                     zlo[j] = (int8_t)zl[j / 4];
                     zhi[j] = (int8_t)zh[j / 4];
                 }
+#endif
             }
             for (int r = 0; r < 8; ++r)
                 for (int j = 0; j < 64; ++j) {
