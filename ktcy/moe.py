@@ -28,10 +28,12 @@ log = logging.getLogger("ktcy")
 # decode kernel.  Measured on a Xeon with AMX (2 threads; bench/README.md): on one projection of
 # the Qwen3 layer with its weights beyond the L3, AMX is ahead from 8 rows where the tiles need
 # no per-group epilogue (bf16 activations, INT8).  INT4, INT4_ZP and MXFP4_A8 store and scale
-# the C tiles every 64 or 32 K: the whole layer is fastest with AMX from 64 rows (T = 512: AMX
-# from 32 rows took INT4 1.15x the time of AVX-512 alone; T = 2048: AVX-512 alone 1.06-1.18x).
+# the C tiles every 64 or 32 K.  Since the tile unit runs a group's TDPs while the core folds the
+# group before (gemm_amx_tpl.h, one_step_groups), INT4 and INT4_ZP gain from 32 rows (64 experts,
+# interleaved against 64: T = 384 0.84x, T = 512 0.86x the time, T = 256 and below unchanged;
+# from 16 rows T = 128 took 1.12-1.14x); MXFP4_A8 from 48 or 24 rows gained nothing and stays at 64.
 AMX_MIN_ROWS = {"BF16": 8, "INT8": 8, "FP8_PERCHANNEL": 8, "FP8_BLOCK": 8, "MXFP4": 8,
-                "INT4": 64, "INT4_ZP": 64, "MXFP4_A8": 64}
+                "INT4": 32, "INT4_ZP": 32, "MXFP4_A8": 64}
 
 _DECODE_LADDER = ("avx512", "avx2", "ref")
 
