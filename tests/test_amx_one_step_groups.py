@@ -1,17 +1,28 @@
 """The AMX kernels' path for formats whose scale group is one K step (INT4 g32/g64, INT4_ZP,
-MXFP4_A8, MXFP4: gemm_amx_tpl.h, one_step_groups).  Its edges: an odd and an even number of
-groups (the C tiles and buffers alternate per group), a one-panel tail, row counts that leave the
-second 16-row half empty, partial or full, and more rows than one packed activation chunk (128).
-The integer formats equal their documented epilogue from integers bit for bit; MXFP4 (bf16
-activations) agrees between real tiles and amx_emu to the last bits (a real TDPBF16PS rounds its
-sums otherwise than the SDM's sequential model that amx_emu follows: about one output in 12 of a
-1536 x 2048 MXFP4 projection, every one of a BF16 one, differs in its last bits, before this path
-as after) and with float64 to the bf16 activations' error."""
+MXFP4_A8: gemm_amx_tpl.h, one_step_groups).  Its edges: an odd and an even number of groups (the
+C tiles and buffers alternate per group), a one-panel tail (one thread: the last of 3 panels runs
+alone), row counts that leave the second 16-row half empty, partial or full, and more rows than
+one packed activation chunk (128).  The integer formats equal their documented epilogue from
+integers bit for bit.  MXFP4 (bf16 activations, scaled in its decode: the 2 x 2 path) on real
+tiles agrees with amx_emu to the last bits (a real TDPBF16PS rounds its sums otherwise than the
+SDM's sequential model that amx_emu follows: about one output in 12 of a 1536 x 2048 MXFP4
+projection, every one of a BF16 one, differs in its last bits) and with float64 to the bf16
+activations' error."""
 import numpy as np
 import pytest
 
 from conftest import int4_exact_reference, mxfp4_a8_exact_reference
+import ktcy
 from ktcy import _native, kernels
+
+@pytest.fixture
+def one_thread():
+    """One thread, so one call walks every panel (more threads split them into pairs first)."""
+    old = ktcy.get_num_threads()
+    ktcy.set_num_threads(1)
+    yield
+    ktcy.set_num_threads(old)
+
 
 AMX_ISAS = [v["isa"] for v in _native.variants() if v["name"] in ("amx_int4", "amx_emu_int4")]
 ROWS = (1, 15, 16, 17, 32, 33, 129)
@@ -28,17 +39,17 @@ def _skip_unless_runnable(isa, fmt):
 @pytest.mark.parametrize("fmt, group, k", [
     ("INT4", 64, 192),      # 3 groups: odd
     ("INT4", 64, 256),      # 4 groups: even
-    ("INT4", 32, 96),       # 32-K steps, 3 groups
+    ("INT4", 32, 96),       # 32-K steps (K padded to 128: 4 groups; 32-K groups always come in pairs)
     ("INT4", 128, 320),     # two steps per group: the 2 x 2 blocking, beside the others
     ("INT4_ZP", 64, 192),
     ("INT4_ZP", 32, 128),
     ("MXFP4_A8", None, 96),   # 32-K blocks over a padded K: 4 steps after padding to 128
     ("MXFP4_A8", None, 160),
 ])
-def test_integer_formats_equal_their_epilogue_from_integers(isa, fmt, group, k):
+def test_integer_formats_equal_their_epilogue_from_integers(isa, fmt, group, k, one_thread):
     variant = _skip_unless_runnable(isa, fmt)
     rng = np.random.default_rng(group or k)
-    n = 16 * 3 + 7  # two panels, then a partial one-panel tail
+    n = 16 * 2 + 7  # a pair of panels, then a partial third alone
     w = rng.standard_normal((n, k)).astype(np.float32)
     packed = kernels.pack(w, fmt, group_size=group) if group else kernels.pack(w, fmt)
     exact = int4_exact_reference if fmt.startswith("INT4") else mxfp4_a8_exact_reference

@@ -29,7 +29,8 @@
  *     B blocks of 2 panels when prepare_b unpacks/decodes | KTCY_AMX_A_ROWS activation rows in tile order |
  *     the panel pair's column factors [groups][32] float (cols_table)
  * Loops: activation chunks of KTCY_AMX_A_ROWS rows (packed once) > panel pairs (B prepared once
- * per chunk) > 32-row blocks > scale groups > K steps. */
+ * per chunk) > 32-row blocks > scale groups > K steps; where a group is one K step,
+ * 32-row blocks > 16-row halves > groups (one_step_groups). */
 
 #define KT_CAT_(a, b) a##_##b
 #define KT_CAT(a, b) KT_CAT_(a, b)
@@ -134,14 +135,16 @@ KT_AI void KT_(cols_table)(float *restrict table, const ktcy_weight *w, int64_t 
     for (int64_t g = 0; g < groups; ++g) KT_(group_cols)(w, p, np, g, table + 32 * g);
 }
 
-/* Formats whose scale group is one K step (INT4 g32/g64 with or without zero points, MXFP4,
- * MXFP4_A8): per 16-row half (A tile tmm4), the groups' C tiles alternate between tmm0/1 and
- * tmm2/3 and their stores between two 16 x 32 buffers of c, and the core folds the group stored
- * before while the tile unit works on the next.  Measured on a Xeon with AMX: a group's TDPs, tile
- * stores and fold still mostly add up (the fold's convert, multiply and add are the larger
- * share), but MXFP4_A8 takes 0.82-0.88x the time of the 2 x 2 blocking (one 1536 x 2048
- * projection, 32-128 rows), the others the same within the noise; groups of several K steps keep
- * the 2 x 2 blocking (FP8 block scales: 1.1-1.2x the time this way). */
+/* Formats whose scale group is one K step (INT4 g32/g64 with or without zero points, MXFP4_A8;
+ * MXFP4 scales its blocks in the decode and has one group): per 16-row half, the groups' C tiles
+ * alternate between tmm0/1 and tmm2/3, their A tile between tmm4 and tmm5, and their stores
+ * between two 16 x 32 buffers of c.  A group's tiles are stored after the next group's TDPs are
+ * issued and folded one group later, so no load or store waits on the TDPs just issued and the
+ * core folds while the tile unit works.  With all four C tiles on one group (2 x 2 blocking) the
+ * TDPs, tile stores and fold ran one after the other.  One 1536 x 2048 projection on a Xeon with
+ * AMX, this path with the factor table below against 2 x 2 without it: INT4 g64 0.76-0.93x the
+ * time (512-32 rows), MXFP4_A8 0.76-0.77x.  Groups of several K steps keep the 2 x 2 blocking
+ * (FP8 block scales: 1.1-1.2x the time this way). */
 #if KT_INT_ACT
 #define KT_DP(c, a, b) KT_TILE_DP_I8(c, a, b)
 #else
