@@ -138,6 +138,17 @@ def ordered_slot_sum(slots):
 
 
 @pytest.fixture
+def one_thread():
+    """ktcy on one thread for the test: the kernels run on the calling thread (whose MXCSR a test
+    may set), and one call walks every panel (more threads split them into pairs first)."""
+    import ktcy
+    threads = ktcy.get_num_threads()
+    ktcy.set_num_threads(1)
+    yield
+    ktcy.set_num_threads(threads)
+
+
+@pytest.fixture
 def long_run(request):
     """The long runs are opt-in: `-m fuzz` (the default suite stays fast)."""
     expr = request.config.getoption("markexpr") or ""

@@ -12,17 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import int4_exact_reference, mxfp4_a8_exact_reference
-import ktcy
 from ktcy import _native, kernels
-
-@pytest.fixture
-def one_thread():
-    """One thread, so one call walks every panel (more threads split them into pairs first)."""
-    old = ktcy.get_num_threads()
-    ktcy.set_num_threads(1)
-    yield
-    ktcy.set_num_threads(old)
-
 
 AMX_ISAS = [v["isa"] for v in _native.variants() if v["name"] in ("amx_int4", "amx_emu_int4")]
 ROWS = (1, 15, 16, 17, 32, 33, 129)

@@ -4,21 +4,11 @@ import numpy as np
 import pytest
 
 from conftest import bf16_round, rel_err_rows, runnable_variants
-import ktcy
 from ktcy import _native, kernels
 from ktcy.formats import canonical_format, fp8_scale_kind
 
 ALL_CODES = np.arange(256, dtype=np.uint8)
 FLUSHING = 0x8040  # MXCSR's FTZ and DAZ, what torch.set_flush_denormal(True) sets
-
-
-@pytest.fixture
-def one_thread():
-    """The kernels run on the calling thread, whose MXCSR flushed() sets."""
-    threads = ktcy.get_num_threads()
-    ktcy.set_num_threads(1)
-    yield
-    ktcy.set_num_threads(threads)
 
 
 def flushed(call):
