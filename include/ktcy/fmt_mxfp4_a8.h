@@ -142,6 +142,13 @@ KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_
 #define KT_PREDECODE 1
 #define KT_REG_DECODE 1
 #define KT_FUSED_PREDECODE 1
+/* Prefill tiles of 4 rows x 4 panels, not 6: the 6-row tile's 24 sums, 4 weight rows, the
+ * broadcast and GCC's zero register passed the 32 vector registers, and 4-5 sums went through
+ * the stack at every dot product.  A Xeon with AMX, one 1536 x 2048 projection (VBMI, one
+ * thread): M = 32 0.92x the time, M = 512 0.92-0.94x, M = 1-7 the same; MoE T = 512 (128
+ * experts, about 32 rows each, all on AVX-512) 0.93x.  Same bits.  INT4's 6-row tiles (which
+ * reload their shared bytes) took 1.09-1.10x the time with 4 rows, so they stay. */
+#define KT_MAX_ROWS 4
 typedef kt_e2m1_vbmi KT_(ctx); /* the table; the byte picks serve VBMI only */
 KT_AI KT_(ctx) KT_(make_ctx)(void) { return kt_e2m1_vbmi_make(); }
 /* Row r (quad r & 7 of sub-block r >> 3, 32 bytes: channel j's bytes 2j, 2j + 1 hold K 0, 1 in

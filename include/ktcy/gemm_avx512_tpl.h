@@ -33,6 +33,7 @@
  *   KT_FEW_ROWS_CHOICE(a) rows (a per-CPU choice: FP8's float path a->f32_rows, MXFP4's 16-bit
  *   integer path a->i16_rows) its own way, without vdpbf16ps (with MXCSR.DAZ cleared), or returns
  *   0 to leave the call to the tiles below.
+ * KT_MAX_ROWS n: prefill tiles of at most n rows (4 or 6) instead of the skeleton's choice below.
  *
  * Every packed block has 16 rows of 64 bytes once loaded; row r pairs with the activation dword
  * at k0 + r * KT_KPR.  A micro-tile keeps MB x NP accumulators of 16 channels in registers: large
@@ -298,7 +299,11 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
     /* Decode each group of panels once into scratch (L2 resident) instead of once per row
      * tile when several row tiles share it, or when the format has no in-register decode. */
     const int pre = KT_PREDECODE && (a->m > 4 || !KT_REG_DECODE);
+#ifdef KT_MAX_ROWS
+    const int max_rows = KT_MAX_ROWS;
+#else
     const int max_rows = (KT_FAST && !(KT_REG_DECODE && !pre)) ? 6 : 4;
+#endif
     uint8_t *pre_buf = ktcy_align64(scratch);
     const int64_t nkb = w->k_pad / KT_BK;
     /* KT_FUSED_PREDECODE: a group's first row tile (4 rows) decodes in registers and keeps the
@@ -368,6 +373,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_FUSED_PREDECODE
 #undef KT_SHARED_ROW_BYTES
 #undef KT_FEW_ROWS
+#undef KT_MAX_ROWS
 #undef KT_FEW_ROWS_MAX
 #undef KT_FEW_ROWS_CHOICE
 #include "traits_end.h"
