@@ -383,20 +383,19 @@ KT_AI __m512 KT_(final)(KT_(acc_t) acc, __m512 facc, const ktcy_act *a, const kt
 #endif
 
 #elif KT_SKEL == KT_SKEL_AMX
-/* The np panels decoded once to bf16 blocks (the BF16 tile layout).  Real tiles come with
+/* Block kb of panel p decoded to a bf16 tile block (the BF16 tile layout).  Real tiles come with
  * AVX-512 BW: the same 128-entry table as ktcy_e4m3_to_bf16, 32 codes per two vpermi2w, since a
  * scalar decode here costs 30x the TDPs that use it. */
-KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uint8_t *buf) {
-    const int64_t nkb = w->k_pad / 32, count = np * nkb * 512;
-    const uint8_t *src = w->data + p * nkb * 512;
-    uint16_t *dst = (uint16_t *)buf;
+#define KT_AMX_DECODE_B 1
+#define KT_AMX_DECODE_IN_LOOP 1 /* bf16 tiles: decoded while the TDPs run (gemm_amx_tpl.h) */
+KT_AI void KT_(decode_b_block)(const ktcy_weight *w, int64_t p, int64_t kb, uint8_t *dst) {
+    const uint8_t *src = w->data + (p * (w->k_pad / 32) + kb) * 512;
 #if KT_AMX_REAL
     const kt_e4m3_bw c = kt_e4m3_bw_make();
-    kt_e4m3_to_bf16_bw(&c, src, dst, count);
+    kt_e4m3_to_bf16_bw(&c, src, (uint16_t *)dst, 512);
 #else
-    for (int64_t i = 0; i < count; ++i) dst[i] = ktcy_e4m3_to_bf16(src[i]);
+    for (int i = 0; i < 512; ++i) ((uint16_t *)dst)[i] = ktcy_e4m3_to_bf16(src[i]);
 #endif
-    return buf;
 }
 KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return KT_FP8_BLOCKWISE(w) ? KTCY_SCALE_BLOCK : w->k_pad; }
 /* Per channel: one group, factor 1 (c x 1 is c, bit for bit); block-wise: the block's scale. */

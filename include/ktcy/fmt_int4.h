@@ -196,45 +196,42 @@ KT_AI __m512 KT_(final)(KT_(acc_t) acc, __m512 facc, const ktcy_act *a, const kt
 #endif
 
 #elif KT_SKEL == KT_SKEL_AMX
-/* The np panels unpacked once to signed int8 blocks nibble - z (the INT8 tile layout).
+/* Block kb of panel p unpacked to a signed int8 block nibble - z (the INT8 tile layout).
  * A block's byte e holds code e (low nibble: K 0-31 of the block) and code e + 512 (high: K
  * 32-63); code c sits at tile row c / 64, channel (c / 4) % 16.  So each half of the block is
  * eight tile rows from one K group (groups are >= 32 and aligned), and its zero points repeat
  * every 64 bytes: whole-row loops the compiler vectorizes. */
-KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uint8_t *buf) {
-    const int64_t nkb = w->k_pad / 64;
+#define KT_AMX_DECODE_B 1
+KT_AI void KT_(decode_b_block)(const ktcy_weight *w, int64_t p, int64_t kb, uint8_t *out) {
+    const uint8_t *restrict src = w->data + (p * (w->k_pad / 64) + kb) * 512;
+    int8_t *restrict dst = (int8_t *)out;
     int8_t zlo[64], zhi[64];
-    memset(zlo, 8, sizeof zlo); /* symmetric INT4: z = 8 everywhere */
-    memset(zhi, 8, sizeof zhi);
-    for (int q = 0; q < np; ++q)
-        for (int64_t kb = 0; kb < nkb; ++kb) {
-            const uint8_t *restrict src = w->data + ((p + q) * nkb + kb) * 512;
-            int8_t *restrict dst = (int8_t *)buf + (q * nkb + kb) * 1024;
-            if (w->zero) { /* the panel's 16 zero points of each half's group, 4 bytes each */
-                const int64_t n0 = (p + q) * KTCY_PANEL;
-                const uint8_t *zl = w->zero + KT_INT4_AT(w, kb * 64 / w->group, n0);
-                const uint8_t *zh = w->zero + KT_INT4_AT(w, (kb * 64 + 32) / w->group, n0);
+    if (w->zero) { /* the panel's 16 zero points of each half's group, 4 bytes each */
+        const int64_t n0 = p * KTCY_PANEL;
+        const uint8_t *zl = w->zero + KT_INT4_AT(w, kb * 64 / w->group, n0);
+        const uint8_t *zh = w->zero + KT_INT4_AT(w, (kb * 64 + 32) / w->group, n0);
 #if KT_AMX_REAL
-                /* each byte four times: a widening and a multiply (the scalar loop was 1.4-1.5x an
-                 * INT4_ZP projection's time at 32 rows) */
-                const __m512i four = _mm512_set1_epi32(0x01010101);
-                _mm512_storeu_si512(zlo, _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)zl)), four));
-                _mm512_storeu_si512(zhi, _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)zh)), four));
+        /* each byte four times: a widening and a multiply (the scalar loop was 1.4-1.5x an
+         * INT4_ZP projection's time at 32 rows) */
+        const __m512i four = _mm512_set1_epi32(0x01010101);
+        _mm512_storeu_si512(zlo, _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)zl)), four));
+        _mm512_storeu_si512(zhi, _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)zh)), four));
 #else
-                for (int j = 0; j < 64; ++j) {
-                    zlo[j] = (int8_t)zl[j / 4];
-                    zhi[j] = (int8_t)zh[j / 4];
-                }
-#endif
-            }
-            for (int r = 0; r < 8; ++r)
-                for (int j = 0; j < 64; ++j) {
-                    const uint8_t byte = src[r * 64 + j];
-                    dst[r * 64 + j] = (int8_t)((byte & 0x0F) - zlo[j]);
-                    dst[512 + r * 64 + j] = (int8_t)((byte >> 4) - zhi[j]);
-                }
+        for (int j = 0; j < 64; ++j) {
+            zlo[j] = (int8_t)zl[j / 4];
+            zhi[j] = (int8_t)zh[j / 4];
         }
-    return buf;
+#endif
+    } else { /* symmetric INT4: z = 8 everywhere */
+        memset(zlo, 8, sizeof zlo);
+        memset(zhi, 8, sizeof zhi);
+    }
+    for (int r = 0; r < 8; ++r)
+        for (int j = 0; j < 64; ++j) {
+            const uint8_t byte = src[r * 64 + j];
+            dst[r * 64 + j] = (int8_t)((byte & 0x0F) - zlo[j]);
+            dst[512 + r * 64 + j] = (int8_t)((byte >> 4) - zhi[j]);
+        }
 }
 KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return w->group; }
 KT_AI void KT_(group_cols)(const ktcy_weight *w, int64_t p, int np, int64_t g, float *s) {

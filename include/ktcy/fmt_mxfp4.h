@@ -356,36 +356,35 @@ KT_AI int KT_(few_rows)(const ktcy_act *a, const ktcy_weight *w, float *y, int64
 #endif
 
 #elif KT_SKEL == KT_SKEL_AMX
-/* The np panels decoded once to bf16 blocks (the BF16 tile layout). */
-KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uint8_t *buf) {
-    const int64_t nkb = w->k_pad / 32;
+/* Block kb of panel p decoded to a bf16 tile block (the BF16 tile layout). */
+#define KT_AMX_DECODE_B 1
+#define KT_AMX_DECODE_IN_LOOP 1 /* bf16 tiles: decoded while the TDPs run (gemm_amx_tpl.h) */
+KT_AI void KT_(decode_b_block)(const ktcy_weight *w, int64_t p, int64_t kb, uint8_t *dst) {
+    const uint8_t *blk = w->data + (p * (w->k_pad / 32) + kb) * 272;
 #if KT_AMX_REAL
     /* Real tiles come with AVX-512 BW: tile row r is the r % 2 nibble of bytes 32 (r / 2) ..
-     * + 31 (bf16 pair j is channel j / 2), looked up by vpermw and scaled by adding e - 127 to
-     * the exponent field of the non-zero values, as ktcy_mxfp4_to_bf16 does. */
-    uint16_t table[32] = {0};
-    memcpy(table, KTCY_E2M1_TO_BF16, sizeof KTCY_E2M1_TO_BF16);
-    const __m512i values = _mm512_loadu_si512(table), pair_channel = _mm512_srli_epi16(
+     * + 31 (bf16 pair j is channel j / 2), looked up by vpermw (codes index the table's low 16
+     * words) and scaled by adding e - 127 to the exponent field of the non-zero values, as
+     * ktcy_mxfp4_to_bf16 does. */
+    const __m512i values = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)KTCY_E2M1_TO_BF16));
+    const __m512i pair_channel = _mm512_srli_epi16(
         _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9,
                          8, 7, 6, 5, 4, 3, 2, 1, 0), 1);
-    for (int64_t b = 0; b < np * nkb; ++b) {
-        const uint8_t *blk = w->data + p * nkb * 272 + b * 272;
-        uint16_t *out = (uint16_t *)(buf + b * 1024);
-        const __m512i e = _mm512_cvtepu8_epi16(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 256))));
-        const __m512i shift = _mm512_slli_epi16(_mm512_sub_epi16(_mm512_permutexvar_epi16(pair_channel, e),
-                                                                 _mm512_set1_epi16(127)), 7);
-        for (int r = 0; r < 16; ++r) {
-            const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + (r >> 1) * 32)));
-            const __m512i code = (r & 1) ? _mm512_srli_epi16(bytes, 4) : _mm512_and_si512(bytes, _mm512_set1_epi16(15));
-            const __m512i v = _mm512_permutexvar_epi16(code, values);
-            _mm512_storeu_si512(out + r * 32, _mm512_mask_add_epi16(v, _mm512_test_epi16_mask(v, _mm512_set1_epi16(0x7FFF)),
-                                                                    v, shift));
-        }
+    uint16_t *out = (uint16_t *)dst;
+    const __m512i e = _mm512_cvtepu8_epi16(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 256))));
+    const __m512i shift = _mm512_slli_epi16(_mm512_sub_epi16(_mm512_permutexvar_epi16(pair_channel, e),
+                                                             _mm512_set1_epi16(127)), 7);
+    _Pragma("GCC unroll 16")
+    for (int r = 0; r < 16; ++r) {
+        const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + (r >> 1) * 32)));
+        const __m512i code = (r & 1) ? _mm512_srli_epi16(bytes, 4) : _mm512_and_si512(bytes, _mm512_set1_epi16(15));
+        const __m512i v = _mm512_permutexvar_epi16(code, values);
+        _mm512_storeu_si512(out + r * 32, _mm512_mask_add_epi16(v, _mm512_test_epi16_mask(v, _mm512_set1_epi16(0x7FFF)),
+                                                                v, shift));
     }
 #else
-    KT_(decode_scalar)(w->data + p * nkb * 272, buf, np * nkb);
+    KT_(decode_scalar)(blk, dst, 1);
 #endif
-    return buf;
 }
 
 #else

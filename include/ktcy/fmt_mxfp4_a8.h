@@ -206,10 +206,10 @@ KT_AI __m512 KT_(final)(KT_(acc_t) acc, __m512 facc, const ktcy_act *a, const kt
 }
 
 #elif KT_SKEL == KT_SKEL_AMX
-/* The np panels as signed int8 blocks of 2 e2m1 (the INT8 tile layout). */
-KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uint8_t *buf) {
-    const int64_t nkb = w->k_pad / KT_BK;
-    int8_t *dst = (int8_t *)buf;
+/* Block kb of panel p as signed int8 blocks of 2 e2m1 (the INT8 tile layout). */
+#define KT_AMX_DECODE_B 1
+KT_AI void KT_(decode_b_block)(const ktcy_weight *w, int64_t p, int64_t kb, uint8_t *out) {
+    int8_t *dst = (int8_t *)out;
 #if KT_AMX_REAL
     /* Real tiles come with AVX-512 BW.  Tile row r of a 64-K block is row r % 8 of sub-block
      * r / 8: its 32 bytes hold channel nn's K pair (4 (r % 8), + 1) in the low nibbles of bytes
@@ -219,27 +219,24 @@ KT_AI const uint8_t *KT_(prepare_b)(const ktcy_weight *w, int64_t p, int np, uin
                                            0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
     const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
                                            6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    for (int q = 0; q < np; ++q)
-        for (int64_t s = 0; s < 2 * nkb; ++s) {
-            const uint8_t *sub = KT_A8_SUB(w, p + q, s);
-            int8_t *out = dst + (q * nkb + s / 2) * 1024 + (s % 2) * 512;
-            for (int r = 0; r < 8; ++r) {
-                const __m256i bytes = _mm256_loadu_si256((const __m256i *)(sub + r * 32));
-                const __m256i low = _mm256_shuffle_epi8(twice, _mm256_and_si256(bytes, _mm256_set1_epi8(15)));
-                const __m256i high = _mm256_shuffle_epi8(twice, _mm256_and_si256(_mm256_srli_epi16(bytes, 4),
-                                                                                 _mm256_set1_epi8(15)));
-                const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
-                _mm512_storeu_si512(out + r * 64, _mm512_permutexvar_epi16(order, both));
-            }
+    _Pragma("GCC unroll 2")
+    for (int half = 0; half < 2; ++half) {
+        const uint8_t *sub = KT_A8_SUB(w, p, 2 * kb + half);
+        _Pragma("GCC unroll 8")
+        for (int r = 0; r < 8; ++r) {
+            const __m256i bytes = _mm256_loadu_si256((const __m256i *)(sub + r * 32));
+            const __m256i low = _mm256_shuffle_epi8(twice, _mm256_and_si256(bytes, _mm256_set1_epi8(15)));
+            const __m256i high = _mm256_shuffle_epi8(twice, _mm256_and_si256(_mm256_srli_epi16(bytes, 4),
+                                                                             _mm256_set1_epi8(15)));
+            const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
+            _mm512_storeu_si512(dst + half * 512 + r * 64, _mm512_permutexvar_epi16(order, both));
         }
+    }
 #else
-    for (int q = 0; q < np; ++q)
-        for (int64_t kb = 0; kb < nkb; ++kb)
-            for (int64_t nn = 0; nn < KTCY_PANEL; ++nn)
-                for (int64_t kk = 0; kk < KT_BK; ++kk)
-                    dst[(q * nkb + kb) * 1024 + ktcy_int8_offset(nn, kk)] = (int8_t)KT_(code2)(w, p + q, nn, kb * KT_BK + kk);
+    for (int64_t nn = 0; nn < KTCY_PANEL; ++nn)
+        for (int64_t kk = 0; kk < KT_BK; ++kk)
+            dst[ktcy_int8_offset(nn, kk)] = (int8_t)KT_(code2)(w, p, nn, kb * KT_BK + kk);
 #endif
-    return buf;
 }
 /* KT_(fold) split into its column factor (the block's power of two) and row factor. */
 KT_AI void KT_(group_cols)(const ktcy_weight *w, int64_t p, int np, int64_t g, float *s) {
