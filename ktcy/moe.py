@@ -32,7 +32,11 @@ log = logging.getLogger("ktcy")
 # group before (gemm_amx_tpl.h, one_step_groups), INT4 and INT4_ZP gain from 32 rows (64 experts,
 # interleaved against 64: T = 384 0.84x, T = 512 0.86x the time, T = 256 and below unchanged;
 # from 16 rows T = 128 took 1.12-1.14x); MXFP4_A8 from 48 or 24 rows gained nothing and stays at 64.
-AMX_MIN_ROWS = {"BF16": 8, "INT8": 8, "FP8_PERCHANNEL": 8, "FP8_BLOCK": 8, "MXFP4": 8,
+# MXFP4, since its B decode runs beside the TDPs, from 5 rows (128 experts, interleaved against 8:
+# T = 32 0.92x, T = 64 0.79x, T = 128 0.81x, T = 16 and 256 0.97-1.0x; from 4 rows T = 32 took
+# 1.02-1.11x: its 16-bit integer decode path serves up to 4 rows well).  FP8 from 4-6 rows moved
+# 0.95-1.05x and stays at 8.
+AMX_MIN_ROWS = {"BF16": 8, "INT8": 8, "FP8_PERCHANNEL": 8, "FP8_BLOCK": 8, "MXFP4": 5,
                 "INT4": 32, "INT4_ZP": 32, "MXFP4_A8": 64}
 
 _DECODE_LADDER = ("avx512", "avx2", "ref")
