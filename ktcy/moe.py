@@ -35,8 +35,9 @@ log = logging.getLogger("ktcy")
 # MXFP4, since its B decode runs beside the TDPs, from 5 rows (128 experts, interleaved against 8:
 # T = 32 0.92x, T = 64 0.79x, T = 128 0.81x, T = 16 and 256 0.97-1.0x; from 4 rows T = 32 took
 # 1.02-1.11x: its 16-bit integer decode path serves up to 4 rows well).  FP8 from 4-6 rows moved
-# 0.95-1.05x and stays at 8.
-AMX_MIN_ROWS = {"BF16": 8, "INT8": 8, "FP8_PERCHANNEL": 8, "FP8_BLOCK": 8, "MXFP4": 5,
+# 0.95-1.05x and stays at 8.  BF16 from 5 rows too (two runs, 7 rounds: T = 64 0.95x, T = 128
+# 0.89-0.91x, T = 32 and 256 0.99-1.0x; from 6 rows 0.95-1.03x).
+AMX_MIN_ROWS = {"BF16": 5, "INT8": 8, "FP8_PERCHANNEL": 8, "FP8_BLOCK": 8, "MXFP4": 5,
                 "INT4": 32, "INT4_ZP": 32, "MXFP4_A8": 64}
 
 _DECODE_LADDER = ("avx512", "avx2", "ref")
