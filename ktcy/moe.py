@@ -26,8 +26,9 @@ log = logging.getLogger("ktcy")
 
 # Experts with at least this many rows in a call run the prefill (AMX) kernel; fewer rows run the
 # decode kernel.  Measured on a Xeon with AMX (2 threads; bench/README.md): on one projection of
-# the Qwen3 layer with its weights beyond the L3, AMX is ahead from 8 rows where the tiles need
-# no per-group epilogue (bf16 activations, INT8).  INT4, INT4_ZP and MXFP4_A8 store and scale
+# the Qwen3 layer with its weights beyond the L3, AMX was ahead from 8 rows where the tiles need
+# no per-group epilogue (bf16 activations, INT8; since 2026-12-06 BF16 and MXFP4 from 5, below).
+# INT4, INT4_ZP and MXFP4_A8 store and scale
 # the C tiles every 64 or 32 K.  Since the tile unit runs a group's TDPs while the core folds the
 # group before (gemm_amx_tpl.h, one_step_groups), INT4 and INT4_ZP gain from 32 rows (64 experts,
 # interleaved against 64: T = 384 0.84x, T = 512 0.86x the time, T = 256 and below unchanged;

@@ -3,8 +3,10 @@ formats (MXFP4, FP8) decode a panel pair's blocks two ahead of its first row blo
 row blocks, and the rows of the next activation chunk (128 rows), read or decode the pair again.
 Whatever the route, a row's outputs depend on that row alone: the same rows in another row block,
 chunk or call give the same bits, and every output agrees with float64 on the dequantized weights
-(bf16 activations: within 1e-5).  K spans 1, 2, 3 and many blocks; 39 outputs make a pair of panels
-and a one-panel tail; the call of 10 rows fills half a row block."""
+(bf16 activations: within 1e-5; the integer formats' values are held by test_int4,
+test_amx_one_step_groups and test_mxfp4_a8).  K spans 1, 2, 3 and many 32-K bf16 blocks (1, 1, 2
+and many 64-K int8 blocks); 39 outputs make a pair of panels and a one-panel tail; the call of 10
+rows is one 16-row A tile."""
 import numpy as np
 import pytest
 

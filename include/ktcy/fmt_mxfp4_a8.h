@@ -147,7 +147,8 @@ KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_
  * the stack at every dot product.  A Xeon with AMX, one 1536 x 2048 projection (VBMI, one
  * thread): M = 32 0.92x the time, M = 512 0.92-0.94x, M = 1-7 the same; MoE T = 512 (128
  * experts, about 32 rows each, all on AVX-512) 0.93x.  Same bits.  INT4's 6-row tiles (which
- * reload their shared bytes) took 1.09-1.10x the time with 4 rows, so they stay. */
+ * reload their shared bytes) took 1.09-1.10x the time with 4 rows, so they stay.  (The VNNI variant
+ * without VBMI runs the same tile, not measured apart; the F/BW one had 4 rows already.) */
 #define KT_MAX_ROWS 4
 typedef kt_e2m1_vbmi KT_(ctx); /* the table; the byte picks serve VBMI only */
 KT_AI KT_(ctx) KT_(make_ctx)(void) { return kt_e2m1_vbmi_make(); }
