@@ -205,7 +205,12 @@ KT_AI __m512 KT_(final)(KT_(acc_t) acc, __m512 facc, const ktcy_act *a, const kt
 KT_AI void KT_(decode_b_block)(const ktcy_weight *w, int64_t p, int64_t kb, uint8_t *out) {
     const uint8_t *restrict src = w->data + (p * (w->k_pad / 64) + kb) * 512;
     int8_t *restrict dst = (int8_t *)out;
-    int8_t zlo[64], zhi[64];
+    /* symmetric INT4: z = 8 everywhere, a constant row (no stores per block) */
+    static const int8_t eights[64] = {8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8,
+                                      8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8,
+                                      8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8};
+    int8_t zero_rows[2][64];
+    const int8_t *zlo = eights, *zhi = eights;
     if (w->zero) { /* the panel's 16 zero points of each half's group, 4 bytes each */
         const int64_t n0 = p * KTCY_PANEL;
         const uint8_t *zl = w->zero + KT_INT4_AT(w, kb * 64 / w->group, n0);
@@ -214,17 +219,16 @@ KT_AI void KT_(decode_b_block)(const ktcy_weight *w, int64_t p, int64_t kb, uint
         /* each byte four times: a widening and a multiply (the scalar loop was 1.4-1.5x an
          * INT4_ZP projection's time at 32 rows) */
         const __m512i four = _mm512_set1_epi32(0x01010101);
-        _mm512_storeu_si512(zlo, _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)zl)), four));
-        _mm512_storeu_si512(zhi, _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)zh)), four));
+        _mm512_storeu_si512(zero_rows[0], _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)zl)), four));
+        _mm512_storeu_si512(zero_rows[1], _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)zh)), four));
 #else
         for (int j = 0; j < 64; ++j) {
-            zlo[j] = (int8_t)zl[j / 4];
-            zhi[j] = (int8_t)zh[j / 4];
+            zero_rows[0][j] = (int8_t)zl[j / 4];
+            zero_rows[1][j] = (int8_t)zh[j / 4];
         }
 #endif
-    } else { /* symmetric INT4: z = 8 everywhere */
-        memset(zlo, 8, sizeof zlo);
-        memset(zhi, 8, sizeof zhi);
+        zlo = zero_rows[0];
+        zhi = zero_rows[1];
     }
     for (int r = 0; r < 8; ++r)
         for (int j = 0; j < 64; ++j) {

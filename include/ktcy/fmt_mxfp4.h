@@ -24,14 +24,11 @@ static inline uint16_t KT_(value)(const uint8_t *blk, int64_t nn, int64_t kin) {
     return ktcy_mxfp4_to_bf16((r & 1) ? byte >> 4 : byte & 15, blk[256 + nn]);
 }
 
-/* Blocks -> 1024-byte bf16 blocks (the BF16 pair order), one value at a time. */
-static inline void KT_(decode_scalar)(const uint8_t *src, uint8_t *dst, int64_t blocks) {
-    for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t *blk = src + b * 272;
-        uint16_t *out = (uint16_t *)(dst + b * 1024);
-        for (int64_t r = 0; r < 16; ++r)
-            for (int64_t j = 0; j < 32; ++j) out[r * 32 + j] = KT_(value)(blk, j >> 1, 2 * r + (j & 1));
-    }
+/* One block -> a 1024-byte bf16 block (the BF16 pair order), one value at a time. */
+static inline void KT_(decode_scalar)(const uint8_t *blk, uint8_t *dst) {
+    uint16_t *out = (uint16_t *)dst;
+    for (int64_t r = 0; r < 16; ++r)
+        for (int64_t j = 0; j < 32; ++j) out[r * 32 + j] = KT_(value)(blk, j >> 1, 2 * r + (j & 1));
 }
 
 #if KT_SKEL == KT_SKEL_REF
@@ -383,7 +380,7 @@ KT_AI void KT_(decode_b_block)(const ktcy_weight *w, int64_t p, int64_t kb, uint
                                                                 v, shift));
     }
 #else
-    KT_(decode_scalar)(blk, dst, 1);
+    KT_(decode_scalar)(blk, dst);
 #endif
 }
 
