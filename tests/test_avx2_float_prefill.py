@@ -60,3 +60,36 @@ def test_nan_weights_stay_in_their_channels():
     y = kernels.linear_variant(np.ones((30, 64), np.float32), packed, variant)
     assert np.isnan(y[:, 5]).all()
     assert np.all(np.delete(y, 5, axis=1) == 64.0)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_moe_up_projection_on_the_rows_its_gate_widened(fmt):
+    """In a MoE on AVX2 the up projection reads the rows its gate widened to floats (with their
+    factors and FP8's wide flag) where every call of that row count takes the float GEMM in one
+    chunk.  Experts get row counts around where that holds (5, 7 and 8 rows split, fewer take
+    decode tiles, BF16 starts at 20, 36 rows a chunk), and some tokens hold a value of 2^15 or more
+    (FP8's wide decode for their experts' chunks): each token within 1% of float64."""
+    import ktcy
+    from test_moe import dequantized, reference
+
+    if "avx2" not in ktcy.available_isas():
+        pytest.skip("this CPU runs no AVX2")
+    rng = np.random.default_rng(11)
+    counts = [1, 4, 5, 6, 7, 8, 9, 19, 20, 36, 37]
+    E, H, I = len(counts), 1040, 96
+    ids = rng.permutation(np.repeat(np.arange(E), counts))[:, None].astype(np.int64)
+    x = rng.standard_normal((len(ids), H)).astype(np.float32)
+    # wide tokens first and last in the experts of 1, 4, 5, 7, 8, 9 and 36 rows: below 5 rows, and
+    # in both halves of a split call, a wide row sends gate and up to the float GEMM, where the
+    # rows left in scratch are not the up call's own (the decode tiles widened theirs over them,
+    # H above 1024; or the gate's second half is there), so they must not be reused
+    for e in (0, 1, 2, 4, 5, 6, 9):
+        x[np.nonzero(ids[:, 0] == e)[0][[0, -1]], 3] = 40000.0
+    gate, up, down = ((rng.standard_normal(s) * 0.02).astype(np.float32) for s in ((E, I, H), (E, I, H), (E, H, I)))
+    layer = ktcy.MoE.from_weights(ktcy.MoeConfig(E, 1, H, I, ktcy.QuantConfig(fmt), isa="avx2"), gate, up, down)
+    w = np.ones(ids.shape, np.float32)
+    y = layer.forward(x, ids, w)
+    with np.errstate(over="ignore"):  # silu of the wide tokens' large negative sums
+        ref = reference(x.astype(ml_dtypes.bfloat16).astype(np.float64), ids, w, *dequantized(layer))
+    err = np.linalg.norm(y - ref, axis=1) / np.linalg.norm(ref, axis=1)
+    assert err.max() < 0.01, f"token {err.argmax()} (expert {ids[err.argmax(), 0]}): relative error {err.max():.2e}"

@@ -140,11 +140,9 @@ KT_AI void KT_(wrow_wide)(const uint8_t *blk, int r, kt_w256 out[2]) {
     out[1].e = _mm256_cvtph_ps(_mm256_extracti128_si256(e, 1));
     out[1].o = _mm256_cvtph_ps(_mm256_extracti128_si256(o, 1));
 }
-/* The group multiplier of 8 channels (half h of panel p): the block scale. */
-KT_AI __m256 KT_(group_scale)(const ktcy_weight *w, int64_t p, int64_t g, int h) {
-    (void)h;
-    return _mm256_set1_ps(KT_FP8_BLOCK_SCALE(w, p * 16, g));
-}
+/* The group multiplier of panel p, the same for its 16 channels: the block scale. */
+#define KT_UNIFORM_GROUP_SCALE 1
+KT_AI float KT_(group_scale1)(const ktcy_weight *w, int64_t p, int64_t g) { return KT_FP8_BLOCK_SCALE(w, p * 16, g); }
 /* Half h (n0 = panel start + 8h) in the lane-split order: channels 0-3, 8-11 or 4-7, 12-15.  The
  * row factor f (a power of two, 1 for rows below 2^6) meets the scales as kt_times_scale_row
  * orders it, the block scales too (the skeleton's times_group_scale): one rounding where the

@@ -17,6 +17,8 @@
  *   KT_(group_scale)(w, p, g, h) -> __m256                   bf16-activation formats with groups: the
  *                                                            multipliers of group g, channels p*16+8h..
  *                                                            (the skeleton scales their float sums)
+ *   or, with KT_UNIFORM_GROUP_SCALE 1, KT_(group_scale1)(w, p, g) -> float: one multiplier for
+ *                                                            the panel's 16 channels (kt_scale_row)
  *   KT_(group_epilogue)(acc[4][2], facc[4][2], MB, NP, a, w, m0, p, g)   integer formats with groups
  *                                                            (panel p of a tile of NP)
  *   KT_(final)(acc, facc, a, w, m, n0)                       8 outputs of one row
@@ -99,6 +101,9 @@
 #endif
 #ifndef KT_PREDECODE_ABOVE
 #define KT_PREDECODE_ABOVE 4
+#endif
+#ifndef KT_UNIFORM_GROUP_SCALE
+#define KT_UNIFORM_GROUP_SCALE 0
 #endif
 
 
@@ -358,6 +363,17 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
                     for (int q = 0; q < NP; ++q) {
 #if KT_INT_ACT
                         KT_(group_epilogue)(acc[q], facc[q], MB, NP, a, w, m0, p + q, g);
+#elif KT_UNIFORM_GROUP_SCALE
+                        const float s = KT_(group_scale1)(w, p + q, g);
+                        _Pragma("GCC unroll 8")
+                        for (int m = 0; m < MB; ++m) { /* as the float prefill's tiles do */
+                            const kt_scale_row rs = kt_scale_row_make(s, KT_ROW_PRESCALE ? rowf[m0 + m] : 1.0f);
+                            _Pragma("GCC unroll 2")
+                            for (int h = 0; h < 2; ++h) {
+                                facc[q][m][h] = _mm256_add_ps(facc[q][m][h], kt_scale_row_apply(_mm256_castsi256_ps(acc[q][m][h]), rs));
+                                acc[q][m][h] = _mm256_setzero_si256();
+                            }
+                        }
 #else
                         _Pragma("GCC unroll 2")
                         for (int h = 0; h < 2; ++h) {
@@ -523,14 +539,26 @@ KT_AI void KT_(f32_micro)(const int MB, const ktcy_act *a, const ktcy_weight *w,
             }
         }
         const int64_t g = groups ? KT_(group_at)(w, kb, 15, nkb) : -1;
-        if (g >= 0)
+        if (g >= 0) {
+#if KT_UNIFORM_GROUP_SCALE
+            const float s = KT_(group_scale1)(w, p, g);
+#endif
             _Pragma("GCC unroll 8")
-            for (int m = 0; m < MB; ++m)
+            for (int m = 0; m < MB; ++m) {
+#if KT_UNIFORM_GROUP_SCALE
+                const kt_scale_row rs = kt_scale_row_make(s, KT_ROW_PRESCALE ? rowf[m] : 1.0f);
+#endif
                 _Pragma("GCC unroll 2")
                 for (int h = 0; h < 2; ++h) {
+#if KT_UNIFORM_GROUP_SCALE
+                    facc[m][h] = _mm256_add_ps(facc[m][h], kt_scale_row_apply(acc[m][h], rs));
+#else
                     facc[m][h] = _mm256_add_ps(facc[m][h], KT_(times_group_scale)(acc[m][h], KT_(group_scale)(w, p, g, h), rowf, m));
+#endif
                     acc[m][h] = _mm256_setzero_ps();
                 }
+            }
+        }
     }
     if (kb1 < nkb) {
         _Pragma("GCC unroll 8")
@@ -554,15 +582,37 @@ KT_AI void KT_(f32_micro)(const int MB, const ktcy_act *a, const ktcy_weight *w,
     }
 }
 
+/* Whether every call of m rows to this variant takes the float GEMM whatever its weight: m is not
+ * one of split_calls' counts, nor one few_rows may take, nor below run()'s bound (fewer rows come
+ * here only for a wide row or NaN codes, which differ between weights). */
+KT_AI int KT_(f32_always)(const ktcy_act *a) {
+#if KT_FEW_ROWS
+    if (a->m <= KT_FEW_ROWS_CHOICE(a)) return 0;
+#endif
+    if (KT_PLAIN_ROWS) return a->m >= 20;
+    return a->m >= 5 && a->m != 5 && a->m != 7 && a->m != 8;
+}
+
 KT_AI void KT_(f32_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb, int64_t pe,
                          void *scratch) {
     const int64_t xs = KTCY_F32_ROW_STRIDE(w->k_pad), nkb = w->k_pad / KT_BK, slice = KTCY_F32_SLICE / KT_BK;
     float *panel = (float *)ktcy_align64(scratch);
     float *rows = panel + KTCY_F32_SLICE * KTCY_PANEL, *rowf = rows + KTCY_AVX2_F32_ROWS * xs;
-    float *sums = (float *)ktcy_align64(rowf + KTCY_AVX2_F32_ROWS);
+    float *wide_flag = rowf + KTCY_AVX2_F32_ROWS; /* 1.0f: the rows' chunk holds a wide row */
+    float *sums = (float *)ktcy_align64(wide_flag + 1);
+    /* The up projection after its gate on the same rows (a->rows_in_scratch) finds them widened
+     * here, with their factors and wide flag, when the gate took this path in one chunk too:
+     * widening them again cost the MoE's gate and up items a few percent */
+    const int reuse = a->rows_in_scratch && a->m <= KTCY_AVX2_F32_ROWS && KT_(f32_always)(a);
     for (int64_t c0 = 0; c0 < a->m; c0 += KTCY_AVX2_F32_ROWS) {
         const int64_t chunk = a->m - c0 < KTCY_AVX2_F32_ROWS ? a->m - c0 : KTCY_AVX2_F32_ROWS;
-        const int wide = KT_(f32_rows)(a, c0, (chunk + 5) / 6 * 6, rows, xs, rowf); /* tiles read whole rows */
+        int wide;
+        if (reuse) {
+            wide = *wide_flag != 0.0f;
+        } else {
+            wide = KT_(f32_rows)(a, c0, (chunk + 5) / 6 * 6, rows, xs, rowf); /* tiles read whole rows */
+            *wide_flag = wide ? 1.0f : 0.0f;
+        }
         for (int64_t p = pb; p < pe; ++p) {
             /* the tiles fetch the panel that comes next: this sweep's next one, else the next
              * chunk's first, else the caller's hint */
@@ -757,6 +807,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_CLEAR_DAZ
 #undef KT_PARITY_WROW
 #undef KT_PREDECODE_ABOVE
+#undef KT_UNIFORM_GROUP_SCALE
 #undef KT_KEEP
 #undef KT_AHEAD
 #undef KT_ONE_ROW_PANELS

@@ -67,8 +67,9 @@ typedef int (*ktcy_gemm_fn)(const ktcy_act *a, const ktcy_weight *w, float *y, i
  *   |       [4][k_pad/32], int8 (MXFP4_A8) [4][k_pad/64]                            |
  *   | AVX2 float prefill: a panel's slice as floats [KTCY_F32_SLICE][16] |         |
  *   |       KTCY_AVX2_F32_ROWS rows of activations as floats, row stride          |
- *   |       KTCY_F32_ROW_STRIDE | a float per row (row factors) | 64-byte aligned:  |
- *   |       the tiles' sums between slices [rows][2][16]                          |
+ *   |       KTCY_F32_ROW_STRIDE | a float per row (row factors) | the wide flag  |
+ *   |       (a float) | 64-byte aligned: the tiles' sums between slices           |
+ *   |       [rows][2][16]                                                         |
  *   | AVX2 bf16-activation decode (fewer rows): the rows as floats [rows][k_pad]   |
  *   |       | a float per row                                                      |
  *   | AMX:  C tiles 32x32 int32/float (4 KiB) | float accumulator 32x32 (4 KiB) |  |
@@ -93,7 +94,7 @@ typedef int (*ktcy_gemm_fn)(const ktcy_act *a, const ktcy_weight *w, float *y, i
 static inline int64_t ktcy_gemm_scratch_shared_bytes(int64_t k_pad) {
     const int64_t bf16_panels = 4 * KTCY_PANEL * k_pad * 2 + 4 * 1024 + 32 * 32 * 4;
     const int64_t f32_prefill = (KTCY_F32_SLICE * KTCY_PANEL + KTCY_AVX2_F32_ROWS * KTCY_F32_ROW_STRIDE(k_pad)) * 4
-                                + KTCY_AVX2_F32_ROWS * 4 + 64 + KTCY_AVX2_F32_ROWS * 2 * KTCY_PANEL * 4;
+                                + (KTCY_AVX2_F32_ROWS + 1) * 4 + 64 + KTCY_AVX2_F32_ROWS * 2 * KTCY_PANEL * 4;
     /* ... + the column factors of up to k_pad / 32 + 1 groups, 64-byte aligned */
     const int64_t amx = 2 * 32 * 32 * 4 + 2 * KTCY_PANEL * k_pad * 2 + KTCY_AMX_A_ROWS * k_pad * 2 + 64
                         + (k_pad / 32 + 1) * 32 * 4;
