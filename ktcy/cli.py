@@ -94,6 +94,8 @@ def cmd_info(args):
           + (f"calls of up to {i16} row{'s' if i16 > 1 else ''}" if i16 else "none, bf16 throughout") + i16_why)
     print("AVX2 INT8 prefill tiles: " + ("3 rows x 2 panels" if data["tiles"]["wide_tiles"]
                                          else "4 rows x 1 panel (AMD without AVX-512)"))
+    print("AVX2 FP8 prefill panels: " + ("decoded times 2^8, subnormal codes as normal floats" if data["tiles"]["fp8_normal_panels"]
+                                         else "subnormal codes as subnormal floats") + vendor)
     b = data["build"]
     print("\nBuilt with: " + ", ".join(f"{k}={'ON' if b[k] else 'OFF'}" for k in ("amx", "avx512_bf16", "avx512_vbmi")))
     print("More (memory, NUMA, huge pages, why not a faster kernel): ktcy doctor")

@@ -93,3 +93,35 @@ def test_moe_up_projection_on_the_rows_its_gate_widened(fmt):
         ref = reference(x.astype(ml_dtypes.bfloat16).astype(np.float64), ids, w, *dequantized(layer))
     err = np.linalg.norm(y - ref, axis=1) / np.linalg.norm(ref, axis=1)
     assert err.max() < 0.01, f"token {err.argmax()} (expert {ids[err.argmax(), 0]}): relative error {err.max():.2e}"
+
+
+@pytest.mark.parametrize("nan_code", [False, True])
+@pytest.mark.parametrize("fmt", ["FP8_PERCHANNEL", "FP8_BLOCK"])
+def test_fp8_panels_decoded_to_normal_floats_give_the_same_bits(fmt, nan_code):
+    """ktcy_fp8_normal_panels: AVX2 FP8's float prefill may decode its panels times 2^8, so that
+    subnormal codes become normal floats (an Intel core multiplies subnormals through a microcode
+    assist), and widen the rows times 2^8 less: each product is the same number, so either way every
+    row has the bits it has computed alone, for rows from 2^-130 to just below the wide decode's
+    2^15 and for weights with subnormal codes (and a NaN code: the checked decode)."""
+    variant = _avx2_variant(fmt)
+    rng = np.random.default_rng(5)
+    n, k = 200, 544
+    W = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
+    W[:, :96] *= 1e-4  # E4M3 subnormal codes after the scaling
+    packed = kernels.pack(W, fmt)
+    codes = packed.codes()
+    if nan_code:
+        codes[7, 300] = 0x7F
+        packed = kernels.pack_quantized(codes, packed.scale[:n] if fmt == "FP8_PERCHANNEL" else packed.scale, fmt)
+    assert np.mean(((codes & 0x78) == 0) & ((codes & 0x07) != 0)) > 0.01
+    sizes = [1.0, 2.0 ** -60, 2.0 ** -126, 2.0 ** -130, 2.0 ** 14 * 1.9, 3e-3, 0.0]
+    X = rng.uniform(-1, 1, (40, k)).astype(np.float32)  # row i below sizes[i]: no row reaches 2^15
+    for i in range(len(X)):
+        X[i] *= np.float32(sizes[i % len(sizes)])
+    assert np.abs(X).max() < 2.0 ** 15
+    lifted = kernels.linear_variant(X, packed, variant, fp8_normal_panels=1)
+    plain = kernels.linear_variant(X, packed, variant, fp8_normal_panels=0)
+    alone = np.concatenate([kernels.linear_variant(X[i:i + 1], packed, variant) for i in range(len(X))])
+    assert lifted.tobytes() == plain.tobytes(), f"{variant}: the panels times 2^8 changed bits"
+    assert lifted.tobytes() == alone.tobytes(), f"{variant}: rows of the prefill differ from the rows alone"
+    assert np.isnan(lifted[:, 7]).all() == nan_code and np.isfinite(np.delete(lifted, 7, axis=1)).all()

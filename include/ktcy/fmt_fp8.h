@@ -62,6 +62,10 @@ KT_AI int64_t KT_(group_at)(const ktcy_weight *w, int64_t kb, int r, int64_t nkb
 #define KT_CHECKED_ROWS 1
 #define KT_LANE_SPLIT 1
 #define KT_ROW_PRESCALE KTCY_E4M3_BITMOVE_SHIFT
+/* Subnormal codes (values below 2^-6) come out as subnormal floats, which Intel cores multiply
+ * through a microcode assist: the float prefill may decode times 2^8 instead (ktcy_fp8_normal_panels),
+ * which leaves every float normal (the least code, 2^-9, at 2^-121). */
+#define KT_PANEL_LIFT 8
 #define KT_WIDE_FIELD KTCY_E4M3_WIDE_FIELD
 #define KT_WIDE_FACTOR 256.0f
 #define KT_CLEAR_DAZ 1

@@ -33,6 +33,8 @@
  * rows with an exponent field above KT_WIDE_FIELD (a range the 2^-E weights cannot serve) make the
  * call (its chunk of KTCY_AVX2_F32_ROWS rows) take the float GEMM with KT_(wrow_wide), whose
  * values are times 1/KT_WIDE_FACTOR, the rows scaled to a largest value near 2^100;
+ * KT_PANEL_LIFT L (with KT_ROW_PRESCALE): where a->fp8_normal_panels, the float GEMM multiplies its
+ * fast and checked panel decodes by 2^L and widens the rows times 2^(k-L): the same products;
  * KT_CLEAR_DAZ 1: the decode makes subnormal floats, which MXCSR.DAZ would read as zeros: the GEMM
  * clears it while it runs;
  * KT_PARITY_WROW 1: KT_(wrow_parity)(blk, r, out[2]) decodes row r for the decode tiles with half 0
@@ -104,6 +106,9 @@
 #endif
 #ifndef KT_UNIFORM_GROUP_SCALE
 #define KT_UNIFORM_GROUP_SCALE 0
+#endif
+#ifndef KT_PANEL_LIFT
+#define KT_PANEL_LIFT 0
 #endif
 
 
@@ -427,7 +432,9 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
  * of the decode tiles. */
 _Static_assert(KTCY_F32_SLICE % KT_BK == 0, "slices of whole K blocks");
 enum { KT_(FAST), KT_(CHECKED), KT_(WIDE) }; /* the panel decodes of f32_panel */
-KT_AI void KT_(f32_panel_rows)(const int MODE, const ktcy_weight *w, int64_t p, int64_t kb0, int64_t kb1, float *dst) {
+KT_AI void KT_(f32_panel_rows)(const int MODE, const int LIFT, const ktcy_weight *w, int64_t p, int64_t kb0, int64_t kb1,
+                               float *dst) {
+    const __m256 lift = _mm256_set1_ps(ktcy_pow2(KT_PANEL_LIFT));
     const int64_t nkb = w->k_pad / KT_BK;
     const uint8_t *src = w->data + (p * nkb + kb0) * KT_BB;
     for (int64_t kb = kb0; kb < kb1; ++kb, src += KT_BB, dst += KT_BK * 16) {
@@ -441,6 +448,10 @@ KT_AI void KT_(f32_panel_rows)(const int MODE, const ktcy_weight *w, int64_t p, 
             else KT_(wrow)(src, r, v);
             _Pragma("GCC unroll 2")
             for (int h = 0; h < 2; ++h) {
+                if (LIFT) { /* exact: the results are normal floats */
+                    v[h].e = _mm256_mul_ps(v[h].e, lift);
+                    v[h].o = _mm256_mul_ps(v[h].o, lift);
+                }
                 _mm256_store_ps(dst + (2 * r) * 16 + 8 * h, v[h].e);
                 _mm256_store_ps(dst + (2 * r + 1) * 16 + 8 * h, v[h].o);
             }
@@ -448,10 +459,12 @@ KT_AI void KT_(f32_panel_rows)(const int MODE, const ktcy_weight *w, int64_t p, 
     }
 }
 
-KT_AI void KT_(f32_panel)(const ktcy_weight *w, int64_t p, int64_t kb0, int64_t kb1, float *dst, int wide) {
-    if (KT_ROW_PRESCALE && wide) KT_(f32_panel_rows)(KT_(WIDE), w, p, kb0, kb1, dst);
-    else if (KT_(checked_rows)(w)) KT_(f32_panel_rows)(KT_(CHECKED), w, p, kb0, kb1, dst);
-    else KT_(f32_panel_rows)(KT_(FAST), w, p, kb0, kb1, dst);
+KT_AI void KT_(f32_panel)(const ktcy_weight *w, int64_t p, int64_t kb0, int64_t kb1, float *dst, int wide, int lift) {
+    if (KT_ROW_PRESCALE && wide) KT_(f32_panel_rows)(KT_(WIDE), 0, w, p, kb0, kb1, dst);
+    else if (KT_(checked_rows)(w) && lift) KT_(f32_panel_rows)(KT_(CHECKED), 1, w, p, kb0, kb1, dst);
+    else if (KT_(checked_rows)(w)) KT_(f32_panel_rows)(KT_(CHECKED), 0, w, p, kb0, kb1, dst);
+    else if (lift) KT_(f32_panel_rows)(KT_(FAST), 1, w, p, kb0, kb1, dst);
+    else KT_(f32_panel_rows)(KT_(FAST), 0, w, p, kb0, kb1, dst);
 }
 
 /* The largest exponent field of the bf16 row (k_pad elements, a multiple of 16). */
@@ -474,10 +487,12 @@ KT_AI int KT_(top_field)(const uint16_t *src, int64_t k_pad) {
  * can overflow, and rows up to KT_WIDE_FIELD keep k >= E - 9: a product is exact down to 2^-117
  * of its true size.  Wide (the weights times 1/KT_WIDE_FACTOR): k = min(120, 227 - field), every
  * row's largest value brought to 2^100 (or times 2^120), so K products cannot overflow and small
- * values keep the most room below. */
-KT_AI int KT_(f32_rows)(const ktcy_act *a, int64_t m0, int64_t rows, float *dst, int64_t stride, float *rowf) {
+ * values keep the most room below.  lift: the panels are decoded times 2^KT_PANEL_LIFT unless wide,
+ * and the rows then times 2^(k - KT_PANEL_LIFT), normal floats still (k >= 111), so each product
+ * is the same number; rowf is unchanged. */
+KT_AI int KT_(f32_rows)(const ktcy_act *a, int64_t m0, int64_t rows, float *dst, int64_t stride, float *rowf, int lift) {
     int wide = 0, field[KTCY_AVX2_F32_ROWS];
-    (void)rowf; (void)field;
+    (void)rowf; (void)field; (void)lift;
 #if KT_ROW_PRESCALE
     for (int64_t i = 0; i < rows; ++i) {
         field[i] = m0 + i < a->m_pad ? KT_(top_field)(a->bf16 + (m0 + i) * a->k_pad, a->k_pad) : 0;
@@ -495,7 +510,7 @@ KT_AI int KT_(f32_rows)(const ktcy_act *a, int64_t m0, int64_t rows, float *dst,
 #if KT_ROW_PRESCALE
         const int k = wide ? (field[i] < 107 ? 120 : 227 - field[i])
                            : ktcy_prescale_shift(field[i]);
-        times = _mm256_castsi256_ps(_mm256_set1_epi32((127 + k) << 23));
+        times = _mm256_castsi256_ps(_mm256_set1_epi32((127 + k - (lift && !wide ? KT_PANEL_LIFT : 0)) << 23));
         rowf[i] = (wide ? KT_WIDE_FACTOR : ktcy_pow2(KT_ROW_PRESCALE)) * ktcy_pow2(-k);
 #endif
         for (int64_t k = 0; k < a->k_pad; k += 8) {
@@ -604,13 +619,14 @@ KT_AI void KT_(f32_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int6
      * here, with their factors and wide flag, when the gate took this path in one chunk too:
      * widening them again cost the MoE's gate and up items a few percent */
     const int reuse = a->rows_in_scratch && a->m <= KTCY_AVX2_F32_ROWS && KT_(f32_always)(a);
+    const int lift = KT_PANEL_LIFT && a->fp8_normal_panels;
     for (int64_t c0 = 0; c0 < a->m; c0 += KTCY_AVX2_F32_ROWS) {
         const int64_t chunk = a->m - c0 < KTCY_AVX2_F32_ROWS ? a->m - c0 : KTCY_AVX2_F32_ROWS;
         int wide;
         if (reuse) {
             wide = *wide_flag != 0.0f;
         } else {
-            wide = KT_(f32_rows)(a, c0, (chunk + 5) / 6 * 6, rows, xs, rowf); /* tiles read whole rows */
+            wide = KT_(f32_rows)(a, c0, (chunk + 5) / 6 * 6, rows, xs, rowf, lift); /* tiles read whole rows */
             *wide_flag = wide ? 1.0f : 0.0f;
         }
         for (int64_t p = pb; p < pe; ++p) {
@@ -620,7 +636,7 @@ KT_AI void KT_(f32_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int6
             const ktcy_span next = ktcy_next_group(a, w, following, pe, 1, KT_BK, KT_BB);
             for (int64_t kb0 = 0; kb0 < nkb; kb0 += slice) {
                 const int64_t kb1 = kb0 + slice < nkb ? kb0 + slice : nkb;
-                KT_(f32_panel)(w, p, kb0, kb1, panel, wide);
+                KT_(f32_panel)(w, p, kb0, kb1, panel, wide, lift);
                 for (int64_t i = 0, tile = 0; i < chunk; ++tile) {
                     const int64_t left = chunk - i;
                     const float *x = rows + i * xs, *xf = rowf + i;
@@ -672,7 +688,7 @@ KT_TARGET static int KT_(run)(const ktcy_act *a, const ktcy_weight *w, float *y,
 #else
     /* the rows as floats (tiles round up to 4 rows; fewer than KTCY_AVX2_F32_ROWS come here) */
     float *xf = (float *)decoded, *rowf = xf + (a->m + 3) / 4 * 4 * a->k_pad;
-    if (KT_(f32_rows)(a, 0, (a->m + 3) / 4 * 4, xf, a->k_pad, rowf)) { /* a wide row: the float GEMM's wide decode */
+    if (KT_(f32_rows)(a, 0, (a->m + 3) / 4 * 4, xf, a->k_pad, rowf, 0)) { /* a wide row: the float GEMM's wide decode */
         KT_(f32_gemm)(a, w, y, ldy, pb, pe, scratch);
         return KTCY_OK;
     }
@@ -808,6 +824,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_PARITY_WROW
 #undef KT_PREDECODE_ABOVE
 #undef KT_UNIFORM_GROUP_SCALE
+#undef KT_PANEL_LIFT
 #undef KT_KEEP
 #undef KT_AHEAD
 #undef KT_ONE_ROW_PANELS

@@ -52,6 +52,8 @@ typedef struct {
                                /* 0: into L1 (ktcy_fp8_fetch_l2)                                  */
     int32_t wide_tiles;        /* 1: prefill takes AVX2 INT8's 3-row x 2-panel tiles (KT_WIDE_TILE,*/
                                /* ktcy_wide_tiles); 0: its 4-row tiles                            */
+    int32_t fp8_normal_panels; /* 1: AVX2 FP8's float prefill decodes its panels times 2^8, its   */
+                               /* subnormal codes to normal floats (ktcy_fp8_normal_panels)       */
 } ktcy_act;
 
 /* One GEMM entry point per kernel variant: Y[m][n] for every row and for the output channels
