@@ -605,7 +605,7 @@ KT_AI int KT_(f32_always)(const ktcy_act *a) {
     if (a->m <= KT_FEW_ROWS_CHOICE(a)) return 0;
 #endif
     if (KT_PLAIN_ROWS) return a->m >= 20;
-    return a->m >= 5 && a->m != 5 && a->m != 7 && a->m != 8;
+    return a->m == 6 || a->m >= 9;
 }
 
 KT_AI void KT_(f32_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb, int64_t pe,
