@@ -8,8 +8,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import ktcy
 from ktcy import kernels
 from conftest import runnable_variants
+from test_moe import dequantized, reference
 
 FORMATS = ["BF16", "FP8_PERCHANNEL", "FP8_BLOCK", "MXFP4"]
 # around the tile sizes (6, 4, 2), the float GEMM's thresholds (FP8 and MXFP4: 6 rows, but 7 and 8
@@ -69,9 +71,6 @@ def test_moe_up_projection_on_the_rows_its_gate_widened(fmt):
     chunk.  Experts get row counts around where that holds (5, 7 and 8 rows split, fewer take
     decode tiles, BF16 starts at 20, 36 rows a chunk), and some tokens hold a value of 2^15 or more
     (FP8's wide decode for their experts' chunks): each token within 1% of float64."""
-    import ktcy
-    from test_moe import dequantized, reference
-
     if "avx2" not in ktcy.available_isas():
         pytest.skip("this CPU runs no AVX2")
     rng = np.random.default_rng(11)

@@ -149,7 +149,7 @@ KT_AI void KT_(wrow_wide)(const uint8_t *blk, int r, kt_w256 out[2]) {
 KT_AI float KT_(group_scale1)(const ktcy_weight *w, int64_t p, int64_t g) { return KT_FP8_BLOCK_SCALE(w, p * 16, g); }
 /* Half h (n0 = panel start + 8h) in the lane-split order: channels 0-3, 8-11 or 4-7, 12-15.  The
  * row factor f (a power of two, 1 for rows below 2^6) meets the scales as kt_times_scale_row
- * orders it, the block scales too (the skeleton's times_group_scale): one rounding where the
+ * orders it, the block scales too (kt_scale_row, the same rule): one rounding where the
  * scale times f is a normal float, and nothing through subnormals or inf where the true sum
  * times the scale is normal. */
 KT_AI __m256 KT_(final_scaled)(__m256i acc, __m256 facc, float f, const ktcy_act *a, const ktcy_weight *w,

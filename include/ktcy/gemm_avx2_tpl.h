@@ -432,8 +432,8 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
  * of the decode tiles. */
 _Static_assert(KTCY_F32_SLICE % KT_BK == 0, "slices of whole K blocks");
 enum { KT_(FAST), KT_(CHECKED), KT_(WIDE) }; /* the panel decodes of f32_panel */
-KT_AI void KT_(f32_panel_rows)(const int MODE, const int LIFT, const ktcy_weight *w, int64_t p, int64_t kb0, int64_t kb1,
-                               float *dst) {
+KT_AI void KT_(f32_panel_rows)(const int MODE, const int lift_rows, const ktcy_weight *w, int64_t p, int64_t kb0,
+                               int64_t kb1, float *dst) {
     const __m256 lift = _mm256_set1_ps(ktcy_pow2(KT_PANEL_LIFT));
     const int64_t nkb = w->k_pad / KT_BK;
     const uint8_t *src = w->data + (p * nkb + kb0) * KT_BB;
@@ -448,7 +448,7 @@ KT_AI void KT_(f32_panel_rows)(const int MODE, const int LIFT, const ktcy_weight
             else KT_(wrow)(src, r, v);
             _Pragma("GCC unroll 2")
             for (int h = 0; h < 2; ++h) {
-                if (LIFT) { /* exact: the results are normal floats */
+                if (KT_PANEL_LIFT && lift_rows) { /* exact: the results are normal floats */
                     v[h].e = _mm256_mul_ps(v[h].e, lift);
                     v[h].o = _mm256_mul_ps(v[h].o, lift);
                 }
@@ -461,10 +461,8 @@ KT_AI void KT_(f32_panel_rows)(const int MODE, const int LIFT, const ktcy_weight
 
 KT_AI void KT_(f32_panel)(const ktcy_weight *w, int64_t p, int64_t kb0, int64_t kb1, float *dst, int wide, int lift) {
     if (KT_ROW_PRESCALE && wide) KT_(f32_panel_rows)(KT_(WIDE), 0, w, p, kb0, kb1, dst);
-    else if (KT_(checked_rows)(w) && lift) KT_(f32_panel_rows)(KT_(CHECKED), 1, w, p, kb0, kb1, dst);
-    else if (KT_(checked_rows)(w)) KT_(f32_panel_rows)(KT_(CHECKED), 0, w, p, kb0, kb1, dst);
-    else if (lift) KT_(f32_panel_rows)(KT_(FAST), 1, w, p, kb0, kb1, dst);
-    else KT_(f32_panel_rows)(KT_(FAST), 0, w, p, kb0, kb1, dst);
+    else if (KT_(checked_rows)(w)) KT_(f32_panel_rows)(KT_(CHECKED), lift, w, p, kb0, kb1, dst);
+    else KT_(f32_panel_rows)(KT_(FAST), lift, w, p, kb0, kb1, dst);
 }
 
 /* The largest exponent field of the bf16 row (k_pad elements, a multiple of 16). */
