@@ -170,10 +170,11 @@ static inline int32_t ktcy_fp8_fetch_l2(const ktcy_cpu *c) { return ktcy_zen4(c)
  * A Zen 5 ran the wide tiles in 0.59-0.85x the time of the 4-row tiles of the day (single GEMM,
  * M = 32 and 512); a Zen 3 (AVX2 only) ran the 4-row tiles in 0.74-0.76x the time of the wide
  * ones (single GEMM) and MoE T = 32/128/512 in 0.79-0.81x/0.79x/0.76x, where the wide tiles keep
- * four of their sums on the stack.  Only those two CPUs were measured: AMD cores without AVX-512
- * (Zen 3 and before) take the 4-row tiles; every other CPU keeps the wide ones (on an AVX-512 CPU
- * this kernel runs only when forced to AVX2 or without AVX-512 BW/VL/DQ). */
-static inline int32_t ktcy_wide_tiles(const ktcy_cpu *c) { return c->amd && !c->avx512f ? 0 : 1; }
+ * four of their sums on the stack; a Xeon (Sapphire Rapids class, forced to AVX2) ran the 4-row
+ * tiles in 0.73-0.85x the time at M = 5-32 and 0.93-1.0x at 64 and 512 (single GEMM, one thread),
+ * MoE T = 32, 128 and 512 in 0.94x, 0.92x and 0.96x.
+ * So only AMD cores with AVX-512 (Zen 4, 5) take the wide tiles. */
+static inline int32_t ktcy_wide_tiles(const ktcy_cpu *c) { return c->amd && c->avx512f; }
 
 /* ktcy_act.fp8_normal_panels for this CPU: AVX2 FP8's float prefill multiplies each decoded panel
  * vector by 2^8 (and widens the rows times 2^-8 less), so that E4M3's subnormal codes, which the
