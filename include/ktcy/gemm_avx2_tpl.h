@@ -22,9 +22,9 @@
  *   KT_(group_epilogue)(acc[4][2], facc[4][2], MB, NP, a, w, m0, p, g)   integer formats with groups
  *                                                            (panel p of a tile of NP)
  *   KT_(final)(acc, facc, a, w, m, n0)                       8 outputs of one row
- * and may set KT_WIDE_TILE 1: prefill tiles (more than 4 rows) of 3 rows x 2 panels, 12 integer
- * accumulators sharing each activation broadcast (formats without groups only; where the CPU
- * prefers them, a->wide_tiles); KT_LANE_SPLIT 1:
+ * and may set KT_WIDE_TILE 1: tiles of 3 rows x 2 panels, 12 integer accumulators sharing each
+ * activation broadcast (formats without groups only), for prefill (more than 4 rows) where the
+ * CPU prefers them (a->wide_tiles) and for calls of 2 or 3 rows; KT_LANE_SPLIT 1:
  * the halves of a decoded row (and group_scale's h) hold channels 0-3, 8-11 and 4-7, 12-15, as
  * in-lane unpacks leave them; the outputs are put in order when stored (store16);
  * KT_ROW_PRESCALE E: the decoded weights are their values times 2^-E, so the activation rows are
@@ -677,7 +677,10 @@ KT_TARGET static int KT_(run)(const ktcy_act *a, const ktcy_weight *w, float *y,
     /* decode a panel once into scratch when enough row tiles share it (or the format has no
      * in-register decode); fewer rows decode each weight row in registers in every tile */
     const int pre = KT_PREDECODE && (a->m > KT_PREDECODE_ABOVE || !KT_REG_DECODE);
-    const int wide = KT_WIDE_TILE && a->wide_tiles && a->m > 4 && !KT_(has_groups)(w);
+    /* calls of 2 or 3 rows take them on every CPU: two panel streams keep more misses in flight
+     * (INT8 single GEMM with the weights in memory, Xeon forced to AVX2: 2 rows 0.91x the time,
+     * 3 rows 0.95-0.97x; 1.06x with the weights in cache, which a MoE call never finds) */
+    const int wide = KT_WIDE_TILE && ((a->wide_tiles && a->m > 4) || a->m == 2 || a->m == 3) && !KT_(has_groups)(w);
     const int64_t nkb = w->k_pad / KT_BK;
     uint8_t *decoded = ktcy_align64(scratch);
 #if KT_INT_ACT
