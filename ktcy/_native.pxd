@@ -66,6 +66,7 @@ cdef extern from "ktcy/ktcy.h" nogil:
         int32_t fp8_fetch_l2
         int32_t wide_tiles
         int32_t fp8_normal_panels
+        int32_t plain_fetch_l2
 
     ctypedef int (*ktcy_gemm_fn)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy,
                                  int64_t panel_begin, int64_t panel_end, void *scratch)
@@ -84,6 +85,7 @@ cdef extern from "ktcy/ktcy.h" nogil:
     int32_t ktcy_fp8_fetch_l2(const ktcy_cpu *c)
     int32_t ktcy_wide_tiles(const ktcy_cpu *c)
     int32_t ktcy_fp8_normal_panels(const ktcy_cpu *c)
+    int32_t ktcy_plain_fetch_l2(const ktcy_cpu *c)
 
     int64_t ktcy_gemm_scratch_bytes(int64_t k_pad)
     int64_t ktcy_split_panels(int64_t panels, int64_t parts)

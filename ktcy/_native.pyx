@@ -68,6 +68,7 @@ cdef int32_t _e2m1_panel_rows = ktcy_e2m1_panel_rows(&_cpu)
 cdef int32_t _fp8_fetch_l2 = ktcy_fp8_fetch_l2(&_cpu)
 cdef int32_t _wide_tiles = ktcy_wide_tiles(&_cpu)
 cdef int32_t _fp8_normal_panels = ktcy_fp8_normal_panels(&_cpu)
+cdef int32_t _plain_fetch_l2 = ktcy_plain_fetch_l2(&_cpu)
 
 cdef inline void _set_tile_choices(ktcy_act *act) noexcept nogil:
     """This CPU's tile choices (registry.h), into every ktcy_act built here."""
@@ -78,6 +79,7 @@ cdef inline void _set_tile_choices(ktcy_act *act) noexcept nogil:
     act.fp8_fetch_l2 = _fp8_fetch_l2
     act.wide_tiles = _wide_tiles
     act.fp8_normal_panels = _fp8_normal_panels
+    act.plain_fetch_l2 = _plain_fetch_l2
 
 def cpu_features():
     """Feature flags from cpuid/xgetbv (and the Linux AMX permission), as Python bools."""
@@ -104,12 +106,13 @@ def tile_choice():
     tile width (ktcy_one_panel_rows; AVX-512 MXFP4 and MXFP4_A8: ktcy_e2m1_panel_rows), the rows that
     take AVX-512 FP8's float path (ktcy_f32_rows) and MXFP4's 16-bit integer path (ktcy_i16_rows),
     where AVX-512 FP8's decode streams prefetch to (ktcy_fp8_fetch_l2), AVX2 INT8 prefill's tile
-    (ktcy_wide_tiles) and whether AVX2 FP8 prefill decodes its panels to normal floats
-    (ktcy_fp8_normal_panels)."""
+    (ktcy_wide_tiles), whether AVX2 FP8 prefill decodes its panels to normal floats
+    (ktcy_fp8_normal_panels) and where AVX2 BF16's and INT8's decode streams prefetch to
+    (ktcy_plain_fetch_l2)."""
     return {"amd": bool(_cpu.amd), "family": _cpu.family, "one_panel_rows": _one_panel_rows,
             "e2m1_panel_rows": _e2m1_panel_rows, "f32_rows": _f32_rows, "i16_rows": _i16_rows,
             "fp8_fetch_l2": bool(_fp8_fetch_l2), "wide_tiles": bool(_wide_tiles),
-            "fp8_normal_panels": bool(_fp8_normal_panels)}
+            "fp8_normal_panels": bool(_fp8_normal_panels), "plain_fetch_l2": bool(_plain_fetch_l2)}
 
 def variants():
     """Every compiled kernel variant: formats served, ISA, needs, and whether this CPU runs it."""
@@ -762,9 +765,10 @@ cdef int _variant_index(str format_name, str variant_name) except -1:
 
 def gemm(str format_name, str variant_name, Activations act, Weight weight, float[:, ::1] out,
          int one_panel_rows=-1, int f32_rows=-1, int i16_rows=-1, int wide_tiles=-1, int e2m1_panel_rows=-1,
-         int fp8_fetch_l2=-1, int fp8_normal_panels=-1):
+         int fp8_fetch_l2=-1, int fp8_normal_panels=-1, int plain_fetch_l2=-1):
     """out[m, :n] = act @ weight.T with one kernel variant; the GIL is released.  one_panel_rows,
-    f32_rows, i16_rows, wide_tiles, e2m1_panel_rows, fp8_fetch_l2 and fp8_normal_panels >= 0
+    f32_rows, i16_rows, wide_tiles, e2m1_panel_rows, fp8_fetch_l2, fp8_normal_panels and
+    plain_fetch_l2 >= 0
     replace this CPU's choices (registry.h), so tests reach every one on any CPU."""
     cdef ktcy_gemm_fn fn = KTCY_VARIANTS[_variant_index(format_name, variant_name)].fn
     cdef ktcy_act view = act.view
@@ -782,6 +786,8 @@ def gemm(str format_name, str variant_name, Activations act, Weight weight, floa
         view.fp8_fetch_l2 = fp8_fetch_l2
     if fp8_normal_panels >= 0:
         view.fp8_normal_panels = fp8_normal_panels
+    if plain_fetch_l2 >= 0:
+        view.plain_fetch_l2 = plain_fetch_l2
     cdef char message[160]
     cdef int st, team = _team(_num_threads)
     cdef int64_t panels = weight.view.n_pad // KTCY_PANEL

@@ -92,10 +92,11 @@ def cmd_info(args):
     i16_why = (" (AMD without AVX-512 BF16)" if i16 else " (AMD with AVX-512 BF16)") if data["tiles"]["amd"] else vendor
     print("MXFP4 16-bit integer path (AVX-512, AVX2): "
           + (f"calls of up to {i16} row{'s' if i16 > 1 else ''}" if i16 else "none, bf16 throughout") + i16_why)
-    print("AVX2 INT8 prefill tiles: " + ("3 rows x 2 panels" if data["tiles"]["wide_tiles"]
-                                         else "4 rows x 1 panel (AMD without AVX-512)"))
+    print("AVX2 INT8 prefill tiles: " + ("3 rows x 2 panels (AMD with AVX-512)" if data["tiles"]["wide_tiles"]
+                                         else "4 rows x 1 panel (not AMD with AVX-512)"))
     print("AVX2 FP8 prefill panels: " + ("decoded times 2^8, subnormal codes as normal floats" if data["tiles"]["fp8_normal_panels"]
                                          else "subnormal codes as subnormal floats") + vendor)
+    print("AVX2 BF16, INT8 decode streams prefetch into " + ("L2" if data["tiles"]["plain_fetch_l2"] else "L1") + vendor)
     b = data["build"]
     print("\nBuilt with: " + ", ".join(f"{k}={'ON' if b[k] else 'OFF'}" for k in ("amx", "avx512_bf16", "avx512_vbmi")))
     print("More (memory, NUMA, huge pages, why not a faster kernel): ktcy doctor")

@@ -448,10 +448,11 @@ def linear(X: np.ndarray, packed: PackedWeight, isa: Optional[str] = None,
 
 
 def linear_variant(X, packed, variant, out=None, one_panel_rows=None, f32_rows=None, i16_rows=None,
-                   wide_tiles=None, e2m1_panel_rows=None, fp8_fetch_l2=None, fp8_normal_panels=None):
+                   wide_tiles=None, e2m1_panel_rows=None, fp8_fetch_l2=None, fp8_normal_panels=None,
+                   plain_fetch_l2=None):
     """linear() on one named kernel variant (see ktcy._native.variants()), for tests and benchmarks
     that must reach variants the dispatcher would not pick on this CPU.  one_panel_rows, f32_rows,
-    i16_rows, wide_tiles, e2m1_panel_rows, fp8_fetch_l2, fp8_normal_panels: the tile choices this
+    i16_rows, wide_tiles, e2m1_panel_rows, fp8_fetch_l2, fp8_normal_panels, plain_fetch_l2: the tile choices this
     CPU would not make (registry.h), None for this CPU's."""
     weight = packed.native()  # checks every array against the descriptor first
     act = prepare_activations(X, packed)
@@ -471,5 +472,6 @@ def linear_variant(X, packed, variant, out=None, one_panel_rows=None, f32_rows=N
                      -1 if wide_tiles is None else int(wide_tiles),
                      -1 if e2m1_panel_rows is None else int(e2m1_panel_rows),
                      -1 if fp8_fetch_l2 is None else int(fp8_fetch_l2),
-                     -1 if fp8_normal_panels is None else int(fp8_normal_panels))
+                     -1 if fp8_normal_panels is None else int(fp8_normal_panels),
+                     -1 if plain_fetch_l2 is None else int(plain_fetch_l2))
     return out

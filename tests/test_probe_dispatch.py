@@ -187,6 +187,6 @@ def test_tile_choice_follows_the_vendor():
                                      "e2m1_panel_rows": 2 if zen4 else 0, "f32_rows": 1 if amd else 4,
                                      "i16_rows": 0 if amd and "avx512_bf16" in flags else 4,
                                      "fp8_fetch_l2": zen4, "wide_tiles": amd and "avx512f" in flags,
-                                     "fp8_normal_panels": not amd}
+                                     "fp8_normal_panels": not amd, "plain_fetch_l2": not amd}
     from ktcy import report
     assert report.info()["tiles"] == _native.tile_choice()  # what `ktcy info` shows

@@ -61,10 +61,11 @@ WIDE_TILE_VARIANTS = [v for v in VECTOR_VARIANTS if v["isa"] == "avx2" and "INT8
 @pytest.mark.parametrize("variant", WIDE_TILE_VARIANTS, ids=[v["name"] for v in WIDE_TILE_VARIANTS])
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 def test_wide_and_four_row_prefill_tiles_give_the_same_bits(variant, threads):
-    """AVX2 INT8 prefill's two tiles (registry.h: ktcy_wide_tiles, 3 rows x 2 panels, or 4 rows x 1
-    panel on AMD cores without AVX-512) sum the same integers: the same bits, whichever this
-    CPU takes, for row counts that leave every tail (a 1- or 2-row wide tile, a 1-3 row short tile)
-    and an odd panel count (a one-panel tail after the two-panel tiles)."""
+    """AVX2 INT8 prefill's two tiles (registry.h: ktcy_wide_tiles, 3 rows x 2 panels on AMD cores
+    with AVX-512, or 4 rows x 1 panel) sum the same integers: the same bits, whichever this CPU
+    takes, for row counts that leave every tail (a 1- or 2-row wide tile, a 1-3 row short tile)
+    and an odd panel count (a one-panel tail after the two-panel tiles).  Calls of 2 or 3 rows take
+    the wide tiles on every CPU, and 1 and 4 rows their own: the same bits as the reference."""
     if not variant["runnable"]:
         pytest.skip(f"{variant['name']}: this CPU lacks {', '.join(variant['needs'])}")
     rng = np.random.default_rng(11)
@@ -72,7 +73,7 @@ def test_wide_and_four_row_prefill_tiles_give_the_same_bits(variant, threads):
     w = rng.standard_normal((n, k)).astype(np.float32)
     packed = kernels.pack(w, "INT8")
     reference = packed.dequantize(np.float64)
-    for m in (5, 6, 7, 8, 9, 10, 11, 13, 32, 67):
+    for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 32, 67):
         x = rng.standard_normal((m, k)).astype(np.float32)
         wide = kernels.linear_variant(x, packed, variant["name"], wide_tiles=1)
         four = kernels.linear_variant(x, packed, variant["name"], wide_tiles=0)
@@ -111,3 +112,32 @@ def test_fp8_streams_fetched_into_l1_or_l2_give_the_same_bits(variant, threads, 
             exact = x.astype(np.float64) @ reference.T
             err = np.abs(l2 - exact).max() / np.abs(exact).max()
             assert err < 0.01, f"m={m} f32_rows={f32_rows}: {err:.2e} from float64"  # bf16 activations
+
+
+PLAIN_STREAM_VARIANTS = [v for v in VECTOR_VARIANTS if v["isa"] == "avx2" and {"BF16", "INT8"} & set(v["formats"])]
+
+
+@pytest.mark.parametrize("variant", PLAIN_STREAM_VARIANTS, ids=[v["name"] for v in PLAIN_STREAM_VARIANTS])
+@pytest.mark.parametrize("threads", [1], indirect=True)
+def test_plain_streams_fetched_into_l1_or_l2_give_the_same_bits(variant, threads):
+    """AVX2 BF16's and INT8's decode tiles prefetch their streams into L2 or, on AMD cores, L1
+    (registry.h: ktcy_plain_fetch_l2).  A prefetch cannot change a value: what this holds is the
+    code around it, for every decode tile (1-4 rows, one and two panels, an odd panel at the end)
+    and the prefill tiles past it (5 and 6 rows keep L1), against the reference variant."""
+    if not variant["runnable"]:
+        pytest.skip(f"{variant['name']}: this CPU lacks {', '.join(variant['needs'])}")
+    rng = np.random.default_rng(17)
+    n, k = 16 * 10 + 5, 300  # 11 panels; K not a multiple of the 32- or 64-wide block
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    for fmt in sorted({"BF16", "INT8"} & set(variant["formats"])):
+        packed = kernels.pack(w, fmt)
+        for m in (1, 2, 3, 4, 5, 6):
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            l1 = kernels.linear_variant(x, packed, variant["name"], plain_fetch_l2=0)
+            l2 = kernels.linear_variant(x, packed, variant["name"], plain_fetch_l2=1)
+            assert l1.tobytes() == l2.tobytes(), f"{fmt} m={m}"
+            ref = kernels.linear_variant(x, packed, fmt.lower() + "_ref")
+            if fmt == "INT8":  # integer sums: the same bits
+                assert l2.tobytes() == ref.tobytes(), f"{fmt} m={m}"
+            else:
+                assert np.abs(l2 - ref).max() <= 1e-5 * np.abs(ref).max(), f"{fmt} m={m}"

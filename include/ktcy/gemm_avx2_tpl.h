@@ -35,6 +35,7 @@
  * values are times 1/KT_WIDE_FACTOR, the rows scaled to a largest value near 2^100;
  * KT_PANEL_LIFT L (with KT_ROW_PRESCALE): where a->fp8_normal_panels, the float GEMM multiplies its
  * fast and checked panel decodes by 2^L and widens the rows times 2^(k-L): the same products;
+ * KT_FETCH_L2(a): 1 where a streaming tile prefetches into L2 rather than L1 (a per-CPU choice);
  * KT_CLEAR_DAZ 1: the decode makes subnormal floats, which MXCSR.DAZ would read as zeros: the GEMM
  * clears it while it runs;
  * KT_PARITY_WROW 1: KT_(wrow_parity)(blk, r, out[2]) decodes row r for the decode tiles with half 0
@@ -109,6 +110,9 @@
 #endif
 #ifndef KT_PANEL_LIFT
 #define KT_PANEL_LIFT 0
+#endif
+#ifndef KT_FETCH_L2
+#define KT_FETCH_L2(a) 0
 #endif
 
 
@@ -273,6 +277,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
     panel[0] = PRE ? decoded : w->data + p * nkb * KT_BB;
     for (int q = 1; q < KT_ONE_ROW_PANELS; ++q) panel[q] = panel[0] + q * nkb * KT_BB; /* NP > 1 only (never PRE) */
     const int groups = KT_(has_groups)(w);
+    const int to_l2 = KT_FETCH_L2(a);
     const uint8_t *arow[4];
     __m256i acc[KT_ONE_ROW_PANELS][4][2], acc16[KT_ONE_ROW_PANELS][4][2];
     __m256 facc[KT_ONE_ROW_PANELS][4][2];
@@ -316,7 +321,7 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
             if (!PRE && r * 64 < KT_BB)
                 _Pragma("GCC unroll 4")
                 for (int q = 0; q < NP; ++q)
-                    _mm_prefetch((const char *)(fetch[q] + (uintptr_t)(r * 64)), _MM_HINT_T0);
+                    ktcy_fetch_stream(fetch[q] + (uintptr_t)(r * 64), to_l2);
             if (!KT_INT_ACT && (MB > 1 || NP > (KT_PLAIN_ROWS ? 2 : 1))) {
                 KT_(float_rows_by_panel)(MB, NP, panel, kb * block_bytes, r, ak, acc);
             } else {
@@ -826,6 +831,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_PREDECODE_ABOVE
 #undef KT_UNIFORM_GROUP_SCALE
 #undef KT_PANEL_LIFT
+#undef KT_FETCH_L2
 #undef KT_KEEP
 #undef KT_AHEAD
 #undef KT_ONE_ROW_PANELS

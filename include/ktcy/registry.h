@@ -185,4 +185,13 @@ static inline int32_t ktcy_wide_tiles(const ktcy_cpu *c) { return c->amd && c->a
  * handle subnormal operands in hardware and are not measured here: they skip the multiplies. */
 static inline int32_t ktcy_fp8_normal_panels(const ktcy_cpu *c) { return !c->amd; }
 
+/* ktcy_act.plain_fetch_l2 for this CPU: AVX2 BF16's and INT8's decode tiles (calls of up to 4
+ * rows), which read the packed rows as they are, prefetch their streams into L2 (prefetcht1)
+ * instead of L1.  On a Xeon forced to AVX2 a MoE layer ran that way at T = 1, 2, 4 and 8 in
+ * 0.91-0.94x the time (BF16 and INT8 alike, interleaved rounds), where the decoding formats (FP8,
+ * INT4_ZP, MXFP4, MXFP4_A8) ran 0.99-1.06x, prefill (T = 128, 512) 0.99-1.03x, and the AVX-512
+ * BF16 and INT8 tiles 1.0-1.03x.  AMD cores are not measured here (a Zen 4's INT4 and MXFP4
+ * streams ran slower from L2, ktcy_fp8_fetch_l2): they keep L1. */
+static inline int32_t ktcy_plain_fetch_l2(const ktcy_cpu *c) { return !c->amd; }
+
 #endif

@@ -54,6 +54,8 @@ typedef struct {
                                /* ktcy_wide_tiles); 0: its 4-row tiles                            */
     int32_t fp8_normal_panels; /* 1: AVX2 FP8's float prefill decodes its panels times 2^8, its   */
                                /* subnormal codes to normal floats (ktcy_fp8_normal_panels)       */
+    int32_t plain_fetch_l2;    /* 1: AVX2 BF16's and INT8's decode streams (calls of up to 4 rows) */
+                               /* prefetch into L2, 0: into L1 (ktcy_plain_fetch_l2)              */
 } ktcy_act;
 
 /* One GEMM entry point per kernel variant: Y[m][n] for every row and for the output channels
