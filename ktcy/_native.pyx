@@ -768,8 +768,7 @@ def gemm(str format_name, str variant_name, Activations act, Weight weight, floa
          int fp8_fetch_l2=-1, int fp8_normal_panels=-1, int plain_fetch_l2=-1):
     """out[m, :n] = act @ weight.T with one kernel variant; the GIL is released.  one_panel_rows,
     f32_rows, i16_rows, wide_tiles, e2m1_panel_rows, fp8_fetch_l2, fp8_normal_panels and
-    plain_fetch_l2 >= 0
-    replace this CPU's choices (registry.h), so tests reach every one on any CPU."""
+    plain_fetch_l2 >= 0 replace this CPU's choices (registry.h), so tests reach every one on any CPU."""
     cdef ktcy_gemm_fn fn = KTCY_VARIANTS[_variant_index(format_name, variant_name)].fn
     cdef ktcy_act view = act.view
     if one_panel_rows >= 0:

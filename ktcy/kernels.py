@@ -452,8 +452,8 @@ def linear_variant(X, packed, variant, out=None, one_panel_rows=None, f32_rows=N
                    plain_fetch_l2=None):
     """linear() on one named kernel variant (see ktcy._native.variants()), for tests and benchmarks
     that must reach variants the dispatcher would not pick on this CPU.  one_panel_rows, f32_rows,
-    i16_rows, wide_tiles, e2m1_panel_rows, fp8_fetch_l2, fp8_normal_panels, plain_fetch_l2: the tile choices this
-    CPU would not make (registry.h), None for this CPU's."""
+    i16_rows, wide_tiles, e2m1_panel_rows, fp8_fetch_l2, fp8_normal_panels, plain_fetch_l2: the tile
+    choices this CPU would not make (registry.h), None for this CPU's."""
     weight = packed.native()  # checks every array against the descriptor first
     act = prepare_activations(X, packed)
     m, n = np.shape(X)[0], packed.shape[0]

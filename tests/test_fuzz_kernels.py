@@ -79,7 +79,8 @@ def case(seed):
     p = kernels.pack(weights(rng, n, k) * np.float32(size), fmt, group)
     X = activations(rng, m, k, pattern)
     tiles = {"one_panel_rows": [None, 0, 4][rng.integers(3)], "wide_tiles": [None, 0, 1][rng.integers(3)],
-             "e2m1_panel_rows": [None, 0, 2][rng.integers(3)], "fp8_normal_panels": [None, 0, 1][rng.integers(3)]}
+             "e2m1_panel_rows": [None, 0, 2][rng.integers(3)], "fp8_normal_panels": [None, 0, 1][rng.integers(3)],
+             "plain_fetch_l2": [None, 0, 1][rng.integers(3)]}
     where = f"seed {seed}: {fmt} m={m} n={n} k={k} group={group} {pattern} weights x {size:.1e} {tiles}"
     outs = {v: kernels.linear_variant(X, p, v, i16_rows=0, **tiles) for v in runnable_variants(fmt)}
     assert all(np.all(np.isfinite(y)) for y in outs.values()), where

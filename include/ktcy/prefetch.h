@@ -79,7 +79,7 @@ static inline uintptr_t ktcy_stream_ahead(ktcy_span cont, int slot, const uint8_
 }
 
 /* A decode stream's prefetch of the line at `at`: into L1, or into L2 where the CPU's streams of
- * that format read faster so (ktcy_act.fp8_fetch_l2).  The hint is an immediate, hence the branch
+ * that format read faster so (ktcy_act.fp8_fetch_l2, plain_fetch_l2).  The hint is an immediate, hence the branch
  * (on a flag fixed per call: predicted). */
 static inline __attribute__((always_inline)) void ktcy_fetch_stream(uintptr_t at, int to_l2) {
     if (to_l2)
