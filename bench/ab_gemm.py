@@ -5,11 +5,13 @@ all of them alike.  Not part of CI.
 
     python bench/ab_gemm.py BUILD_A BUILD_B --format BF16 --rows 32 --n 768 --k 2048 --isa avx2
     python bench/ab_gemm.py BUILD_A BUILD_B --format FP8_PERCHANNEL --rows 8 --variant fp8_avx512f
+    python bench/ab_gemm.py BUILD --format FP8_PERCHANNEL --rows 32 --isa avx2 --vary fp8_normal_panels=0,1
 
 A BUILD is a directory holding ktcy/_native*.so (an in-place build, or a site-packages).  The
 weights are packed by the ktcy this Python imports, so the builds must share the packed layout.
 Prints each build's median time per call, the median of the per-round time ratios to the first
-build, and whether every build gave the same bits."""
+build, and whether every build gave the same bits.  --vary NAME=A,B,... runs each build once per
+value of one of the CPU's tile choices (the keyword arguments of ktcy._native.gemm, registry.h)."""
 import argparse
 import glob
 import importlib.machinery
@@ -45,7 +47,16 @@ def main():
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--copies", type=int, default=8, help="distinct packed copies per call round (beyond the caches)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--vary", default=None, metavar="NAME=A,B",
+                    help="each build once per value of this tile choice (a gemm() keyword, e.g. plain_fetch_l2=0,1)")
     args = ap.parse_args()
+    choice, values = None, [None]
+    if args.vary:
+        choice, _, listed = args.vary.partition("=")
+        try:
+            values = [int(v) for v in listed.split(",")]
+        except ValueError:
+            sys.exit(f"error: --vary wants NAME=INT,INT,... (got {args.vary!r})")
 
     import ktcy
     from ktcy import kernels
@@ -63,20 +74,23 @@ def main():
         weights = [native.Weight(code, int(p.group_size or 0), args.n, args.k, p.data, p.scale, p.colsum, p.zero)
                    for p in packed]
         act = native.Activations(code, x, packed[0].k_pad, packed[0].group_size)
-        jobs.append((native, variant, weights, act, np.empty((args.rows, args.n), np.float32)))
+        for value in values:
+            label = build if choice is None else f"{build} {choice}={value}"
+            jobs.append((label, native, variant, weights, act, np.empty((args.rows, args.n), np.float32),
+                         {} if choice is None else {choice: value}))
     times = [[] for _ in jobs]
     for r in range(args.rounds):
         for i in (range(len(jobs)) if r % 2 == 0 else reversed(range(len(jobs)))):
-            native, variant, weights, act, out = jobs[i]
+            _, native, variant, weights, act, out, choices = jobs[i]
             t = time.perf_counter()
             for weight in weights:
-                native.gemm(packed[0].format, variant, act, weight, out, -1, -1, -1)
+                native.gemm(packed[0].format, variant, act, weight, out, **choices)
             times[i].append((time.perf_counter() - t) / len(weights))
-    same = all(np.array_equal(jobs[0][4].view(np.uint32), j[4].view(np.uint32)) for j in jobs[1:])
-    print(f"{args.format} M={args.rows} N={args.n} K={args.k} {jobs[0][1]}, {args.rounds} rounds:")
-    for build, t in zip(args.builds, times):
+    same = all(np.array_equal(jobs[0][5].view(np.uint32), j[5].view(np.uint32)) for j in jobs[1:])
+    print(f"{args.format} M={args.rows} N={args.n} K={args.k} {jobs[0][2]}, {args.rounds} rounds:")
+    for job, t in zip(jobs, times):
         ratio = statistics.median(a / b for a, b in zip(t, times[0]))
-        print(f"  {build}: {statistics.median(t) * 1e3:.3f} ms, {ratio:.3f}x the first")
+        print(f"  {job[0]}: {statistics.median(t) * 1e3:.3f} ms, {ratio:.3f}x the first")
     print(f"  outputs: {'the same bits' if same else 'DIFFER'}")
 
 
