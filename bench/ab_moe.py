@@ -8,9 +8,13 @@ noise).  Not part of CI.
 Each environment has its own ktcy installed (e.g. a venv per commit).  The layer is the Qwen3
 shape with 64 experts (about 0.3-1.2 GB per format, larger than the caches), fresh random
 routing every call; prints the median per-call time of each and after/before.  KTCY_ISA is
-passed through to both."""
+passed through to both; --before-tiles/--after-tiles give each its own KTCY_TILES (tile choices,
+registry.h), so one build measures a choice its CPU does not make:
+
+    python bench/ab_moe.py $(which python) $(which python) --after-tiles plain_fetch_l2=1"""
 import argparse
 import json
+import os
 import subprocess
 import sys
 
@@ -60,6 +64,10 @@ def main():
     ap.add_argument("--formats", default="BF16,INT8,INT4,FP8_PERCHANNEL,MXFP4")
     ap.add_argument("--tokens", default="1,32")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--before-tiles", default=None, metavar="SPEC",
+                    help="KTCY_TILES for the before environment (e.g. plain_fetch_l2=0)")
+    ap.add_argument("--after-tiles", default=None, metavar="SPEC",
+                    help="KTCY_TILES for the after environment: one Python twice measures a tile choice")
     args = ap.parse_args()
     formats = args.formats.split(",")
     try:
@@ -69,10 +77,13 @@ def main():
     if min(tokens) < 1 or args.rounds < 1:
         ap.error("--tokens and --rounds must be positive")
     procs = {}
-    for name, py in (("before", args.before), ("after", args.after)):
+    for name, py, tiles in (("before", args.before, args.before_tiles), ("after", args.after, args.after_tiles)):
+        env = {k: v for k, v in os.environ.items() if k != "KTCY_TILES"}
+        if tiles is not None:
+            env["KTCY_TILES"] = tiles
         try:
             procs[name] = subprocess.Popen([py, __file__, "--worker", args.formats], stdin=subprocess.PIPE,
-                                           stdout=subprocess.PIPE, text=True, cwd="/")
+                                           stdout=subprocess.PIPE, text=True, cwd="/", env=env)
         except OSError as e:
             ap.error(f"{name} interpreter {py!r}: {e.strerror}")
     for name, p in procs.items():

@@ -70,6 +70,61 @@ cdef int32_t _wide_tiles = ktcy_wide_tiles(&_cpu)
 cdef int32_t _fp8_normal_panels = ktcy_fp8_normal_panels(&_cpu)
 cdef int32_t _plain_fetch_l2 = ktcy_plain_fetch_l2(&_cpu)
 
+# The largest value each tile choice may take: FP8's float path and MXFP4's 16-bit path sweep
+# tiles of at most 4 rows (KT_FEW_ROWS_SWEEP: a larger bound would give 4 rows' results to more);
+# the panel-width bounds only compare with a call's rows; the rest are on/off.
+TILE_CHOICE_LIMITS = {"one_panel_rows": 1 << 20, "e2m1_panel_rows": 1 << 20, "f32_rows": 4, "i16_rows": 4,
+                      "fp8_fetch_l2": 1, "wide_tiles": 1, "fp8_normal_panels": 1, "plain_fetch_l2": 1}
+
+def _check_tile_choice(name, value):
+    """value as an int if it is one tile choice's allowed value, else ValueError naming both."""
+    if name not in TILE_CHOICE_LIMITS:
+        raise ValueError(f"{name!r} is not a tile choice; choose one of {', '.join(TILE_CHOICE_LIMITS)}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= TILE_CHOICE_LIMITS[name]:
+        raise ValueError(f"tile choice {name}={value!r}: must be an integer in 0..{TILE_CHOICE_LIMITS[name]}")
+    return value
+
+def _parse_tile_choices(spec):
+    """({name: value}, problem or None) for a KTCY_TILES value "name=int[,name=int...]".  Any
+    problem drops the whole value (half a measurement's settings would mislead more than none)."""
+    choices = {}
+    for item in (spec or "").split(","):
+        if not item.strip():
+            continue
+        name, eq, text = item.partition("=")
+        name = name.strip()
+        try:
+            if not eq:
+                raise ValueError(f"{item.strip()!r} is not name=value")
+            try:
+                value = int(text.strip())
+            except ValueError:
+                raise ValueError(f"tile choice {name}={text.strip()!r}: must be an integer in "
+                                 f"0..{TILE_CHOICE_LIMITS.get(name, 1)}") from None
+            choices[name] = _check_tile_choice(name, value)
+        except ValueError as e:
+            return {}, f"KTCY_TILES={spec!r} ignored: {e}; this CPU's tile choices stay"
+    return choices, None
+
+def _override_tile_choices(choices):
+    """Replace this CPU's tile choices by KTCY_TILES's, once, at import (benchmarks measure a
+    choice on a CPU that does not make it without a rebuild)."""
+    global _one_panel_rows, _f32_rows, _i16_rows, _e2m1_panel_rows, _fp8_fetch_l2, _wide_tiles
+    global _fp8_normal_panels, _plain_fetch_l2
+    _one_panel_rows = choices.get("one_panel_rows", _one_panel_rows)
+    _f32_rows = choices.get("f32_rows", _f32_rows)
+    _i16_rows = choices.get("i16_rows", _i16_rows)
+    _e2m1_panel_rows = choices.get("e2m1_panel_rows", _e2m1_panel_rows)
+    _fp8_fetch_l2 = choices.get("fp8_fetch_l2", _fp8_fetch_l2)
+    _wide_tiles = choices.get("wide_tiles", _wide_tiles)
+    _fp8_normal_panels = choices.get("fp8_normal_panels", _fp8_normal_panels)
+    _plain_fetch_l2 = choices.get("plain_fetch_l2", _plain_fetch_l2)
+
+TILES_OVERRIDDEN, TILES_PROBLEM = _parse_tile_choices(os.environ.get("KTCY_TILES"))
+if TILES_PROBLEM:
+    _log.warning(TILES_PROBLEM)
+_override_tile_choices(TILES_OVERRIDDEN)
+
 cdef inline void _set_tile_choices(ktcy_act *act) noexcept nogil:
     """This CPU's tile choices (registry.h), into every ktcy_act built here."""
     act.one_panel_rows = _one_panel_rows
@@ -108,8 +163,9 @@ def tile_choice():
     where AVX-512 FP8's decode streams prefetch to (ktcy_fp8_fetch_l2), AVX2 INT8 prefill's tile
     (ktcy_wide_tiles), whether AVX2 FP8 prefill decodes its panels to normal floats
     (ktcy_fp8_normal_panels) and where AVX2 BF16's and INT8's decode streams prefetch to
-    (ktcy_plain_fetch_l2)."""
-    return {"amd": bool(_cpu.amd), "family": _cpu.family, "one_panel_rows": _one_panel_rows,
+    (ktcy_plain_fetch_l2).  "overridden" names the choices KTCY_TILES set instead."""
+    return {"amd": bool(_cpu.amd), "family": _cpu.family, "overridden": sorted(TILES_OVERRIDDEN),
+            "one_panel_rows": _one_panel_rows,
             "e2m1_panel_rows": _e2m1_panel_rows, "f32_rows": _f32_rows, "i16_rows": _i16_rows,
             "fp8_fetch_l2": bool(_fp8_fetch_l2), "wide_tiles": bool(_wide_tiles),
             "fp8_normal_panels": bool(_fp8_normal_panels), "plain_fetch_l2": bool(_plain_fetch_l2)}
@@ -768,9 +824,16 @@ def gemm(str format_name, str variant_name, Activations act, Weight weight, floa
          int fp8_fetch_l2=-1, int fp8_normal_panels=-1, int plain_fetch_l2=-1):
     """out[m, :n] = act @ weight.T with one kernel variant; the GIL is released.  one_panel_rows,
     f32_rows, i16_rows, wide_tiles, e2m1_panel_rows, fp8_fetch_l2, fp8_normal_panels and
-    plain_fetch_l2 >= 0 replace this CPU's choices (registry.h), so tests reach every one on any CPU."""
+    plain_fetch_l2 >= 0 replace this CPU's choices (registry.h), so tests reach every one on any CPU;
+    each within TILE_CHOICE_LIMITS."""
     cdef ktcy_gemm_fn fn = KTCY_VARIANTS[_variant_index(format_name, variant_name)].fn
     cdef ktcy_act view = act.view
+    for name, value in (("one_panel_rows", one_panel_rows), ("f32_rows", f32_rows), ("i16_rows", i16_rows),
+                        ("wide_tiles", wide_tiles), ("e2m1_panel_rows", e2m1_panel_rows),
+                        ("fp8_fetch_l2", fp8_fetch_l2), ("fp8_normal_panels", fp8_normal_panels),
+                        ("plain_fetch_l2", plain_fetch_l2)):
+        if value >= 0:
+            _check_tile_choice(name, value)
     if one_panel_rows >= 0:
         view.one_panel_rows = one_panel_rows
     if f32_rows >= 0:

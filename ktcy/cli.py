@@ -96,7 +96,10 @@ def cmd_info(args):
                                          else "4 rows x 1 panel (not AMD with AVX-512)"))
     print("AVX2 FP8 prefill panels: " + ("decoded times 2^8, subnormal codes as normal floats" if data["tiles"]["fp8_normal_panels"]
                                          else "subnormal codes as subnormal floats") + vendor)
-    print("AVX2 BF16, INT8 decode streams prefetch into " + ("L2" if data["tiles"]["plain_fetch_l2"] else "L1") + vendor)
+    print("AVX2 BF16, INT8 decode streams prefetch into " + ("L2 (not an AMD core without AVX-512)" if data["tiles"]["plain_fetch_l2"]
+                                                             else "L1 (AMD without AVX-512)"))
+    if data["tiles"]["overridden"]:
+        print("Set by KTCY_TILES (the reasons in brackets are this CPU's): " + ", ".join(data["tiles"]["overridden"]))
     b = data["build"]
     print("\nBuilt with: " + ", ".join(f"{k}={'ON' if b[k] else 'OFF'}" for k in ("amx", "avx512_bf16", "avx512_vbmi")))
     print("More (memory, NUMA, huge pages, why not a faster kernel): ktcy doctor")

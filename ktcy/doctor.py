@@ -20,7 +20,7 @@ from ktcy.threads import get_num_threads
 from ktcy.version import __version__
 
 _LADDER = ("amx", "avx512", "avx2", "ref")
-_ENV = ("KTCY_ISA", "KTCY_NUM_THREADS", "CPUINFER_ENABLE_AMX", "OMP_NUM_THREADS", "OMP_PROC_BIND")
+_ENV = ("KTCY_ISA", "KTCY_TILES", "KTCY_NUM_THREADS", "CPUINFER_ENABLE_AMX", "OMP_NUM_THREADS", "OMP_PROC_BIND")
 
 
 def _read(path):
@@ -177,12 +177,14 @@ def kernels():
 
 
 def environment_problems():
-    """Messages about environment variables ktcy could not honour (an invalid KTCY_ISA or
-    KTCY_NUM_THREADS does not stop `import ktcy`; it is reported here)."""
+    """Messages about environment variables ktcy could not honour (an invalid KTCY_ISA, KTCY_TILES
+    or KTCY_NUM_THREADS does not stop `import ktcy`; it is reported here)."""
     from ktcy import threads
     problems = list(getattr(threads, "ENV_PROBLEMS", []))
     if _native.AMX_SWITCH_PROBLEM:
         problems.append(_native.AMX_SWITCH_PROBLEM)
+    if _native.TILES_PROBLEM:
+        problems.append(_native.TILES_PROBLEM)
     error = _native._policy.get("error")
     if error:
         problems.append(str(error))

@@ -29,7 +29,7 @@ def cpuinfo_flags():
 
 
 def run_python(code, **env):
-    full_env = {k: v for k, v in os.environ.items() if k not in ("KTCY_ISA", "CPUINFER_ENABLE_AMX")}
+    full_env = {k: v for k, v in os.environ.items() if k not in ("KTCY_ISA", "KTCY_TILES", "CPUINFER_ENABLE_AMX")}
     full_env.update(env)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, cwd="/")
 
@@ -110,6 +110,39 @@ def test_unknown_isa_name_is_a_clear_error_where_it_matters():
         _native.resolve("INT8", "avx1024")
 
 
+def test_tile_choices_from_the_environment():
+    """KTCY_TILES sets tile choices this CPU would not make (benchmarks measure them so without a
+    rebuild); `ktcy info` says which."""
+    code = "from ktcy import _native; t = _native.tile_choice(); print(t['plain_fetch_l2'], t['i16_rows'], t['overridden'])"
+    r = run_python(code, KTCY_TILES="plain_fetch_l2=0, i16_rows=4")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split(None, 2) == ["False", "4", "['i16_rows', 'plain_fetch_l2']\n"]
+    r = subprocess.run([sys.executable, "-m", "ktcy", "info"], capture_output=True, text=True, cwd="/",
+                       env={**os.environ, "KTCY_TILES": "wide_tiles=1"})
+    assert r.returncode == 0, r.stderr
+    assert "Set by KTCY_TILES (the reasons in brackets are this CPU's): wide_tiles" in r.stdout
+
+
+@pytest.mark.parametrize("spec, why", [("i16_rows=9", "i16_rows=9: must be an integer in 0..4"),
+                                       ("i16_rows=4,f32_rows=-1", "f32_rows=-1: must be an integer in 0..4"),
+                                       ("tiles=1", "'tiles' is not a tile choice"),
+                                       ("plain_fetch_l2", "'plain_fetch_l2' is not name=value"),
+                                       ("wide_tiles=yes", "wide_tiles='yes': must be an integer in 0..1")])
+def test_bad_tile_variable_keeps_the_cpus_choices(spec, why):
+    """A KTCY_TILES that cannot be honoured whole is dropped whole: a warning at import, `ktcy
+    doctor`'s environment problems, and this CPU's own choices."""
+    if _native.TILES_OVERRIDDEN:
+        pytest.skip("this run's own KTCY_TILES changed the choices the child is compared with")
+    code = ("from ktcy import _native, doctor; print(_native.tile_choice() == {**_native.tile_choice(), "
+            f"**{_native.tile_choice()!r}, 'overridden': []}}); print(doctor.environment_problems())")
+    r = run_python(code, KTCY_TILES=spec)
+    assert r.returncode == 0, r.stderr
+    same, problems = r.stdout.splitlines()
+    assert same == "True"
+    assert why in problems and "this CPU's tile choices stay" in problems
+    assert why in r.stderr
+
+
 def test_bad_thread_variable_does_not_break_import():
     r = run_python("import ktcy; print(ktcy.get_num_threads())", KTCY_NUM_THREADS="100000")
     assert r.returncode == 0, r.stderr
@@ -183,10 +216,13 @@ def test_tile_choice_follows_the_vendor():
         pytest.skip(f"/proc/cpuinfo names {len(families)} CPU families")
     family = families.pop()
     zen4 = amd and family == 0x19 and "avx512f" in flags
-    assert _native.tile_choice() == {"amd": amd, "family": family, "one_panel_rows": 4 if amd else 0,
-                                     "e2m1_panel_rows": 2 if zen4 else 0, "f32_rows": 1 if amd else 4,
-                                     "i16_rows": 0 if amd and "avx512_bf16" in flags else 4,
-                                     "fp8_fetch_l2": zen4, "wide_tiles": amd and "avx512f" in flags,
-                                     "fp8_normal_panels": not amd, "plain_fetch_l2": not amd}
+    expected = {"amd": amd, "family": family, "one_panel_rows": 4 if amd else 0,
+                "e2m1_panel_rows": 2 if zen4 else 0, "f32_rows": 1 if amd else 4,
+                "i16_rows": 0 if amd and "avx512_bf16" in flags else 4,
+                "fp8_fetch_l2": zen4, "wide_tiles": amd and "avx512f" in flags,
+                "fp8_normal_panels": not amd, "plain_fetch_l2": not amd or "avx512f" in flags}
+    expected.update(_native.TILES_OVERRIDDEN)  # a KTCY_TILES in this run's environment
+    expected["overridden"] = sorted(_native.TILES_OVERRIDDEN)
+    assert _native.tile_choice() == expected
     from ktcy import report
     assert report.info()["tiles"] == _native.tile_choice()  # what `ktcy info` shows

@@ -120,8 +120,8 @@ PLAIN_STREAM_VARIANTS = [v for v in VECTOR_VARIANTS if v["isa"] == "avx2" and {"
 @pytest.mark.parametrize("variant", PLAIN_STREAM_VARIANTS, ids=[v["name"] for v in PLAIN_STREAM_VARIANTS])
 @pytest.mark.parametrize("threads", [1], indirect=True)
 def test_plain_streams_fetched_into_l1_or_l2_give_the_same_bits(variant, threads):
-    """AVX2 BF16's and INT8's decode tiles prefetch their streams into L2 or, on AMD cores, L1
-    (registry.h: ktcy_plain_fetch_l2).  A prefetch cannot change a value: what this holds is the
+    """AVX2 BF16's and INT8's decode tiles prefetch their streams into L2 or, on AMD cores without
+    AVX-512, L1 (registry.h: ktcy_plain_fetch_l2).  A prefetch cannot change a value: what this holds is the
     code around it, for every decode tile (1-4 rows, one and two panels, an odd panel at the end)
     and the prefill tiles past it (5 and 6 rows keep L1), against the reference variant."""
     if not variant["runnable"]:
@@ -141,3 +141,16 @@ def test_plain_streams_fetched_into_l1_or_l2_give_the_same_bits(variant, threads
                 assert l2.tobytes() == ref.tobytes(), f"{fmt} m={m}"
             else:
                 assert np.abs(l2 - ref).max() <= 1e-5 * np.abs(ref).max(), f"{fmt} m={m}"
+
+
+def test_tile_choices_out_of_range_are_refused():
+    """FP8's float path and MXFP4's 16-bit path sweep tiles of at most 4 rows: a bound above that
+    would hand 4 rows' results to more rows, so gemm() refuses it (as KTCY_TILES does)."""
+    w = np.ones((16, 64), np.float32)
+    x = np.ones((6, 64), np.float32)
+    packed = kernels.pack(w, "MXFP4")
+    with pytest.raises(ValueError, match=r"i16_rows=8.*0\.\.4"):
+        kernels.linear_variant(x, packed, "mxfp4_ref", i16_rows=8)
+    with pytest.raises(ValueError, match=r"plain_fetch_l2=2.*0\.\.1"):
+        kernels.linear_variant(x, packed, "mxfp4_ref", plain_fetch_l2=2)
+    assert kernels.linear_variant(x, packed, "mxfp4_ref", i16_rows=4).shape == (6, 16)
