@@ -682,10 +682,14 @@ KT_TARGET static int KT_(run)(const ktcy_act *a, const ktcy_weight *w, float *y,
     /* decode a panel once into scratch when enough row tiles share it (or the format has no
      * in-register decode); fewer rows decode each weight row in registers in every tile */
     const int pre = KT_PREDECODE && (a->m > KT_PREDECODE_ABOVE || !KT_REG_DECODE);
-    /* calls of 2 or 3 rows take them on every CPU: two panel streams keep more misses in flight
-     * (INT8 single GEMM with the weights in memory, Xeon forced to AVX2: 2 rows 0.91x the time,
-     * 3 rows 0.95-0.97x; 1.06x with the weights in cache, which a MoE call never finds) */
-    const int wide = KT_WIDE_TILE && ((a->wide_tiles && a->m > 4) || a->m == 2 || a->m == 3) && !KT_(has_groups)(w);
+    /* calls of 2 or 3 rows take them where the CPU streams more than one panel (one_panel_rows
+     * below 2: not AMD): two panel streams keep more misses in flight (INT8 single GEMM with the
+     * weights in memory, Xeon forced to AVX2: 2 rows 0.91x the time, 3 rows 0.95-0.97x; 1.06x with
+     * the weights in cache, which a MoE call never finds), where a Zen 4 forced to AVX2 with the
+     * Zen 3's L1 prefetch ran the 4-row tiles in 0.87x (2 rows) and 0.93x (3 rows) the time, and a
+     * MoE layer at T = 8, 16 and 32 in 0.96x, 0.93x and 0.96x */
+    const int few_wide = (a->m == 2 || a->m == 3) && a->m > a->one_panel_rows;
+    const int wide = KT_WIDE_TILE && ((a->wide_tiles && a->m > 4) || few_wide) && !KT_(has_groups)(w);
     const int64_t nkb = w->k_pad / KT_BK;
     uint8_t *decoded = ktcy_align64(scratch);
 #if KT_INT_ACT

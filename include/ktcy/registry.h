@@ -124,8 +124,10 @@ static inline int ktcy_satisfied_needs(const ktcy_cpu *c) {
  * Zen 3 (AVX2 only) ran AVX2 INT8 at T = 1, 2 and 4 with two-panel tiles in 0.85-0.88x the time
  * but INT4, INT4_ZP and MXFP4_A8 in 1.01-1.21x (four panels: 1.05-1.20x); a Zen 4 ran AVX-512
  * INT4 and INT4_ZP with four-panel tiles in 1.26-1.40x (T = 1, 4) and 1.13-1.16x (T = 32) the
- * time of one-panel ones.  AMD keeps the one-panel tiles it was tuned with, but for AVX2 INT8,
- * which takes two on every CPU (fmt_int8.h). */
+ * time of one-panel ones.  AMD keeps the one-panel tiles it was tuned with, but for AVX2 INT8's
+ * one-row calls, which take two on every CPU (fmt_int8.h); AVX2 INT8's 2- and 3-row calls take
+ * the 2-panel tiles where this is below their rows (gemm_avx2_tpl.h: Intel faster so, a Zen 4
+ * forced to AVX2 slower). */
 static inline int32_t ktcy_one_panel_rows(const ktcy_cpu *c) { return c->amd ? 4 : 0; }
 
 /* ktcy_act.f32_rows for this CPU: calls of at most this many rows take AVX-512 FP8's float path
