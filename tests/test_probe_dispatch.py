@@ -126,6 +126,7 @@ def test_tile_choices_from_the_environment():
 @pytest.mark.parametrize("spec, why", [("i16_rows=9", "i16_rows=9: must be an integer in 0..4"),
                                        ("i16_rows=4,f32_rows=-1", "f32_rows=-1: must be an integer in 0..4"),
                                        ("tiles=1", "'tiles' is not a tile choice"),
+                                       ("tiles=x", "'tiles' is not a tile choice"),
                                        ("plain_fetch_l2", "'plain_fetch_l2' is not name=value"),
                                        ("wide_tiles=yes", "wide_tiles='yes': must be an integer in 0..1")])
 def test_bad_tile_variable_keeps_the_cpus_choices(spec, why):
