@@ -86,12 +86,13 @@ KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_
 }
 /* Calls of a few rows (decode) on 16-bit integers (a->i16_rows, a per-CPU choice, registry.h), as
  * AVX-512's path below computes them, bit for bit: MXFP4_A8's row decode (vpshufb lookups of
- * 2 e2m1 + 12, word unpacks; channels split as KT_LANE_SPLIT), and for each of the rows' K quads
- * the high bytes times the codes (vpmaddubsw, codes unsigned) and the low bytes times the codes
- * (low bytes unsigned), two quads' pairs added in int16 (at most 2 x 2 x 24 x 128 and
- * 2 x 2 x 255 x 24) and widened by vpmaddwd times 256 and 1 into one int32 sum per channel: the
- * block's exact 256 hi + lo.  About 17 operations per 64 codes against 26 for the bf16 decode and
- * its FMAs (adding the pairs of one quad only: MoE T = 32 1.23x the time). */
+ * 2 e2m1 + 12, channels split as KT_LANE_SPLIT), the codes widened to words, and vpmaddwd of each
+ * word pair (one channel, two K elements) with the pair of the row's q (kt_mxfp4_i16_rows, words):
+ * the block's exact sum of code x q in int32 (at most 32 x 24 x 32640).  Per K quad and row that
+ * is 4 multiplies and 4 adds where the high and low bytes of q took 4 vpmaddubsw, 2 vpmaddwd and 5
+ * adds, for 2 more unpacks per quad shared by the rows: one projection 768 x 2048 on a Zen 4 forced
+ * to AVX2, one thread, from L3 and from memory, M = 1 0.93-0.95x, 2 0.95-0.97x, 3 0.87x, 4 0.88-0.89x
+ * the time; a MoE layer T = 1, 4, 16, 32 0.95x, 0.98x, 0.92x, 0.95x. */
 #define KT_FEW_ROWS 1
 #define KT_FEW_ROWS_CHOICE(a) ((a)->i16_rows)
 /* NP panels (1-2) from p0 for MB rows of r, into y (rows ldy apart). */
@@ -99,7 +100,6 @@ KT_AI void KT_(i16_tile)(const int MB, const int NP, int64_t p0, ktcy_span cont,
                          int64_t ldy, kt_i16_rows r) {
     const int64_t nkb = w->k_pad / 32, k_pad = w->k_pad;
     const __m256i nib = _mm256_set1_epi8(0x0F), lut = _mm256_setr_epi8(KTCY_E2M1_TWICE_BIASED, KTCY_E2M1_TWICE_BIASED);
-    const __m256i ones = _mm256_set1_epi16(1), times256 = _mm256_set1_epi16(256);
     __m256i acc[4][2][2];
     __m256 facc[4][2][2];
     const uint8_t *panel[2];
@@ -118,43 +118,30 @@ KT_AI void KT_(i16_tile)(const int MB, const int NP, int64_t p0, ktcy_span cont,
         uintptr_t fetch[2];
         _Pragma("GCC unroll 2")
         for (int p = 0; p < NP; ++p) fetch[p] = ktcy_stream_ahead(cont, p, panel[p], g, nkb, KT_AHEAD, KT_BB);
-        _Pragma("GCC unroll 4")
-        for (int j = 0; j < 8; j += 2) {
-            __m256i wv[2][2][2]; /* [quad][panel][half] */
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < 8; ++j) {
             _Pragma("GCC unroll 2")
-            for (int u = 0; u < 2; ++u)
-                _Pragma("GCC unroll 2")
-                for (int p = 0; p < NP; ++p) {
-                    _mm_prefetch((const char *)(fetch[p] + (uintptr_t)((j + u) * (KT_BB / 8))), _MM_HINT_T0);
-                    const __m256i bytes = _mm256_loadu_si256((const __m256i *)(panel[p] + g * KT_BB + (j + u) * 32));
-                    const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(bytes, nib));
-                    const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nib));
-                    wv[u][p][0] = _mm256_unpacklo_epi16(lo, hi);
-                    wv[u][p][1] = _mm256_unpackhi_epi16(lo, hi);
-                }
-            _Pragma("GCC unroll 4")
-            for (int m = 0; m < MB; ++m) {
-                int32_t h4[2], l4[2];
-                memcpy(h4, r.rows + m * 2 * k_pad + g * 32 + 4 * j, 8);
-                memcpy(l4, r.rows + m * 2 * k_pad + k_pad + g * 32 + 4 * j, 8);
-                const __m256i ah0 = _mm256_set1_epi32(h4[0]), al0 = _mm256_set1_epi32(l4[0]);
-                const __m256i ah1 = _mm256_set1_epi32(h4[1]), al1 = _mm256_set1_epi32(l4[1]);
-                _Pragma("GCC unroll 2")
-                for (int p = 0; p < NP; ++p)
+            for (int p = 0; p < NP; ++p) {
+                _mm_prefetch((const char *)(fetch[p] + (uintptr_t)(j * (KT_BB / 8))), _MM_HINT_T0);
+                const __m256i bytes = _mm256_loadu_si256((const __m256i *)(panel[p] + g * KT_BB + j * 32));
+                /* the low nibbles: each channel's K elements 0, 1 of the quad; the high ones 2, 3 */
+                const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(bytes, nib));
+                const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nib));
+                const __m256i zero = _mm256_setzero_si256();
+                const __m256i wv[2][2] = {{_mm256_unpacklo_epi8(lo, zero), _mm256_unpacklo_epi8(hi, zero)},
+                                          {_mm256_unpackhi_epi8(lo, zero), _mm256_unpackhi_epi8(hi, zero)}};
+                _Pragma("GCC unroll 4")
+                for (int m = 0; m < MB; ++m) {
+                    int32_t q2[2];
+                    memcpy(q2, r.rows + m * 2 * k_pad + (g * 32 + 4 * j) * 2, 8);
+                    const __m256i a01 = _mm256_set1_epi32(q2[0]), a23 = _mm256_set1_epi32(q2[1]);
                     _Pragma("GCC unroll 2")
                     for (int h = 0; h < 2; ++h) {
-                        const __m256i high = _mm256_add_epi16(_mm256_maddubs_epi16(wv[0][p][h], ah0),
-                                                              _mm256_maddubs_epi16(wv[1][p][h], ah1));
-                        const __m256i low = _mm256_add_epi16(_mm256_maddubs_epi16(al0, wv[0][p][h]),
-                                                             _mm256_maddubs_epi16(al1, wv[1][p][h]));
-                        acc[m][p][h] = _mm256_add_epi32(acc[m][p][h], _mm256_add_epi32(_mm256_madd_epi16(high, times256),
-                                                                                        _mm256_madd_epi16(low, ones)));
-                        /* one chain: GCC otherwise sums a group's 4 quad pairs as a tree and
-                         * spills the partial sums (one projection 768 x 2048 from memory, 2
-                         * threads, this path forced on a Zen 4's AVX2: M = 1, 2, 4 0.88-0.95x
-                         * the time, the same bits) */
-                        KT_KEEP(acc[m][p][h]);
+                        acc[m][p][h] = _mm256_add_epi32(acc[m][p][h], _mm256_add_epi32(_mm256_madd_epi16(wv[h][0], a01),
+                                                                                        _mm256_madd_epi16(wv[h][1], a23)));
+                        KT_KEEP(acc[m][p][h]); /* one chain per sum: no tree of partial sums to spill */
                     }
+                }
             }
         }
         _Pragma("GCC unroll 2")
@@ -181,7 +168,7 @@ KT_AI void KT_(i16_tile)(const int MB, const int NP, int64_t p0, ktcy_span cont,
 /* One or two rows take two panels per tile (twice the streams and chains), more one. */
 KT_AI int KT_(few_rows)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb, int64_t pe,
                         void *scratch) {
-    const kt_i16_rows r = kt_mxfp4_i16_rows(a, w->k_pad, scratch);
+    const kt_i16_rows r = kt_mxfp4_i16_rows(a, w->k_pad, 1, scratch);
     if (!*r.made) return 0;
     KT_FEW_ROWS_SWEEP(KT_(i16_tile), 2, 1, a, w, pb, pe, w, y, ldy, r)
     return 1;
@@ -345,7 +332,7 @@ KT_AI void KT_(i16_tile)(const int MB, const int NP, int64_t p0, ktcy_span cont,
 }
 KT_AI int KT_(few_rows)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb, int64_t pe,
                         void *scratch) {
-    const kt_i16_rows r = kt_mxfp4_i16_rows(a, w->k_pad, scratch);
+    const kt_i16_rows r = kt_mxfp4_i16_rows(a, w->k_pad, 0, scratch);
     if (!*r.made) return 0;
     KT_FEW_ROWS_SWEEP(KT_(i16_tile), 4, 2, a, w, pb, pe, w, y, ldy, r) /* 4 x 4: 48 accumulators */
     return 1;

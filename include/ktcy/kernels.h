@@ -130,9 +130,10 @@ __attribute__((target("avx2"))) static inline void kt_store16(float *dst, int64_
  * other rows' last bits follow that path too (as FP8's float path does with its wide rows). */
 #define KT_I16_MIN_FIELD 16
 #define KT_I16_MAX_FIELD 245
-__attribute__((target("avx2"))) static inline int kt_mxfp4_i16_row(const uint16_t *src, int64_t nkb, int8_t *hi,
-                                                                   uint8_t *lo, float *t, int32_t *bias) {
-    for (int64_t g = 0; g < nkb; ++g, src += 32, hi += 32, lo += 32) {
+__attribute__((target("avx2"))) static inline int kt_mxfp4_i16_row(const uint16_t *src, int64_t nkb, uint8_t *row,
+                                                                   int words, float *t, int32_t *bias) {
+    for (int64_t g = 0; g < nkb; ++g, src += 32) {
+        uint8_t *hi = row + g * 32, *lo = row + (nkb + g) * 32;
         const __m256i mag = _mm256_max_epu16(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)src), _mm256_set1_epi16(0x7FFF)),
                                              _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(src + 16)),
                                                               _mm256_set1_epi16(0x7FFF)));
@@ -141,9 +142,9 @@ __attribute__((target("avx2"))) static inline int kt_mxfp4_i16_row(const uint16_
         top = _mm_max_epu16(top, _mm_srli_si128(top, 4));
         top = _mm_max_epu16(top, _mm_srli_si128(top, 2));
         const int field = _mm_extract_epi16(top, 0) >> 7;
-        if (field == 0) {
-            _mm256_storeu_si256((__m256i *)hi, _mm256_setzero_si256());
-            _mm256_storeu_si256((__m256i *)lo, _mm256_setzero_si256());
+        if (field == 0) { /* hi and lo, or the block's 32 words */
+            _mm256_storeu_si256((__m256i *)(words ? row + g * 64 : hi), _mm256_setzero_si256());
+            _mm256_storeu_si256((__m256i *)(words ? row + g * 64 + 32 : lo), _mm256_setzero_si256());
             t[g] = 0.0f;
             bias[g] = 0;
             continue;
@@ -161,11 +162,16 @@ __attribute__((target("avx2"))) static inline int kt_mxfp4_i16_row(const uint16_
         /* the packs work per 128-bit lane: each is followed by the qword order 0, 2, 1, 3 */
         const __m256i w01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8);
         const __m256i w23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8);
-        const __m256i bytes = _mm256_set1_epi16(0xFF);
-        _mm256_storeu_si256((__m256i *)hi, _mm256_permute4x64_epi64(
-            _mm256_packs_epi16(_mm256_srai_epi16(w01, 8), _mm256_srai_epi16(w23, 8)), 0xD8));
-        _mm256_storeu_si256((__m256i *)lo, _mm256_permute4x64_epi64(
-            _mm256_packus_epi16(_mm256_and_si256(w01, bytes), _mm256_and_si256(w23, bytes)), 0xD8));
+        if (words) { /* q as int16 in K order */
+            _mm256_storeu_si256((__m256i *)(row + g * 64), w01);
+            _mm256_storeu_si256((__m256i *)(row + g * 64 + 32), w23);
+        } else {
+            const __m256i bytes = _mm256_set1_epi16(0xFF);
+            _mm256_storeu_si256((__m256i *)hi, _mm256_permute4x64_epi64(
+                _mm256_packs_epi16(_mm256_srai_epi16(w01, 8), _mm256_srai_epi16(w23, 8)), 0xD8));
+            _mm256_storeu_si256((__m256i *)lo, _mm256_permute4x64_epi64(
+                _mm256_packus_epi16(_mm256_and_si256(w01, bytes), _mm256_and_si256(w23, bytes)), 0xD8));
+        }
         __m128i s = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
         s = _mm_add_epi32(s, _mm_srli_si128(s, 8));
         s = _mm_add_epi32(s, _mm_srli_si128(s, 4));
@@ -180,11 +186,14 @@ __attribute__((target("avx2"))) static inline int kt_mxfp4_i16_row(const uint16_
 /* Where the rows live in a GEMM's scratch: the region past every other path's share (types.h),
  * so no call on the same scratch, the gate's own fallback included, can overwrite what the up
  * projection reuses; a 64-byte header (made: the rows are there), then the rows' high and low
- * bytes (k_pad each), factors t [rows][k_pad / 32] and bias sums [rows][k_pad / 32]. */
+ * bytes (k_pad each) or, words, the rows' q as int16 (2 k_pad bytes), factors t [rows][k_pad / 32]
+ * and bias sums [rows][k_pad / 32]. */
 typedef struct { int32_t *made; uint8_t *rows; float *t; int32_t *bias; } kt_i16_rows;
 /* The rows of call a (k_pad of its weight) made in scratch, or reused from the call before on it
- * (a->rows_in_scratch: the gate's, for the up projection).  made 0: use the bf16 path. */
-__attribute__((target("avx2"))) static inline kt_i16_rows kt_mxfp4_i16_rows(const ktcy_act *a, int64_t k_pad, void *scratch) {
+ * (a->rows_in_scratch: the gate's, for the up projection; one variant serves both, so one
+ * layout).  made 0: use the bf16 path. */
+__attribute__((target("avx2"))) static inline kt_i16_rows kt_mxfp4_i16_rows(const ktcy_act *a, int64_t k_pad, int words,
+                                                                            void *scratch) {
     kt_i16_rows r;
     const int64_t nkb = k_pad / 32;
     r.made = (int32_t *)ktcy_align64((uint8_t *)scratch + ktcy_gemm_scratch_shared_bytes(k_pad));
@@ -194,8 +203,8 @@ __attribute__((target("avx2"))) static inline kt_i16_rows kt_mxfp4_i16_rows(cons
     if (!a->rows_in_scratch) {
         *r.made = a->m <= KTCY_I16_MAX_ROWS;
         for (int64_t m = 0; m < a->m && *r.made; ++m)
-            *r.made = kt_mxfp4_i16_row(a->bf16 + m * a->k_pad, nkb, (int8_t *)(r.rows + m * 2 * k_pad),
-                                       r.rows + m * 2 * k_pad + k_pad, r.t + m * nkb, r.bias + m * nkb);
+            *r.made = kt_mxfp4_i16_row(a->bf16 + m * a->k_pad, nkb, r.rows + m * 2 * k_pad, words, r.t + m * nkb,
+                                       r.bias + m * nkb);
     }
     return r;
 }
