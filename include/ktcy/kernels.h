@@ -122,8 +122,9 @@ __attribute__((target("avx2"))) static inline void kt_store16(float *dst, int64_
  * bf16 row as q = x * 2^(141 - F), F the exponent field of the block's largest |x|, rounded to
  * nearest even (exact for every x of at least 2^-8 of that largest: bf16 has 8 significant bits;
  * an error of at most 2^-15 of it below), |q| <= 32640, split into a signed high byte and an
- * unsigned low one; with each block's factor 2^(F - 142) (the 1/2 of the codes' 2 e2m1 included)
- * and 12 times its sum of q (the codes' + 12).  Blocks of zeros and bf16 subnormals count as
+ * unsigned low one (AVX-512's vpdpbusd) or kept as int16 words (AVX2's vpmaddwd); with each
+ * block's factor 2^(F - 142) (the 1/2 of the codes' 2 e2m1 included) and 12 times its sum of q
+ * (the codes' + 12).  Blocks of zeros and bf16 subnormals count as
  * zero (vdpbf16ps reads subnormals so).  A block whose largest |x| lies outside [2^-111, 2^119)
  * would take 2^(F - 142), or a block sum times it, out of float's normal range (inf and NaN
  * among them): the row is refused (0) and the whole call keeps its bf16 path, so there the
