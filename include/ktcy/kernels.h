@@ -134,7 +134,8 @@ __attribute__((target("avx2"))) static inline void kt_store16(float *dst, int64_
 __attribute__((target("avx2"))) static inline int kt_mxfp4_i16_row(const uint16_t *src, int64_t nkb, uint8_t *row,
                                                                    int words, float *t, int32_t *bias) {
     for (int64_t g = 0; g < nkb; ++g, src += 32) {
-        uint8_t *hi = row + g * 32, *lo = row + (nkb + g) * 32;
+        /* words: the block's 32 q in K order, 16 at hi and 16 at lo; else its high and low bytes */
+        uint8_t *hi = words ? row + g * 64 : row + g * 32, *lo = words ? hi + 32 : row + (nkb + g) * 32;
         const __m256i mag = _mm256_max_epu16(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)src), _mm256_set1_epi16(0x7FFF)),
                                              _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(src + 16)),
                                                               _mm256_set1_epi16(0x7FFF)));
@@ -143,9 +144,9 @@ __attribute__((target("avx2"))) static inline int kt_mxfp4_i16_row(const uint16_
         top = _mm_max_epu16(top, _mm_srli_si128(top, 4));
         top = _mm_max_epu16(top, _mm_srli_si128(top, 2));
         const int field = _mm_extract_epi16(top, 0) >> 7;
-        if (field == 0) { /* hi and lo, or the block's 32 words */
-            _mm256_storeu_si256((__m256i *)(words ? row + g * 64 : hi), _mm256_setzero_si256());
-            _mm256_storeu_si256((__m256i *)(words ? row + g * 64 + 32 : lo), _mm256_setzero_si256());
+        if (field == 0) {
+            _mm256_storeu_si256((__m256i *)hi, _mm256_setzero_si256());
+            _mm256_storeu_si256((__m256i *)lo, _mm256_setzero_si256());
             t[g] = 0.0f;
             bias[g] = 0;
             continue;
@@ -163,9 +164,9 @@ __attribute__((target("avx2"))) static inline int kt_mxfp4_i16_row(const uint16_
         /* the packs work per 128-bit lane: each is followed by the qword order 0, 2, 1, 3 */
         const __m256i w01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8);
         const __m256i w23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8);
-        if (words) { /* q as int16 in K order */
-            _mm256_storeu_si256((__m256i *)(row + g * 64), w01);
-            _mm256_storeu_si256((__m256i *)(row + g * 64 + 32), w23);
+        if (words) {
+            _mm256_storeu_si256((__m256i *)hi, w01);
+            _mm256_storeu_si256((__m256i *)lo, w23);
         } else {
             const __m256i bytes = _mm256_set1_epi16(0xFF);
             _mm256_storeu_si256((__m256i *)hi, _mm256_permute4x64_epi64(
