@@ -62,6 +62,7 @@ cdef extern from "ktcy/ktcy.h" nogil:
         int32_t one_panel_rows
         int32_t f32_rows
         int32_t i16_rows
+        int32_t avx2_i16_rows
         int32_t e2m1_panel_rows
         int32_t fp8_fetch_l2
         int32_t wide_tiles
@@ -81,6 +82,7 @@ cdef extern from "ktcy/ktcy.h" nogil:
     int32_t ktcy_one_panel_rows(const ktcy_cpu *c)
     int32_t ktcy_f32_rows(const ktcy_cpu *c)
     int32_t ktcy_i16_rows(const ktcy_cpu *c)
+    int32_t ktcy_avx2_i16_rows(const ktcy_cpu *c)
     int32_t ktcy_e2m1_panel_rows(const ktcy_cpu *c)
     int32_t ktcy_fp8_fetch_l2(const ktcy_cpu *c)
     int32_t ktcy_wide_tiles(const ktcy_cpu *c)

@@ -64,6 +64,7 @@ cdef int _satisfied = ktcy_satisfied_needs(&_cpu)
 cdef int32_t _one_panel_rows = ktcy_one_panel_rows(&_cpu)  # every ktcy_act built here carries them
 cdef int32_t _f32_rows = ktcy_f32_rows(&_cpu)
 cdef int32_t _i16_rows = ktcy_i16_rows(&_cpu)
+cdef int32_t _avx2_i16_rows = ktcy_avx2_i16_rows(&_cpu)
 cdef int32_t _e2m1_panel_rows = ktcy_e2m1_panel_rows(&_cpu)
 cdef int32_t _fp8_fetch_l2 = ktcy_fp8_fetch_l2(&_cpu)
 cdef int32_t _wide_tiles = ktcy_wide_tiles(&_cpu)
@@ -74,6 +75,7 @@ cdef int32_t _plain_fetch_l2 = ktcy_plain_fetch_l2(&_cpu)
 # tiles of at most 4 rows (KT_FEW_ROWS_SWEEP: a larger bound would give 4 rows' results to more);
 # the panel-width bounds only compare with a call's rows; the rest are on/off.
 TILE_CHOICE_LIMITS = {"one_panel_rows": 1 << 20, "e2m1_panel_rows": 1 << 20, "f32_rows": 4, "i16_rows": 4,
+                      "avx2_i16_rows": 4,
                       "fp8_fetch_l2": 1, "wide_tiles": 1, "fp8_normal_panels": 1, "plain_fetch_l2": 1}
 
 def _check_tile_choice(name, value):
@@ -107,11 +109,12 @@ def _parse_tile_choices(spec):
 def _override_tile_choices(choices):
     """Replace this CPU's tile choices by KTCY_TILES's, once, at import (benchmarks measure a
     choice on a CPU that does not make it without a rebuild)."""
-    global _one_panel_rows, _f32_rows, _i16_rows, _e2m1_panel_rows, _fp8_fetch_l2, _wide_tiles
+    global _one_panel_rows, _f32_rows, _i16_rows, _avx2_i16_rows, _e2m1_panel_rows, _fp8_fetch_l2, _wide_tiles
     global _fp8_normal_panels, _plain_fetch_l2
     _one_panel_rows = choices.get("one_panel_rows", _one_panel_rows)
     _f32_rows = choices.get("f32_rows", _f32_rows)
     _i16_rows = choices.get("i16_rows", _i16_rows)
+    _avx2_i16_rows = choices.get("avx2_i16_rows", _avx2_i16_rows)
     _e2m1_panel_rows = choices.get("e2m1_panel_rows", _e2m1_panel_rows)
     _fp8_fetch_l2 = choices.get("fp8_fetch_l2", _fp8_fetch_l2)
     _wide_tiles = choices.get("wide_tiles", _wide_tiles)
@@ -128,6 +131,7 @@ cdef inline void _set_tile_choices(ktcy_act *act) noexcept nogil:
     act.one_panel_rows = _one_panel_rows
     act.f32_rows = _f32_rows
     act.i16_rows = _i16_rows
+    act.avx2_i16_rows = _avx2_i16_rows
     act.e2m1_panel_rows = _e2m1_panel_rows
     act.fp8_fetch_l2 = _fp8_fetch_l2
     act.wide_tiles = _wide_tiles
@@ -157,7 +161,8 @@ def build_info():
 def tile_choice():
     """The tile choices made for this CPU (registry.h, by vendor, family and features): the few-row
     tile width (ktcy_one_panel_rows; AVX-512 MXFP4 and MXFP4_A8: ktcy_e2m1_panel_rows), the rows that
-    take AVX-512 FP8's float path (ktcy_f32_rows) and MXFP4's 16-bit integer path (ktcy_i16_rows),
+    take AVX-512 FP8's float path (ktcy_f32_rows) and MXFP4's 16-bit integer path (AVX-512:
+    ktcy_i16_rows, AVX2: ktcy_avx2_i16_rows),
     where AVX-512 FP8's decode streams prefetch to (ktcy_fp8_fetch_l2), AVX2 INT8 prefill's tile
     (ktcy_wide_tiles), whether AVX2 FP8 prefill decodes its panels to normal floats
     (ktcy_fp8_normal_panels) and where AVX2 BF16's and INT8's decode streams prefetch to
@@ -165,6 +170,7 @@ def tile_choice():
     return {"amd": bool(_cpu.amd), "family": _cpu.family, "overridden": sorted(TILES_OVERRIDDEN),
             "one_panel_rows": _one_panel_rows,
             "e2m1_panel_rows": _e2m1_panel_rows, "f32_rows": _f32_rows, "i16_rows": _i16_rows,
+            "avx2_i16_rows": _avx2_i16_rows,
             "fp8_fetch_l2": bool(_fp8_fetch_l2), "wide_tiles": bool(_wide_tiles),
             "fp8_normal_panels": bool(_fp8_normal_panels), "plain_fetch_l2": bool(_plain_fetch_l2)}
 
@@ -817,37 +823,37 @@ cdef int _variant_index(str format_name, str variant_name) except -1:
             return i
     raise ValueError(f"no kernel named {variant_name!r} in this build")
 
-def gemm(str format_name, str variant_name, Activations act, Weight weight, float[:, ::1] out,
-         int one_panel_rows=-1, int f32_rows=-1, int i16_rows=-1, int wide_tiles=-1, int e2m1_panel_rows=-1,
-         int fp8_fetch_l2=-1, int fp8_normal_panels=-1, int plain_fetch_l2=-1):
-    """out[m, :n] = act @ weight.T with one kernel variant; the GIL is released.  one_panel_rows,
-    f32_rows, i16_rows, wide_tiles, e2m1_panel_rows, fp8_fetch_l2, fp8_normal_panels and
-    plain_fetch_l2 >= 0 replace this CPU's choices (registry.h), so tests reach every one on any CPU;
-    each within TILE_CHOICE_LIMITS."""
+cdef void _set_tile_field(ktcy_act *act, str name, int32_t value):
+    """One tile choice of act by its name in TILE_CHOICE_LIMITS."""
+    if name == "one_panel_rows":
+        act.one_panel_rows = value
+    elif name == "e2m1_panel_rows":
+        act.e2m1_panel_rows = value
+    elif name == "f32_rows":
+        act.f32_rows = value
+    elif name == "i16_rows":
+        act.i16_rows = value
+    elif name == "avx2_i16_rows":
+        act.avx2_i16_rows = value
+    elif name == "fp8_fetch_l2":
+        act.fp8_fetch_l2 = value
+    elif name == "wide_tiles":
+        act.wide_tiles = value
+    elif name == "fp8_normal_panels":
+        act.fp8_normal_panels = value
+    elif name == "plain_fetch_l2":
+        act.plain_fetch_l2 = value
+    else:
+        raise AssertionError(f"tile choice {name} has no field")
+
+def gemm(str format_name, str variant_name, Activations act, Weight weight, float[:, ::1] out, **tiles):
+    """out[m, :n] = act @ weight.T with one kernel variant; the GIL is released.  tiles: tile
+    choices by name (TILE_CHOICE_LIMITS, registry.h), each within its limit, in place of this
+    CPU's for this call, so tests reach every one on any CPU."""
     cdef ktcy_gemm_fn fn = KTCY_VARIANTS[_variant_index(format_name, variant_name)].fn
     cdef ktcy_act view = act.view
-    for name, value in (("one_panel_rows", one_panel_rows), ("f32_rows", f32_rows), ("i16_rows", i16_rows),
-                        ("wide_tiles", wide_tiles), ("e2m1_panel_rows", e2m1_panel_rows),
-                        ("fp8_fetch_l2", fp8_fetch_l2), ("fp8_normal_panels", fp8_normal_panels),
-                        ("plain_fetch_l2", plain_fetch_l2)):
-        if value >= 0:
-            _check_tile_choice(name, value)
-    if one_panel_rows >= 0:
-        view.one_panel_rows = one_panel_rows
-    if f32_rows >= 0:
-        view.f32_rows = f32_rows
-    if i16_rows >= 0:
-        view.i16_rows = i16_rows
-    if wide_tiles >= 0:
-        view.wide_tiles = wide_tiles
-    if e2m1_panel_rows >= 0:
-        view.e2m1_panel_rows = e2m1_panel_rows
-    if fp8_fetch_l2 >= 0:
-        view.fp8_fetch_l2 = fp8_fetch_l2
-    if fp8_normal_panels >= 0:
-        view.fp8_normal_panels = fp8_normal_panels
-    if plain_fetch_l2 >= 0:
-        view.plain_fetch_l2 = plain_fetch_l2
+    for name, value in tiles.items():
+        _set_tile_field(&view, name, _check_tile_choice(name, value))
     cdef char message[160]
     cdef int st, team = _team(_num_threads)
     cdef int64_t panels = weight.view.n_pad // KTCY_PANEL

@@ -58,6 +58,11 @@ def thread_count(text):
     return n
 
 
+def _few_rows(rows):
+    """A few-row path's reach for `ktcy info`: "calls of up to 4 rows", or that it has none."""
+    return f"calls of up to {rows} row{'s' if rows > 1 else ''}" if rows else "none, bf16 throughout"
+
+
 def cmd_info(args):
     data = report.info()
     if args.json:
@@ -90,8 +95,8 @@ def cmd_info(args):
     print(f"AVX-512 FP8 float path: calls of up to {f32} row{'s' if f32 > 1 else ''}" + vendor)
     print("AVX-512 FP8 decode streams prefetch into " + ("L2 (Zen 4)" if data["tiles"]["fp8_fetch_l2"] else "L1 (not a Zen 4)"))
     i16_why = (" (AMD without AVX-512 BF16)" if i16 else " (AMD with AVX-512 BF16)") if data["tiles"]["amd"] else vendor
-    print("MXFP4 16-bit integer path (AVX-512, AVX2): "
-          + (f"calls of up to {i16} row{'s' if i16 > 1 else ''}" if i16 else "none, bf16 throughout") + i16_why)
+    print("AVX-512 MXFP4 16-bit integer path: " + _few_rows(i16) + i16_why)
+    print("AVX2 MXFP4 16-bit integer path: " + _few_rows(data["tiles"]["avx2_i16_rows"]) + " (every CPU)")
     print("AVX2 INT8 prefill tiles: " + ("3 rows x 2 panels (AMD with AVX-512)" if data["tiles"]["wide_tiles"]
                                          else "4 rows x 1 panel (not AMD with AVX-512)"))
     print("AVX2 FP8 prefill panels: " + ("decoded times 2^8, subnormal codes as normal floats" if data["tiles"]["fp8_normal_panels"]

@@ -4,6 +4,7 @@ Contract (used from outside the repo): ``pack(W, format=...)`` and ``linear(X, p
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -447,13 +448,12 @@ def linear(X: np.ndarray, packed: PackedWeight, isa: Optional[str] = None,
     return linear_variant(X, packed, variant, out)
 
 
-def linear_variant(X, packed, variant, out=None, one_panel_rows=None, f32_rows=None, i16_rows=None,
-                   wide_tiles=None, e2m1_panel_rows=None, fp8_fetch_l2=None, fp8_normal_panels=None,
-                   plain_fetch_l2=None):
+def linear_variant(X, packed, variant, out=None, **tiles):
     """linear() on one named kernel variant (see ktcy._native.variants()), for tests and benchmarks
-    that must reach variants the dispatcher would not pick on this CPU.  one_panel_rows, f32_rows,
-    i16_rows, wide_tiles, e2m1_panel_rows, fp8_fetch_l2, fp8_normal_panels, plain_fetch_l2: the tile
-    choices this CPU would not make (registry.h), None for this CPU's."""
+    that must reach variants the dispatcher would not pick on this CPU.  tiles: tile choices by name
+    (one_panel_rows=0, i16_rows=4, ...: ktcy._native.TILE_CHOICE_LIMITS, registry.h) that this CPU
+    would not make; None or absent for this CPU's."""
+    tiles = {name: operator.index(value) for name, value in tiles.items() if value is not None}
     weight = packed.native()  # checks every array against the descriptor first
     act = prepare_activations(X, packed)
     m, n = np.shape(X)[0], packed.shape[0]
@@ -467,11 +467,5 @@ def linear_variant(X, packed, variant, out=None, one_panel_rows=None, f32_rows=N
                 + ("" if out.flags.writeable else ", read-only")
         raise ValueError(f"out must be a writable C-contiguous float32 numpy array of shape {(m, n)}, got {got}")
     if m and n:
-        _native.gemm(packed.format, variant, act, weight, out, -1 if one_panel_rows is None else int(one_panel_rows),
-                     -1 if f32_rows is None else int(f32_rows), -1 if i16_rows is None else int(i16_rows),
-                     -1 if wide_tiles is None else int(wide_tiles),
-                     -1 if e2m1_panel_rows is None else int(e2m1_panel_rows),
-                     -1 if fp8_fetch_l2 is None else int(fp8_fetch_l2),
-                     -1 if fp8_normal_panels is None else int(fp8_normal_panels),
-                     -1 if plain_fetch_l2 is None else int(plain_fetch_l2))
+        _native.gemm(packed.format, variant, act, weight, out, **tiles)
     return out

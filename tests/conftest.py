@@ -46,6 +46,10 @@ def int8_exact_reference(q_x, s_x, q_w, s_w):
 # MXFP4 variants whose few-row calls (up to i16_rows) run on 16-bit integers, with the variant whose
 # tiles they share for the other calls (AVX2: none apart).
 MXFP4_I16_PATHS = {"mxfp4_avx512_vbmi": "mxfp4_avx512_bf16", "mxfp4_avx2": None}
+# The tile choices that send MXFP4 calls of up to 4 rows to the 16-bit path on every variant, or
+# keep them all on the bf16 tiles (AVX-512: i16_rows, AVX2: avx2_i16_rows).
+I16_PATH_ON = {"i16_rows": 4, "avx2_i16_rows": 4}
+I16_PATH_OFF = {"i16_rows": 0, "avx2_i16_rows": 0}
 
 
 def bf16_round(x):

@@ -10,7 +10,7 @@ import pytest
 
 import ktcy
 from ktcy import kernels
-from conftest import runnable_variants
+from conftest import I16_PATH_OFF, runnable_variants
 from test_moe import dequantized, reference
 
 FORMATS = ["BF16", "FP8_PERCHANNEL", "FP8_BLOCK", "MXFP4"]
@@ -42,11 +42,11 @@ def test_rows_of_a_prefill_equal_rows_alone_and_float64(fmt, n, k):
     Wd = packed.dequantize().astype(np.float64)
     variant = _avx2_variant(fmt)
     X = (rng.standard_normal((max(ROWS), k)) * 2).astype(np.float32)
-    # on the float paths: MXFP4's calls of a few rows may take its 16-bit integer path (i16_rows)
-    alone = np.concatenate([kernels.linear_variant(X[i:i + 1], packed, variant, i16_rows=0) for i in range(len(X))])
+    # on the float paths: MXFP4's calls of a few rows may take its 16-bit integer path (avx2_i16_rows)
+    alone = np.concatenate([kernels.linear_variant(X[i:i + 1], packed, variant, **I16_PATH_OFF) for i in range(len(X))])
     Xr = X.astype(ml_dtypes.bfloat16).astype(np.float64)
     for m in ROWS:
-        got = kernels.linear_variant(X[:m], packed, variant, i16_rows=0)
+        got = kernels.linear_variant(X[:m], packed, variant, **I16_PATH_OFF)
         assert np.array_equal(got, alone[:m]), f"{variant}: {m} rows differ from the rows computed alone"
         ref = Xr[:m] @ Wd.T
         err = np.abs(got - ref).max() / np.abs(ref).max()

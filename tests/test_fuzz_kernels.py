@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import ktcy
-from conftest import MXFP4_I16_PATHS, bf16_round, rel_err_rows, runnable_variants
+from conftest import I16_PATH_OFF, I16_PATH_ON, MXFP4_I16_PATHS, bf16_round, rel_err_rows, runnable_variants
 from ktcy import kernels
 
 INT_FORMATS = ("INT8", "INT4", "INT4_ZP", "MXFP4_A8")
@@ -82,7 +82,7 @@ def case(seed):
              "e2m1_panel_rows": [None, 0, 2][rng.integers(3)], "fp8_normal_panels": [None, 0, 1][rng.integers(3)],
              "plain_fetch_l2": [None, 0, 1][rng.integers(3)]}
     where = f"seed {seed}: {fmt} m={m} n={n} k={k} group={group} {pattern} weights x {size:.1e} {tiles}"
-    outs = {v: kernels.linear_variant(X, p, v, i16_rows=0, **tiles) for v in runnable_variants(fmt)}
+    outs = {v: kernels.linear_variant(X, p, v, **I16_PATH_OFF, **tiles) for v in runnable_variants(fmt)}
     assert all(np.all(np.isfinite(y)) for y in outs.values()), where
     if fmt in INT_FORMATS:
         first = next(iter(outs.values()))
@@ -100,7 +100,7 @@ def case(seed):
     if fmt == "MXFP4" and m <= 4:
         allowed += i16_bound(xb, wd)
         for v in set(MXFP4_I16_PATHS) & set(outs):
-            y = kernels.linear_variant(X, p, v, i16_rows=4, **tiles)
+            y = kernels.linear_variant(X, p, v, **I16_PATH_ON, **tiles)
             excess = np.abs(y.astype(np.float64) - ref) - allowed
             assert np.all(excess <= 0), f"{where}: {v} 16-bit path {excess.max():.2e} past its bound"
 

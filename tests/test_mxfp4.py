@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import ktcy
-from conftest import MXFP4_I16_PATHS, bf16_round, rel_err_rows, runnable_variants
+from conftest import I16_PATH_OFF, I16_PATH_ON, MXFP4_I16_PATHS, bf16_round, rel_err_rows, runnable_variants
 from ktcy import _native, kernels
 from ktcy.packed_io import load_layer, pack_layer, write_layer
 
@@ -198,9 +198,9 @@ def test_integer_path_matches_its_definition_bit_for_bit(variant, n):
     X[3, 224:256] = np.float32(2.0 ** 118) * rng.uniform(1.0, 1.99, 32)  # F = 245, the largest
     expect = integer_path_definition(X, codes, exps)
     for m in (1, 2, 3, 4):
-        got = kernels.linear_variant(X[:m], p, variant, i16_rows=4)
+        got = kernels.linear_variant(X[:m], p, variant, **I16_PATH_ON)
         assert got.tobytes() == expect[:m].tobytes(), m
-    tiles = kernels.linear_variant(X, p, variant, i16_rows=0)
+    tiles = kernels.linear_variant(X, p, variant, **I16_PATH_OFF)
     if INTEGER_PATHS[variant]:
         assert tiles.tobytes() == kernels.linear_variant(X, p, INTEGER_PATHS[variant]).tobytes()
     assert tiles.tobytes() != expect.tobytes()
@@ -222,8 +222,8 @@ def test_integer_path_leaves_rows_outside_its_range_to_the_bf16_path(variant, va
     for m in (1, 3):
         X = rng.standard_normal((m, k)).astype(np.float32)
         X[m - 1, 32:64] = np.float32(value) * rng.uniform(1.0, 1.9, 32)
-        got = kernels.linear_variant(X, p, variant, i16_rows=4)
-        assert got.tobytes() == kernels.linear_variant(X, p, variant, i16_rows=0).tobytes(), (value, m)
+        got = kernels.linear_variant(X, p, variant, **I16_PATH_ON)
+        assert got.tobytes() == kernels.linear_variant(X, p, variant, **I16_PATH_OFF).tobytes(), (value, m)
 
 
 @pytest.mark.parametrize("variant", list(INTEGER_PATHS))
@@ -237,8 +237,8 @@ def test_integer_path_is_a_small_share_of_the_bf16_error(variant):
     X = rng.standard_normal((4, 512)).astype(np.float32)
     X[:, ::97] *= 300.0
     ref = X.astype(np.float64) @ p.dequantize().T
-    ints = rel_err_rows(kernels.linear_variant(X, p, variant, i16_rows=4), ref)
-    tiles = rel_err_rows(kernels.linear_variant(X, p, variant, i16_rows=0), ref)
+    ints = rel_err_rows(kernels.linear_variant(X, p, variant, **I16_PATH_ON), ref)
+    tiles = rel_err_rows(kernels.linear_variant(X, p, variant, **I16_PATH_OFF), ref)
     assert ints <= 1.1 * tiles and tiles <= 4e-3
 
 
@@ -249,9 +249,10 @@ def test_moe_up_projection_reuses_its_gates_rows(variant):
     variant and rows), including an expert whose rows hold one out of the path's range (both of
     its calls must refuse) and experts run one after another on the same thread's scratch."""
     integer_path_or_skip(variant)
-    if _native.tile_choice()["i16_rows"] == 0:
-        pytest.skip("this CPU's vendor keeps MXFP4's bf16 path in the engine (ktcy_i16_rows 0)")
     isa = "avx512" if "avx512" in variant else "avx2"
+    choice = "i16_rows" if isa == "avx512" else "avx2_i16_rows"
+    if _native.tile_choice()[choice] == 0:
+        pytest.skip(f"this CPU keeps {isa} MXFP4's bf16 path in the engine (ktcy_{choice} 0)")
     rng = np.random.default_rng(17)
     E, k, H, I = 4, 2, 160, 96
     gate, up = (rng.standard_normal((E, I, H), np.float32) * 0.05 for _ in range(2))

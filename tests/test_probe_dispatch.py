@@ -220,6 +220,7 @@ def test_tile_choice_follows_the_vendor():
     expected = {"amd": amd, "family": family, "one_panel_rows": 4 if amd else 0,
                 "e2m1_panel_rows": 2 if zen4 else 0, "f32_rows": 1 if amd else 4,
                 "i16_rows": 0 if amd and "avx512_bf16" in flags else 4,
+                "avx2_i16_rows": 4,
                 "fp8_fetch_l2": zen4, "wide_tiles": amd and "avx512f" in flags,
                 "fp8_normal_panels": not amd, "plain_fetch_l2": not amd or "avx512f" in flags}
     expected.update(_native.TILES_OVERRIDDEN)  # a KTCY_TILES in this run's environment

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import ktcy
+from conftest import I16_PATH_OFF
 from ktcy import _native, kernels
 
 VECTOR_VARIANTS = [v for v in _native.variants() if v["isa"] in ("avx2", "avx512")]
@@ -46,9 +47,9 @@ def test_one_and_many_panel_tiles_give_the_same_bits(variant, threads):
         reference = packed.dequantize(np.float64)
         for m in (1, 2, 3, 4, 5):
             x = rng.standard_normal((m, k)).astype(np.float32)
-            # i16_rows=0: MXFP4's few-row calls keep the tiles (its 16-bit path has widths of its own)
-            one = kernels.linear_variant(x, packed, variant["name"], one_panel_rows=8, e2m1_panel_rows=8, i16_rows=0)
-            many = kernels.linear_variant(x, packed, variant["name"], one_panel_rows=0, e2m1_panel_rows=0, i16_rows=0)
+            # the 16-bit path off: MXFP4's few-row calls keep the tiles (that path has widths of its own)
+            one = kernels.linear_variant(x, packed, variant["name"], one_panel_rows=8, e2m1_panel_rows=8, **I16_PATH_OFF)
+            many = kernels.linear_variant(x, packed, variant["name"], one_panel_rows=0, e2m1_panel_rows=0, **I16_PATH_OFF)
             assert one.tobytes() == many.tobytes(), f"{fmt} group {group} {variant['name']} m={m}"
             exact = x.astype(np.float64) @ reference.T
             err = np.abs(many - exact).max() / np.abs(exact).max()
@@ -154,4 +155,8 @@ def test_tile_choices_out_of_range_are_refused():
         kernels.linear_variant(x, packed, "mxfp4_ref", i16_rows=8)
     with pytest.raises(ValueError, match=r"plain_fetch_l2=2.*0\.\.1"):
         kernels.linear_variant(x, packed, "mxfp4_ref", plain_fetch_l2=2)
-    assert kernels.linear_variant(x, packed, "mxfp4_ref", i16_rows=4).shape == (6, 16)
+    with pytest.raises(ValueError, match=r"avx2_i16_rows=5.*0\.\.4"):
+        kernels.linear_variant(x, packed, "mxfp4_ref", avx2_i16_rows=5)
+    with pytest.raises(ValueError, match=r"'bogus' is not a tile choice"):
+        kernels.linear_variant(x, packed, "mxfp4_ref", bogus=1)
+    assert kernels.linear_variant(x, packed, "mxfp4_ref", i16_rows=4, avx2_i16_rows=4).shape == (6, 16)

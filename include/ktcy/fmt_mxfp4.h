@@ -84,7 +84,7 @@ KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_
     (void)acc; (void)a; (void)w; (void)m; (void)n0;
     return facc;
 }
-/* Calls of a few rows (decode) on 16-bit integers (a->i16_rows, a per-CPU choice, registry.h), as
+/* Calls of a few rows (decode) on 16-bit integers (a->avx2_i16_rows, registry.h), as
  * AVX-512's path below computes them, bit for bit: MXFP4_A8's row decode (vpshufb lookups of
  * 2 e2m1 + 12, channels split as KT_LANE_SPLIT), the codes widened to words, and vpmaddwd of each
  * word pair (one channel, two K elements) with the pair of the row's q (kt_mxfp4_i16_rows, words):
@@ -94,7 +94,7 @@ KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_
  * to AVX2, one thread, from L3 and from memory, M = 1 0.93-0.95x, 2 0.95-0.97x, 3 0.87x, 4 0.88-0.89x
  * the time; a MoE layer T = 1, 4, 16, 32 0.95x, 0.98x, 0.92x, 0.95x. */
 #define KT_FEW_ROWS 1
-#define KT_FEW_ROWS_CHOICE(a) ((a)->i16_rows)
+#define KT_FEW_ROWS_CHOICE(a) ((a)->avx2_i16_rows)
 /* NP panels (1-2) from p0 for MB rows of r, into y (rows ldy apart). */
 KT_AI void KT_(i16_tile)(const int MB, const int NP, int64_t p0, ktcy_span cont, const ktcy_weight *w, float *y,
                          int64_t ldy, kt_i16_rows r) {

@@ -138,14 +138,19 @@ static inline int32_t ktcy_one_panel_rows(const ktcy_cpu *c) { return c->amd ? 4
  * calls were measured this way: AMD keeps those. */
 static inline int32_t ktcy_f32_rows(const ktcy_cpu *c) { return c->amd ? 1 : 4; }
 
-/* ktcy_act.i16_rows for this CPU: calls of at most this many rows take MXFP4's 16-bit integer
- * path (MXFP4_A8's decode; vpdpbusd on AVX-512, vpmaddubsw on AVX2) instead of the bf16 decode
- * and vdpbf16ps (AVX-512) or FMAs (AVX2).  On a Xeon (Sapphire Rapids class) one AVX-512
- * projection of one row took 0.67x the time that way, and MoE T = 1 and T = 32 0.73x and 0.59x
- * (AVX2: 0.75x and 0.8-0.9x); on a Zen 3 (AVX2 only) MoE T = 1, 4 and 32 0.57x, 0.62x and 0.96x.
- * AMD cores with AVX-512 BF16 (Zen 4 and 5, where vdpbf16ps is cheaper) were not measured this
- * way: they keep bf16. */
+/* ktcy_act.i16_rows for this CPU: calls of at most this many rows take AVX-512 MXFP4's 16-bit
+ * integer path (MXFP4_A8's decode, vpdpbusd) instead of the bf16 decode and vdpbf16ps.  On a Xeon
+ * (Sapphire Rapids class) one projection of one row took 0.67x the time that way, and MoE T = 1
+ * and T = 32 0.73x and 0.59x.  AMD cores with AVX-512 BF16 (Zen 4 and 5, where vdpbf16ps is
+ * cheaper) keep bf16: a Zen 4 ran one projection of 1, 2, 3 and 4 rows on the 16-bit path in
+ * 1.09x, 1.04x, 1.00x and 1.17x the time (vpdpbusd makes no more products per instruction there). */
 static inline int32_t ktcy_i16_rows(const ktcy_cpu *c) { return c->amd && c->avx512_bf16 ? 0 : 4; }
+
+/* ktcy_act.avx2_i16_rows for this CPU: the same for AVX2 MXFP4, whose bf16 path is float FMAs (no
+ * vdpbf16ps), against vpmaddwd on the codes widened to words: faster on every CPU measured.  MoE
+ * layer, T = 1, 4 and 32: a Zen 3 (AVX2 only) 0.57x, 0.62x and 0.96x the time; a Xeon forced to
+ * AVX2 T = 1 0.75x, T = 32 0.8-0.9x; a Zen 4 forced to AVX2 0.73x, 0.78x and 0.92x. */
+static inline int32_t ktcy_avx2_i16_rows(const ktcy_cpu *c) { (void)c; return 4; }
 
 /* A Zen 4: AMD family 0x19 (Zen 3 and Zen 4) with AVX-512 (Zen 4 only). */
 static inline int ktcy_zen4(const ktcy_cpu *c) { return c->amd && c->family == 0x19 && c->avx512f; }

@@ -45,7 +45,9 @@ typedef struct {
                                /* skeleton offers more (ktcy_one_panel_rows); 0: never            */
     int32_t f32_rows;          /* calls of at most this many rows take FP8's float path           */
                                /* (KT_FEW_ROWS, ktcy_f32_rows); 0: never                          */
-    int32_t i16_rows;          /* ... and MXFP4's 16-bit integer path (ktcy_i16_rows); 0: never   */
+    int32_t i16_rows;          /* ... and AVX-512 MXFP4's 16-bit integer path (ktcy_i16_rows);    */
+                               /* 0: never                                                        */
+    int32_t avx2_i16_rows;     /* ... and AVX2 MXFP4's (ktcy_avx2_i16_rows); 0: never             */
     int32_t e2m1_panel_rows;   /* calls of at most this many rows take one panel per tile in     */
                                /* AVX-512 MXFP4 and MXFP4_A8 (ktcy_e2m1_panel_rows); 0: never     */
     int32_t fp8_fetch_l2;      /* 1: AVX-512 FP8's decode streams prefetch into L2 (prefetcht1),  */
