@@ -10,6 +10,7 @@ from ktcy.config import MoeConfig, QuantConfig
 from ktcy.expert_arena import ExpertArena
 from ktcy.formats import FORMATS, canonical_format
 from ktcy.moe import MoE
+from ktcy.output_guard import publish
 from ktcy.roofline import ReadProbe, llc_bytes, peak_for, roofline
 from ktcy.threads import get_num_threads
 
@@ -319,5 +320,7 @@ def save_plot(rows, path, title):
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:  # under a temporary name, renamed when complete: never half a PNG
+        publish(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    finally:
+        plt.close(fig)

@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import sys
+import zipfile
 
 from ktcy import log, report
 from ktcy.formats import FORMATS
@@ -145,7 +146,7 @@ def cmd_bench(args):
             import matplotlib  # noqa: F401
         except ImportError:
             raise ValueError("--plot needs matplotlib: pip install 'ktcy[plot]' (or pip install matplotlib)") from None
-        _check_output_path(args.plot, "--plot")
+        _check_output_path(args.plot, "--plot", "PNG", b"\x89PNG\r\n\x1a\n")
 
     def say(text):  # one line per step, on stderr so stdout stays the report (or the JSON)
         if not log.quiet():
@@ -180,11 +181,22 @@ def cmd_bench(args):
     return 0
 
 
-def _check_output_path(path, flag):
+def _check_output_path(path, flag, kind, magic):
+    """Refuse an output path that is no place for a new file of this kind.  An existing file is
+    replaced only when it starts as one (an earlier result): never a file of another kind."""
     if os.path.isdir(path):
         raise ValueError(f"{flag} {path!r} is a folder; give a file name")
     if os.path.exists(path) and not os.path.isfile(path):  # the result replaces the path: never a device or FIFO
         raise ValueError(f"{flag} {path!r} exists and is not a regular file; give a file name")
+    if os.path.isfile(path):
+        try:
+            with open(path, "rb") as f:
+                head = f.read(len(magic))
+        except OSError as e:
+            raise ValueError(f"{flag} {path!r} exists and cannot be read ({e.strerror}); give another name") from None
+        if head != magic:
+            raise ValueError(f"{flag} {path!r} exists and is not a {kind} file; ktcy replaces only a {kind} file "
+                             "there, give another name")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise ValueError(f"{flag} {path!r}: folder {parent!r} does not exist")
@@ -197,7 +209,7 @@ def _load_hidden_states(path, hidden):
     import numpy as np
     try:
         h = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as e:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # .npz: a zip archive
         raise ValueError(f"--input {path!r} is not a readable .npy file ({e})") from None
     if isinstance(h, np.ndarray) and h.dtype == np.dtype("V2"):
         h = h.view(ml_dtypes.bfloat16)  # np.save writes ml_dtypes.bfloat16 as 2-byte void
@@ -213,15 +225,27 @@ def _load_hidden_states(path, hidden):
     return h
 
 
+def _refuse_output_over_inputs(args):
+    """The result never replaces --input, nor lands in the checkpoint or --experts folder it reads."""
+    out = os.path.realpath(args.output)
+    if out == os.path.realpath(args.input):
+        raise ValueError(f"--output {args.output!r} is the --input file; give another name")
+    for flag, folder in (("the checkpoint", args.path), ("--experts", args.experts)):
+        if folder and os.path.isdir(folder) and out.startswith(os.path.realpath(folder).rstrip(os.sep) + os.sep):
+            raise ValueError(f"--output {args.output!r} lies inside {flag} folder {folder!r}, which ktcy never "
+                             "writes into; give a path outside it")
+
+
 def cmd_run_block(args):
     import numpy as np
     from ktcy.model import MoEModel
     if args.threads:
         from ktcy.threads import set_num_threads
         set_num_threads(args.threads)
-    _check_output_path(args.output, "--output")
+    _check_output_path(args.output, "--output", ".npy", b"\x93NUMPY")
     if not os.path.isfile(args.input):
         raise ValueError(f"--input {args.input!r} is not a file")
+    _refuse_output_over_inputs(args)
     model = MoEModel.from_pretrained(args.path, rules=args.rules, backend=args.backend, layers=[args.layer],
                                      experts_path=args.experts)
     if not model.blocks:

@@ -21,13 +21,12 @@ from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format,
 from ktcy.loading import MODEL_FILE, block_settings, layer_group_size, original_checkpoint
 from ktcy.output_guard import (ConvertError, OutputLock, copy_file, refuse_output_in_input, remove,
                                source_fingerprint, write_json, publish)
-from ktcy.packed_io import (LAYOUT_VERSION, layer_file_name, pack_layer, read_metadata, source_fingerprint_of,
-                            write_layer)
+from ktcy.packed_io import (LAYOUT_VERSION, layer_file_name, layer_of_file_name, pack_layer, read_metadata,
+                            source_fingerprint_of, write_layer)
 from ktcy.safetensors_io import CheckpointError
 from ktcy.version import __version__
 
 METHODS = ("AMXINT8", "AMXBF16", "AMXINT4", "INT8", "INT4", "INT4_ZP", "MXFP4", "MXFP4_A8", "BF16", "FP8", "FP8_PERCHANNEL")
-_LAYER_FILE = re.compile(r"ktcy_layer_([0-9]{4,9})\.safetensors")
 _LAYER_PART = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 
 
@@ -141,14 +140,14 @@ def _layers_on_disk(output_path):
     ktcy_layer_NNNN.safetensors in the folder."""
     found = {}
     for name in os.listdir(output_path):
-        m = _LAYER_FILE.fullmatch(name)
-        if m is None:
+        layer = layer_of_file_name(name)
+        if layer is None:
             continue
         try:
             _, meta, dims = read_metadata(os.path.join(output_path, name))
-            found[int(m[1])] = _record(meta, dims)
+            found[layer] = _record(meta, dims)
         except CheckpointError:
-            found[int(m[1])] = None
+            found[layer] = None
     return found
 
 

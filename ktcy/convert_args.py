@@ -2,12 +2,12 @@
 kt-kernel spellings (--quant-method, --cpuinfer-threads, --resume-layer, -i/-o), and errors as
 one line on stderr with a non-zero exit (--debug shows the traceback)."""
 import argparse
-import json
 import logging
 import os
 import sys
 
 from ktcy.formats import INT4_GROUP_SIZES, canonical_format, has_groups
+from ktcy.safetensors_io import strict_json
 
 INPUT_TYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "float8_e4m3fn"}
 QUANT_CONFIG_KEYS = ("method", "per_channel", "group_size")
@@ -89,12 +89,9 @@ def build_parser(prog="convert_cpu_weights.py"):
 
 
 def parse_quant_config(text):
-    """(format, group size or None) from --quant-config; unknown keys and non-boolean
+    """(format, group size or None) from --quant-config; unknown or repeated keys and non-boolean
     per_channel values are refused."""
-    try:
-        qc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--quant-config is not valid JSON ({e.msg} at column {e.colno})") from None
+    qc = strict_json(text, "--quant-config", "the value")  # a key given twice, or nesting too deep: refused
     if not isinstance(qc, dict):
         raise ValueError(f"--quant-config must be a JSON object like {{\"method\": \"INT8\"}}, got {type(qc).__name__}")
     unknown = sorted(set(qc) - set(QUANT_CONFIG_KEYS))

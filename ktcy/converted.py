@@ -17,7 +17,7 @@ import numpy as np
 from ktcy.loading import MODEL_FILE, block_settings, is_converted
 from ktcy.moe import pack_expert_weight
 from ktcy.output_guard import LOCK_NAME, source_fingerprint
-from ktcy.packed_io import PROJECTIONS, layer_file_name, load_layer, read_metadata, source_fingerprint_of
+from ktcy.packed_io import PROJECTIONS, layer_file_name, layer_of_file_name, load_layer, read_metadata, source_fingerprint_of
 from ktcy.paths import MAX_CONFIG_BYTES, allowed_roots, confined_file, read_json, require_folder, resolve_model_path
 from ktcy.safetensors_io import CheckpointError
 
@@ -56,8 +56,7 @@ class ConvertedFolder:
         refused with the full list (pass layers= to build only converted ones)."""
         missing = [L for L in layers if not os.path.lexists(self.file(L))]
         if missing:
-            held = sorted(int(n[11:-12]) for n in os.listdir(self.path)
-                          if n.startswith("ktcy_layer_") and n.endswith(".safetensors") and n[11:-12].isdigit())
+            held = sorted(L for L in map(layer_of_file_name, os.listdir(self.path)) if L is not None)
             which = f"layer {missing[0]} was" if len(missing) == 1 else f"layers {_listed(missing)} were"
             raise CheckpointError(f"{self.path}: {which} not converted (the folder holds "
                                   f"layers {_listed(held) or 'none'}); convert them, or pass layers= / --layer to "

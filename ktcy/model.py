@@ -101,6 +101,8 @@ def load_rules(rules):
             rules = yaml.safe_load(text)
         except yaml.YAMLError as e:
             raise RuleError(f"rules are not valid YAML: {e}") from None
+        except RecursionError:  # nesting deeper than the parser's stack
+            raise RuleError("rules are nested too deeply to be match/replace entries") from None
     if isinstance(rules, str) and "\n" not in rules.strip():
         # one line of YAML that is a bare word: a rules file name that is not there
         raise RuleError(f"rules file {rules.strip()!r} does not exist (or give the rules as a YAML list)")

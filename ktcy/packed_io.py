@@ -36,6 +36,15 @@ def layer_file_name(layer):
     return f"ktcy_layer_{layer:04d}.safetensors"
 
 
+_LAYER_FILE = re.compile(r"ktcy_layer_([0-9]{4,9})\.safetensors")
+
+
+def layer_of_file_name(name):
+    """The layer a file named as layer_file_name() names it holds, else None (any other name)."""
+    m = _LAYER_FILE.fullmatch(name)
+    return int(m[1]) if m else None
+
+
 def pack_layer(num_experts, fmt, group, expert, progress=None):
     """Stacked arrays of a whole layer, packed expert by expert into buffers allocated once
     (the peak is one packed layer plus one expert's source)."""

@@ -129,6 +129,8 @@ def _entry(path, name, info):
     if len(shape) > _MAX_DIMS or any(d >= 2**62 for d in shape):  # beyond what numpy can view
         raise CheckpointError(f"{path}: tensor {name!r}: shape {shape!r:.80} has more than {_MAX_DIMS} dimensions or "
                               "a dimension of 2^62 or more")
+    if math.prod(d for d in shape if d) * np.dtype(DTYPES[code]).itemsize >= 2**62:  # numpy refuses even at size 0
+        raise CheckpointError(f"{path}: tensor {name!r}: shape {shape!r:.80} spans 2^62 bytes or more")
     if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(v) for v in offsets):
         raise CheckpointError(f"{path}: tensor {name!r}: data_offsets {offsets!r:.80} is not [begin, end]")
     begin, end = offsets

@@ -1,5 +1,6 @@
 """`ktcy bench` end to end on a small layer: rows, fresh routings, the closing summary, the plot."""
 import json
+import os
 import subprocess
 import sys
 
@@ -130,13 +131,20 @@ def test_plot_is_written(tmp_path):
     run_ktcy("bench", "-q", "--shape", "128,64,4,2", "--formats", "INT8,BF16", "--tokens", "1,8",
              "--plot", str(png))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    run_ktcy("bench", "-q", "--shape", "128,64,4,2", "--formats", "INT8", "--tokens", "1", "--plot", str(png))
+    assert os.listdir(tmp_path) == ["bench.png"]  # an earlier plot replaced, no temporary file left
+    notes = tmp_path / "notes.png"
+    notes.write_text("mine")
+    r = subprocess.run([sys.executable, "-m", "ktcy", "bench", "--shape", "128,64,4,2", "--plot", str(notes)],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "is not a PNG file" in r.stderr
+    assert notes.read_text() == "mine"
 
 
 def test_plot_without_matplotlib_is_one_clear_line(tmp_path):
     # a stub that makes `import matplotlib` fail, first on the path
     (tmp_path / "matplotlib.py").write_text("raise ImportError('no matplotlib here')\n")
     env = {"PYTHONPATH": str(tmp_path)}
-    import os
     r = subprocess.run([sys.executable, "-m", "ktcy", "bench", "--shape", "128,64,4,2", "--plot",
                         str(tmp_path / "x.png")], capture_output=True, text=True, env={**os.environ, **env})
     assert r.returncode == 1 and "Traceback" not in r.stderr

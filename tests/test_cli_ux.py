@@ -323,3 +323,41 @@ def test_isa_names_take_any_case_and_a_bad_amx_switch_is_reported():
     assert isa == "avx2"
     assert any("CPUINFER_ENABLE_AMX='of'" in p and "AMX stays enabled" in p for p in problems)
     assert "CPUINFER_ENABLE_AMX='of'" in r.stderr  # logged once at import
+
+
+# ---- the fifty-ninth session's review ----
+
+def test_run_block_never_writes_over_its_input_the_checkpoint_or_a_foreign_file(checkpoint, hidden, tmp_path):
+    shard = next(p for p in sorted(os.listdir(checkpoint)) if p.endswith(".safetensors"))
+    before = (checkpoint / shard).read_bytes()
+    r = ktcy_cli("run-block", checkpoint, "--layer", 1, "--input", hidden, "--output", checkpoint / shard)
+    assert_one_line_error(r, "--output", "is not a .npy file", rc=1)
+    r = ktcy_cli("run-block", checkpoint, "--layer", 1, "--input", hidden, "--output", checkpoint / "y.npy")
+    assert_one_line_error(r, "--output", "inside the checkpoint folder", rc=1)
+    assert (checkpoint / shard).read_bytes() == before and not (checkpoint / "y.npy").exists()
+    src = tmp_path / "h.npy"
+    src.write_bytes(hidden.read_bytes())
+    r = ktcy_cli("run-block", checkpoint, "--layer", 1, "--input", src, "--output", src)
+    assert_one_line_error(r, "--output", "is the --input file", rc=1)
+    assert src.read_bytes() == hidden.read_bytes()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    r = ktcy_cli("run-block", checkpoint, "--layer", 1, "--input", hidden, "--output", notes)
+    assert_one_line_error(r, "--output", "is not a .npy file", rc=1)
+    assert notes.read_text() == "mine"
+    out = tmp_path / "y.npy"  # an earlier result is replaced
+    for _ in range(2):
+        assert ktcy_cli("run-block", "-q", checkpoint, "--layer", 1, "--input", hidden, "--output", out).returncode == 0
+    assert sorted(os.listdir(tmp_path)) == ["h.npy", "notes.txt", "y.npy"]
+
+
+def test_run_block_damaged_archive_and_deep_rules_are_one_line(checkpoint, hidden, tmp_path):
+    src = tmp_path / "in.npy"
+    src.write_bytes(b"PK\x03\x04" + bytes(60))  # np.load takes it for an .npz
+    r = ktcy_cli("run-block", checkpoint, "--layer", 1, "--input", src, "--output", tmp_path / "y.npy")
+    assert_one_line_error(r, "--input", "not a readable .npy file", rc=1)
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("[" * 5000 + "]" * 5000)
+    r = ktcy_cli("run-block", checkpoint, "--layer", 1, "--input", hidden, "--output", tmp_path / "y.npy",
+                 "--rules", rules)
+    assert_one_line_error(r, "rules", "nested too deeply", rc=1)

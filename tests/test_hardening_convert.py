@@ -310,6 +310,7 @@ def test_converter_arguments_fuzz(text, qc):
     ('{"method": "INT8", "group_size": 32}', "INT4 / INT4_ZP only"), ('{"per_channel": true}', '"method"'),
     ('["INT8"]', "JSON object"), ('{"method": "INT8"', "not valid JSON"), ('{"method": "BF16", "per_channel": true}', "does not fit"),
     ('{"method": "FP8_PERCHANNEL", "per_channel": false}', "does not fit"),
+    ('{"method": "INT8", "method": "INT4"}', "lists 'method' twice"), ("[" * 100000, "not valid JSON"),
 ])
 def test_bad_quant_configs_are_refused(src, tmp_path, text, needle):
     with pytest.raises(ValueError) as e:
