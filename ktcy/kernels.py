@@ -85,6 +85,21 @@ def _check_colsum(p):
                          f"its codes (damaged or foreign data)")
 
 
+def _check_block_exponents(p):
+    """The E8M0 exponents kept in the blocks must lie in the range the packer allows wherever a
+    block holds a non-zero code: past it the paths part ways (some clamp to 2^127, some decode inf
+    or a subnormal scale), so a damaged or foreign file would give different numbers per ISA.  The
+    codes are read only when an exponent is out of range (a block of zeros may carry any)."""
+    n, k = (int(v) for v in p.shape)
+    e = p.block_exponents()
+    lo, hi = _native.E8M0_RANGE
+    if ((e < lo) | (e > hi)).any():
+        try:
+            _e8m0_exponents(e, p.codes(), n, k, p.format)
+        except ValueError as err:
+            raise ValueError(f"{p.format} weight {tuple(p.shape)}: {err} (damaged or foreign data)") from None
+
+
 @dataclass(eq=False)
 class PackedWeight:
     """W[N][K] in a ktcy packed layout (the same bytes on every ISA).  The arrays are checked
@@ -127,6 +142,8 @@ class PackedWeight:
             _check_finite_scales(self.format, self.scale)
             if self.colsum is not None:
                 _check_colsum(self)
+            if descriptor(self.format)["scale"] == "e8m0_in_block":
+                _check_block_exponents(self)
             self._view = view
         return self._view
 

@@ -9,6 +9,7 @@ import ktcy
 from conftest import I16_PATH_OFF, I16_PATH_ON, MXFP4_I16_PATHS, bf16_round, rel_err_rows, runnable_variants
 from ktcy import _native, kernels
 from ktcy.packed_io import load_layer, pack_layer, write_layer
+from ktcy.safetensors_io import CheckpointError
 
 # E2M1 from its definition: sign, exponent bits e (bias 1), mantissa bit m; e = 0 is subnormal.
 E2M1 = np.array([(-1) ** (c >> 3) * ((((c >> 1) & 3) == 0) * (c & 1) * 0.5
@@ -302,3 +303,37 @@ def test_moe_on_every_isa_and_packed_file(tmp_path):
     path = str(tmp_path / "l.safetensors")
     write_layer(path, pack_layer(E, "MXFP4", 0, experts.__getitem__), "MXFP4", 0, E, k, H, I, 0)
     assert np.array_equal(load_layer(path, isa="ref").forward(x, ids, w), outs["ref"])
+
+
+@pytest.mark.parametrize("fmt", ["MXFP4", "MXFP4_A8"])
+@pytest.mark.parametrize("exponent", [0, 1, 253, 254, 255])
+def test_packed_file_with_scales_outside_the_range_is_refused_but_blocks_of_zeros_may_carry_any(tmp_path, fmt, exponent):
+    """A packed layer file is checked as pack_quantized checks its input: past [2, 252] the paths
+    part ways (clamped, inf or subnormal scales), so a damaged or foreign file must not load, but an
+    all-zero block's exponent is free (it scales nothing)."""
+    rng = np.random.default_rng(11)
+    E, H, I = 2, 64, 32
+    mats = {p: rng.standard_normal((E, *shape)).astype(np.float32) * 0.05
+            for p, shape in (("gate", (I, H)), ("up", (I, H)), ("down", (H, I)))}
+    mats["gate"][0, 0, :32] = 0.0  # expert 0's channel 0, K block 0: a block of zeros
+    experts = {e: {p: (a[e], None) for p, a in mats.items()} for e in range(E)}
+    arrays = pack_layer(E, fmt, 0, experts.__getitem__)
+    x = rng.standard_normal((3, H)).astype(np.float32)
+    ids, w = np.array([[0, 1]] * 3, np.int32), np.full((3, 2), 0.5, np.float32)
+    path = str(tmp_path / "good.safetensors")
+    write_layer(path, arrays, fmt, 0, E, 2, H, I, 0)
+    expect = load_layer(path, isa="ref").forward(x, ids, w)
+    zero_block = {k: a.copy() for k, a in arrays.items()}
+    zero_block["gate.data"][0, 256] = exponent  # panel 0, block 0, channel 0 of expert 0
+    path = str(tmp_path / "zero_block.safetensors")
+    write_layer(path, zero_block, fmt, 0, E, 2, H, I, 0)
+    for isa in _native.available_isas():  # the same numbers as the file without the odd exponent
+        good = load_layer(str(tmp_path / "good.safetensors"), isa=isa).forward(x, ids, w)
+        assert np.array_equal(load_layer(path, isa=isa).forward(x, ids, w), good), isa
+    assert np.array_equal(load_layer(path, isa="ref").forward(x, ids, w), expect)
+    used = {k: a.copy() for k, a in arrays.items()}
+    used["gate.data"][1, 256] = exponent  # the same block of expert 1, which holds codes
+    path = str(tmp_path / "used.safetensors")
+    write_layer(path, used, fmt, 0, E, 2, H, I, 0)
+    with pytest.raises(CheckpointError, match=rf"gate\[1\]: .*2\^\({exponent} - 127\) of row 0, K block 0 is outside"):
+        load_layer(path)
