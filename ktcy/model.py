@@ -296,11 +296,12 @@ class MoEModel:
             router = read_router(ckpt, layer.mlp_prefix, arch.num_experts, arch.hidden_size, arch.top_k)
             return MoEBlock(name, L, router, experts, None, rule, backend, origin)
         bias_name = f"{layer.mlp_prefix}.gate.e_score_correction_bias"
+        settings = arch.router_settings()  # each value type- and range-checked first
         router = Router(  # float_tensor: the shape config.json implies, a float dtype, finite
-            kind=router_kind(arch.raw, layer.mlp_prefix),
+            kind=router_kind(arch.raw, layer.mlp_prefix, arch.source, bias_name in ckpt),
             weight=ckpt.float_tensor(f"{layer.mlp_prefix}.gate.weight", (arch.num_experts, arch.hidden_size)),
             top_k=arch.top_k, bias=ckpt.float_tensor(bias_name, (arch.num_experts,)) if bias_name in ckpt else None,
-            **arch.router_settings())
+            **settings)
         if router.kind == "deepseek_v3" and arch.num_experts % router.n_group:
             raise CheckpointError(f"{arch.source}: n_group {router.n_group} does not divide {arch.num_experts} experts")
         shared = self._shared(layer, experts.format, backend)

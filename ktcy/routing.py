@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ktcy.safetensors_io import CheckpointError
+
 
 def top_k_desc(values, k):
     """Indices of the k largest values per row, largest first."""
@@ -70,12 +72,46 @@ class Router:
         raise ValueError(f"unknown router kind {self.kind!r}")
 
 
-def router_kind(config, mlp_prefix):
-    """Which routing convention a model follows, from config.json (and its tensor names)."""
+# The families whose routers MoEModel computes, by config.json's model_type (GPT-OSS's router is
+# read apart, gpt_oss.py).  Another model_type is refused: a family with a router of its own
+# (GLM-4.5's sigmoid scores, DeepSeek-V2's group-limited greedy choice, MiniMax-M2's bias under
+# another name) would otherwise get a softmax router and silently other experts and weights.
+ROUTER_FAMILIES = {"qwen3_moe": "softmax", "qwen2_moe": "softmax", "olmoe": "softmax", "mixtral": "mixtral",
+                   "deepseek_v3": "deepseek_v3", "kimi_k2": "deepseek_v3"}
+# what a deepseek_v3 router reads from config.json, without a default: transformers' defaults
+# (8 groups, 4 kept, renormalised, times 2.5) are not the plain ones, so a config must say
+_DEEPSEEK_KEYS = ("n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor")
+
+
+def router_kind(config, mlp_prefix, where, has_bias=False):
+    """Which routing convention a model follows, from config.json (and its tensor names); a
+    CheckpointError naming `where` for a family MoEModel does not know, or a config or router
+    tensor that the convention would leave unused."""
     model_type = str(config.get("model_type", "")).lower()
-    if model_type.startswith("deepseek_v3") or config.get("scoring_func") == "sigmoid" \
-            or config.get("topk_method") == "noaux_tc":
-        return "deepseek_v3"
-    if model_type.startswith("mixtral") or mlp_prefix.endswith("block_sparse_moe"):
-        return "mixtral"
-    return "softmax"
+    if model_type and model_type not in ROUTER_FAMILIES:
+        raise CheckpointError(f"{where}: model_type {model_type!r:.60} is not a family whose router ktcy computes "
+                              f"(known: {', '.join(sorted(ROUTER_FAMILIES))}, gpt_oss); ktcy.load_experts loads its "
+                              "experts alone")
+    kind = ROUTER_FAMILIES.get(model_type)
+    if kind is None:  # no model_type: the conventions the config shows
+        sigmoid = config.get("scoring_func") == "sigmoid" or config.get("topk_method") == "noaux_tc"
+        kind = "deepseek_v3" if sigmoid else "mixtral" if mlp_prefix.endswith("block_sparse_moe") else "softmax"
+    if config.get("scoring_func", "sigmoid" if kind == "deepseek_v3" else "softmax") != \
+            ("sigmoid" if kind == "deepseek_v3" else "softmax"):
+        raise CheckpointError(f"{where}: scoring_func {config.get('scoring_func')!r:.40} does not fit a {kind} router")
+    if config.get("topk_method", "noaux_tc" if kind == "deepseek_v3" else None) != \
+            ("noaux_tc" if kind == "deepseek_v3" else None):
+        raise CheckpointError(f"{where}: topk_method {config.get('topk_method')!r:.40} is not a choice ktcy's "
+                              f"{kind} router makes")
+    if kind == "deepseek_v3":
+        missing = [key for key in _DEEPSEEK_KEYS if key not in config]
+        if missing:
+            raise CheckpointError(f"{where}: a deepseek_v3 router needs {', '.join(missing)} in config.json")
+    else:
+        if has_bias:
+            raise CheckpointError(f"{where}: {mlp_prefix}.gate.e_score_correction_bias is present, but a {kind} "
+                                  "router has no use for it")
+        if config.get("routed_scaling_factor", 1.0) != 1.0:
+            raise CheckpointError(f"{where}: routed_scaling_factor {config['routed_scaling_factor']!r:.40} does not "
+                                  f"fit a {kind} router (its weights are not scaled)")
+    return kind

@@ -15,7 +15,7 @@ import ktcy
 from test_model import build
 from ktcy import _native, log, progress
 
-COMMANDS = ("info", "doctor", "bench", "run-block", "convert")
+COMMANDS = ("info", "doctor", "bench", "run-block", "convert", "generate", "launch")
 
 
 def ktcy_cli(*args, **kw):

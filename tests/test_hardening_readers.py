@@ -121,6 +121,45 @@ def test_router_config_values_are_checked(tmp_path, key, value):
         ktcy.MoEModel.from_pretrained(tmp_path, layers=[1])
 
 
+DEEPSEEK_ROUTER = {"scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_group": 2, "topk_group": 1,
+                   "norm_topk_prob": True, "routed_scaling_factor": 2.5}
+
+
+@pytest.mark.parametrize("extra,bias,match", [
+    ({"model_type": "glm4_moe"}, True, r"model_type 'glm4_moe' is not a family whose router ktcy computes"),
+    ({"model_type": "deepseek_v2", "topk_method": "group_limited_greedy", "routed_scaling_factor": 16.0}, False,
+     r"model_type 'deepseek_v2' is not a family"),
+    ({"model_type": "minimax_m2", "scoring_func": "sigmoid"}, False, r"model_type 'minimax_m2' is not a family"),
+    ({"routed_scaling_factor": 2.5}, False, r"routed_scaling_factor 2.5 does not fit a softmax router"),
+    ({}, True, r"model.layers.1.mlp.gate.e_score_correction_bias is present, but a softmax router has no use"),
+    ({"model_type": "mixtral"}, True, r"model.layers.1.mlp.gate.e_score_correction_bias is present, but a mixtral"),
+    ({"model_type": "qwen3_moe", "scoring_func": "sigmoid"}, False, r"scoring_func 'sigmoid' does not fit a softmax"),
+    ({**DEEPSEEK_ROUTER, "topk_method": "group_limited_greedy"}, True, r"topk_method 'group_limited_greedy' is not"),
+    ({**DEEPSEEK_ROUTER, "model_type": "deepseek_v3", "routed_scaling_factor": None}, True,
+     r"a deepseek_v3 router needs routed_scaling_factor in config.json"),
+    ({k: v for k, v in DEEPSEEK_ROUTER.items() if k not in ("n_group", "topk_group")}, True,
+     r"a deepseek_v3 router needs n_group, topk_group in config.json"),
+])
+def test_routers_ktcy_does_not_compute_are_refused(tmp_path, extra, bias, match):
+    """A family with a router of its own, or a config or router tensor the convention would leave
+    unused, must not run on another family's router (other experts, other weights, no error)."""
+    make_checkpoint(tmp_path, extra_config={k: v for k, v in extra.items() if v is not None})
+    add_routers(tmp_path)
+    if bias:
+        write(tmp_path / "bias.safetensors", {f"model.layers.{L}.mlp.gate.e_score_correction_bias":
+                                              np.zeros(4, np.float32) for L in (1, 2)})
+    with pytest.raises(CheckpointError, match=r"config.json: " + match):
+        ktcy.MoEModel.from_pretrained(tmp_path, layers=[1])
+    assert ktcy.load_experts(tmp_path, 1).config.num_experts == 4  # the experts alone still load
+
+
+def test_a_deepseek_router_with_every_key_is_built(tmp_path):
+    make_checkpoint(tmp_path, extra_config=DEEPSEEK_ROUTER)
+    add_routers(tmp_path)
+    block = next(iter(ktcy.MoEModel.from_pretrained(tmp_path, layers=[1]).blocks.values()))
+    assert block.router.kind == "deepseek_v3" and block.router.routed_scaling_factor == 2.5
+
+
 def test_converted_group_size_must_match_the_file(tmp_path):
     src, out = tmp_path / "hf", tmp_path / "packed"
     make_checkpoint(src)

@@ -1,4 +1,4 @@
-/* Packed weight layouts (DESIGN.md): W[N][K] padded to whole blocks, blocks stored in
+/* Packed weight layouts: W[N][K] padded to whole blocks, blocks stored in
  * [N/16][K/block_k] order with K inner, so one panel of 16 output channels is contiguous.
  * Within a block, row r holds the next few K values of all 16 channels side by side:
  *
