@@ -359,6 +359,43 @@ def test_a_forked_child_runs_on_one_thread_instead_of_hanging():
     assert "ktcy runs on 1 thread in this forked process" in r.stderr
 
 
+_SPAWNED_CHILD = """
+import multiprocessing as mp, ktcy
+def threads(q):
+    q.put(ktcy.get_num_threads())
+if __name__ == "__main__":
+    ktcy.MoeConfig(4, 2, 128, 64, ktcy.QuantConfig("INT8"))  # the parent's state before the children start
+    for method in ("spawn", "forkserver"):
+        ctx = mp.get_context(method)
+        q = ctx.Queue()
+        p = ctx.Process(target=threads, args=(q,))
+        p.start()
+        print(method, q.get(timeout=60))
+        p.join(60)
+"""
+
+
+def test_spawned_and_forkserver_children_use_every_thread(tmp_path):
+    """README: only fork() children drop to one thread; "spawn" and "forkserver" start fresh."""
+    script = tmp_path / "children.py"  # spawn re-imports the main module: a file, not -c
+    script.write_text(_SPAWNED_CHILD)
+    env = {k: v for k, v in os.environ.items() if k != "KTCY_NUM_THREADS"}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["spawn", str(_native.usable_cpus()), "forkserver", str(_native.usable_cpus())]
+    assert "forked process" not in r.stderr
+
+
+def test_a_layers_thread_count_is_bounded_by_the_affinity_mask():
+    g = np.zeros((4, 64, 128), np.float32)
+    d = np.zeros((4, 128, 64), np.float32)
+    cpus = _native.usable_cpus()
+    with pytest.raises(ValueError, match=rf"MoeConfig.num_threads.*between 1 and {cpus}"):
+        ktcy.MoE.from_weights(ktcy.MoeConfig(4, 2, 128, 64, ktcy.QuantConfig("INT8"), num_threads=cpus + 1), g, g, d)
+    moe = ktcy.MoE.from_weights(ktcy.MoeConfig(4, 2, 128, 64, ktcy.QuantConfig("INT8"), num_threads=cpus), g, g, d)
+    assert moe.num_threads == cpus
+
+
 def test_out_that_holds_the_routing_weights_or_ids_gives_the_same_result():
     # the engine writes out while it still reads the routing: views of out's first bytes as w or ids
     moe = _small_layer()

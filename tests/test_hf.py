@@ -88,6 +88,8 @@ def test_inject_expert_backend_switches_format_and_generates(folders):
     with torch.no_grad():
         out = model.generate(PROMPT, max_new_tokens=5, min_new_tokens=5, do_sample=False)
     assert out.shape == (1, PROMPT.shape[1] + 5)
+    for experts in model.ktcy_experts().values():  # docs/hf.md: time and calls of each block's forward
+        assert experts.calls == 5 and experts.seconds > 0  # the prompt, then 4 one-token steps
     with pytest.raises(ktcy.RuleError):
         model.inject_expert_backend("(", "INT8")
     with pytest.raises(ValueError):
@@ -186,6 +188,9 @@ def test_rules_also_match_the_checkpoints_block_names(folders):
 def test_arguments_that_do_not_apply_are_refused(folders):
     with pytest.raises(ValueError, match="device_map"):
         ktcy.hf.from_pretrained(folders["olmoe"], device_map="auto")
+    for switch in ("load_in_8bit", "load_in_4bit"):  # bitsandbytes would quantize the experts ktcy runs
+        with pytest.raises(ValueError, match=switch):
+            ktcy.hf.from_pretrained(folders["olmoe"], **{switch: True})
     with pytest.raises(ValueError, match="trust_remote_code"):
         ktcy.hf.from_pretrained(folders["olmoe"], trust_remote_code=True)
     with pytest.raises(ValueError, match="dtype"):

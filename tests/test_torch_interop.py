@@ -52,6 +52,18 @@ def test_bfloat16_tensors_are_read_as_their_16_bit_words(layer):
     assert np.abs(y.float().numpy() - ref).max() <= np.abs(ref).max() * 2 ** -7
 
 
+def test_float16_tensors_give_float16_results(layer):
+    """README: float16 hidden states are read in place and the result has x's dtype."""
+    x, ids, w = inputs()
+    x16 = torch.from_numpy(x).to(torch.float16)
+    y = layer.forward(x16, torch.from_numpy(ids), torch.from_numpy(w))
+    assert y.dtype == torch.float16 and y.shape == (6, H)
+    ref = layer.forward(x16.numpy(), ids, w)  # the numpy float16 path, the same values
+    assert torch.equal(y, torch.from_numpy(ref).to(torch.float16))
+    out = torch.zeros((6, H), dtype=torch.float16)
+    assert layer.forward(x16, ids, w, out=out) is out and torch.equal(out, y)
+
+
 def test_a_tensor_that_requires_grad_and_a_strided_one(layer):
     x, ids, w = inputs()
     xt = torch.from_numpy(x).requires_grad_(True)
