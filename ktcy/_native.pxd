@@ -49,6 +49,17 @@ cdef extern from "ktcy/ktcy.h" nogil:
         const uint8_t *zero
         int32_t nan_codes
 
+    ctypedef struct ktcy_tiles:
+        int32_t one_panel_rows
+        int32_t f32_rows
+        int32_t i16_rows
+        int32_t avx2_i16_rows
+        int32_t e2m1_panel_rows
+        int32_t fp8_fetch_l2
+        int32_t wide_tiles
+        int32_t fp8_normal_panels
+        int32_t plain_fetch_l2
+
     ctypedef struct ktcy_act:
         int64_t m, m_pad, k_pad
         const int8_t *q
@@ -59,15 +70,7 @@ cdef extern from "ktcy/ktcy.h" nogil:
         const ktcy_weight *next_w
         int64_t next_pb, next_pe
         int32_t rows_in_scratch
-        int32_t one_panel_rows
-        int32_t f32_rows
-        int32_t i16_rows
-        int32_t avx2_i16_rows
-        int32_t e2m1_panel_rows
-        int32_t fp8_fetch_l2
-        int32_t wide_tiles
-        int32_t fp8_normal_panels
-        int32_t plain_fetch_l2
+        ktcy_tiles tiles
 
     ctypedef int (*ktcy_gemm_fn)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy,
                                  int64_t panel_begin, int64_t panel_end, void *scratch)
@@ -79,15 +82,7 @@ cdef extern from "ktcy/ktcy.h" nogil:
     const ktcy_variant KTCY_VARIANTS[]
     int KTCY_NUM_VARIANTS
     int ktcy_satisfied_needs(const ktcy_cpu *c)
-    int32_t ktcy_one_panel_rows(const ktcy_cpu *c)
-    int32_t ktcy_f32_rows(const ktcy_cpu *c)
-    int32_t ktcy_i16_rows(const ktcy_cpu *c)
-    int32_t ktcy_avx2_i16_rows(const ktcy_cpu *c)
-    int32_t ktcy_e2m1_panel_rows(const ktcy_cpu *c)
-    int32_t ktcy_fp8_fetch_l2(const ktcy_cpu *c)
-    int32_t ktcy_wide_tiles(const ktcy_cpu *c)
-    int32_t ktcy_fp8_normal_panels(const ktcy_cpu *c)
-    int32_t ktcy_plain_fetch_l2(const ktcy_cpu *c)
+    ktcy_tiles ktcy_cpu_tiles(const ktcy_cpu *c)
 
     int64_t ktcy_gemm_scratch_bytes(int64_t k_pad)
     int64_t ktcy_split_panels(int64_t panels, int64_t parts)

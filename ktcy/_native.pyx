@@ -61,22 +61,14 @@ cdef int _check_format_code(int fmt) except -1:
 cdef ktcy_cpu _cpu
 ktcy_cpu_probe(&_cpu)
 cdef int _satisfied = ktcy_satisfied_needs(&_cpu)
-cdef int32_t _one_panel_rows = ktcy_one_panel_rows(&_cpu)  # every ktcy_act built here carries them
-cdef int32_t _f32_rows = ktcy_f32_rows(&_cpu)
-cdef int32_t _i16_rows = ktcy_i16_rows(&_cpu)
-cdef int32_t _avx2_i16_rows = ktcy_avx2_i16_rows(&_cpu)
-cdef int32_t _e2m1_panel_rows = ktcy_e2m1_panel_rows(&_cpu)
-cdef int32_t _fp8_fetch_l2 = ktcy_fp8_fetch_l2(&_cpu)
-cdef int32_t _wide_tiles = ktcy_wide_tiles(&_cpu)
-cdef int32_t _fp8_normal_panels = ktcy_fp8_normal_panels(&_cpu)
-cdef int32_t _plain_fetch_l2 = ktcy_plain_fetch_l2(&_cpu)
+cdef ktcy_tiles _tiles = ktcy_cpu_tiles(&_cpu)  # every ktcy_act built here carries them
 
 # The largest value each tile choice may take: FP8's float path and MXFP4's 16-bit path sweep
 # tiles of at most 4 rows (KT_FEW_ROWS_SWEEP: a larger bound would give 4 rows' results to more);
 # the panel-width bounds only compare with a call's rows; the rest are on/off.
 TILE_CHOICE_LIMITS = {"one_panel_rows": 1 << 20, "e2m1_panel_rows": 1 << 20, "f32_rows": 4, "i16_rows": 4,
-                      "avx2_i16_rows": 4,
-                      "fp8_fetch_l2": 1, "wide_tiles": 1, "fp8_normal_panels": 1, "plain_fetch_l2": 1}
+                      "avx2_i16_rows": 4, "fp8_fetch_l2": 1, "wide_tiles": 1, "fp8_normal_panels": 1,
+                      "plain_fetch_l2": 1}
 
 def _check_tile_choice(name, value):
     """value as an int if it is one tile choice's allowed value, else ValueError naming both."""
@@ -106,37 +98,44 @@ def _parse_tile_choices(spec):
             return {}, f"KTCY_TILES={spec!r} ignored: {e}; this CPU's tile choices stay"
     return choices, None
 
-def _override_tile_choices(choices):
-    """Replace this CPU's tile choices by KTCY_TILES's, once, at import (benchmarks measure a
-    choice on a CPU that does not make it without a rebuild)."""
-    global _one_panel_rows, _f32_rows, _i16_rows, _avx2_i16_rows, _e2m1_panel_rows, _fp8_fetch_l2, _wide_tiles
-    global _fp8_normal_panels, _plain_fetch_l2
-    _one_panel_rows = choices.get("one_panel_rows", _one_panel_rows)
-    _f32_rows = choices.get("f32_rows", _f32_rows)
-    _i16_rows = choices.get("i16_rows", _i16_rows)
-    _avx2_i16_rows = choices.get("avx2_i16_rows", _avx2_i16_rows)
-    _e2m1_panel_rows = choices.get("e2m1_panel_rows", _e2m1_panel_rows)
-    _fp8_fetch_l2 = choices.get("fp8_fetch_l2", _fp8_fetch_l2)
-    _wide_tiles = choices.get("wide_tiles", _wide_tiles)
-    _fp8_normal_panels = choices.get("fp8_normal_panels", _fp8_normal_panels)
-    _plain_fetch_l2 = choices.get("plain_fetch_l2", _plain_fetch_l2)
+cdef void _set_tile_field(ktcy_tiles *tiles, str name, int32_t value):
+    """One tile choice by its name in TILE_CHOICE_LIMITS."""
+    if name == "one_panel_rows":
+        tiles.one_panel_rows = value
+    elif name == "f32_rows":
+        tiles.f32_rows = value
+    elif name == "i16_rows":
+        tiles.i16_rows = value
+    elif name == "avx2_i16_rows":
+        tiles.avx2_i16_rows = value
+    elif name == "e2m1_panel_rows":
+        tiles.e2m1_panel_rows = value
+    elif name == "fp8_fetch_l2":
+        tiles.fp8_fetch_l2 = value
+    elif name == "wide_tiles":
+        tiles.wide_tiles = value
+    elif name == "fp8_normal_panels":
+        tiles.fp8_normal_panels = value
+    elif name == "plain_fetch_l2":
+        tiles.plain_fetch_l2 = value
+    else:
+        raise AssertionError(f"tile choice {name} has no field")
+
+cdef dict _tile_values(ktcy_tiles tiles):
+    return tiles  # Cython makes a struct a dict of its fields
+
+if set(TILE_CHOICE_LIMITS) != set(_tile_values(_tiles)):
+    raise ImportError("ktcy._native: TILE_CHOICE_LIMITS must name every field of ktcy_tiles (types.h)")
 
 TILES_OVERRIDDEN, TILES_PROBLEM = _parse_tile_choices(os.environ.get("KTCY_TILES"))
 if TILES_PROBLEM:
     _log.warning(TILES_PROBLEM)
-_override_tile_choices(TILES_OVERRIDDEN)
+for _name, _value in TILES_OVERRIDDEN.items():  # once, at import: a choice measured without a rebuild
+    _set_tile_field(&_tiles, _name, _value)
 
 cdef inline void _set_tile_choices(ktcy_act *act) noexcept nogil:
     """This CPU's tile choices (registry.h), into every ktcy_act built here."""
-    act.one_panel_rows = _one_panel_rows
-    act.f32_rows = _f32_rows
-    act.i16_rows = _i16_rows
-    act.avx2_i16_rows = _avx2_i16_rows
-    act.e2m1_panel_rows = _e2m1_panel_rows
-    act.fp8_fetch_l2 = _fp8_fetch_l2
-    act.wide_tiles = _wide_tiles
-    act.fp8_normal_panels = _fp8_normal_panels
-    act.plain_fetch_l2 = _plain_fetch_l2
+    act.tiles = _tiles
 
 def cpu_features():
     """Feature flags from cpuid/xgetbv (and the Linux AMX permission), as Python bools."""
@@ -168,11 +167,8 @@ def tile_choice():
     (ktcy_fp8_normal_panels) and where AVX2 BF16's and INT8's decode streams prefetch to
     (ktcy_plain_fetch_l2).  "overridden" names the choices KTCY_TILES set instead."""
     return {"amd": bool(_cpu.amd), "family": _cpu.family, "overridden": sorted(TILES_OVERRIDDEN),
-            "one_panel_rows": _one_panel_rows,
-            "e2m1_panel_rows": _e2m1_panel_rows, "f32_rows": _f32_rows, "i16_rows": _i16_rows,
-            "avx2_i16_rows": _avx2_i16_rows,
-            "fp8_fetch_l2": bool(_fp8_fetch_l2), "wide_tiles": bool(_wide_tiles),
-            "fp8_normal_panels": bool(_fp8_normal_panels), "plain_fetch_l2": bool(_plain_fetch_l2)}
+            **{name: bool(value) if TILE_CHOICE_LIMITS[name] == 1 else value
+               for name, value in _tile_values(_tiles).items()}}
 
 def variants():
     """Every compiled kernel variant: formats served, ISA, needs, and whether this CPU runs it."""
@@ -823,29 +819,6 @@ cdef int _variant_index(str format_name, str variant_name) except -1:
             return i
     raise ValueError(f"no kernel named {variant_name!r} in this build")
 
-cdef void _set_tile_field(ktcy_act *act, str name, int32_t value):
-    """One tile choice of act by its name in TILE_CHOICE_LIMITS."""
-    if name == "one_panel_rows":
-        act.one_panel_rows = value
-    elif name == "e2m1_panel_rows":
-        act.e2m1_panel_rows = value
-    elif name == "f32_rows":
-        act.f32_rows = value
-    elif name == "i16_rows":
-        act.i16_rows = value
-    elif name == "avx2_i16_rows":
-        act.avx2_i16_rows = value
-    elif name == "fp8_fetch_l2":
-        act.fp8_fetch_l2 = value
-    elif name == "wide_tiles":
-        act.wide_tiles = value
-    elif name == "fp8_normal_panels":
-        act.fp8_normal_panels = value
-    elif name == "plain_fetch_l2":
-        act.plain_fetch_l2 = value
-    else:
-        raise AssertionError(f"tile choice {name} has no field")
-
 def gemm(str format_name, str variant_name, Activations act, Weight weight, float[:, ::1] out, **tiles):
     """out[m, :n] = act @ weight.T with one kernel variant; the GIL is released.  tiles: tile
     choices by name (TILE_CHOICE_LIMITS, registry.h), each within its limit, in place of this
@@ -853,7 +826,7 @@ def gemm(str format_name, str variant_name, Activations act, Weight weight, floa
     cdef ktcy_gemm_fn fn = KTCY_VARIANTS[_variant_index(format_name, variant_name)].fn
     cdef ktcy_act view = act.view
     for name, value in tiles.items():
-        _set_tile_field(&view, name, _check_tile_choice(name, value))
+        _set_tile_field(&view.tiles, name, _check_tile_choice(name, value))
     cdef char message[160]
     cdef int st, team = _team(_num_threads)
     cdef int64_t panels = weight.view.n_pad // KTCY_PANEL

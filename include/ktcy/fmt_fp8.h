@@ -166,7 +166,7 @@ KT_AI __m256 KT_(final_scaled)(__m256i acc, __m256 facc, float f, const ktcy_act
 #define KT_WKIND KT_W_BF16
 #define KT_PREDECODE 1
 #define KT_REG_DECODE KT_VBMI
-#define KT_FETCH_L2(a) ((a)->fp8_fetch_l2) /* registry.h: a Zen 4's streams read faster so */
+#define KT_FETCH_L2(a) ((a)->tiles.fp8_fetch_l2) /* registry.h: a Zen 4's streams read faster so */
 #define KT_FUSED_PREDECODE 1 /* rows() gives decode_panels' bytes: a first tile can keep them */
 #if KT_VBMI
 typedef struct { __m512i tab_lo0, tab_lo1, tab_hi0, tab_hi1, arrange; } KT_(ctx);
@@ -225,10 +225,10 @@ KT_AI void KT_(decode_panels)(const KT_(ctx) *c, const uint8_t *src, uint8_t *ds
  * would make subnormal floats, which cost Intel cores a microcode assist per FMA (a weight with
  * 5e-4 of them ran 20% slower): a row pair holding one takes them apart into sums of their own,
  * 8 times larger (byte_lane).  Calls holding a NaN code or a row of 2^15 or more keep the bf16
- * path.  How many rows go this way is a per-CPU choice (a->f32_rows, registry.h): each row keeps
+ * path.  How many rows go this way is a per-CPU choice (a->tiles.f32_rows, registry.h): each row keeps
  * its own factor and sums, so on this path a row's bits do not depend on the rows beside it. */
 #define KT_FEW_ROWS 1
-#define KT_FEW_ROWS_CHOICE(a) ((a)->f32_rows)
+#define KT_FEW_ROWS_CHOICE(a) ((a)->tiles.f32_rows)
 KT_AI __m512 KT_(fold_halves)(__m512 even, __m512 odd) {
     const __m512i interleave = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
     even = _mm512_add_ps(even, _mm512_shuffle_f32x4(even, even, 0x4E));
@@ -338,7 +338,7 @@ KT_AI void KT_(f32_tile)(const int MB, const int NP, int64_t p0, ktcy_span cont,
     }
 }
 /* Calls of up to KT_FEW_ROWS_MAX rows (the accumulators' limit; the skeleton applies the CPU's
- * a->f32_rows).  0: the call keeps the bf16 path (a NaN code, or a row too wide for the 2^-120
+ * a->tiles.f32_rows).  0: the call keeps the bf16 path (a NaN code, or a row too wide for the 2^-120
  * weights). */
 #define KT_FEW_ROWS_MAX 4
 KT_AI int KT_(few_rows)(const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy, int64_t pb, int64_t pe,
@@ -362,7 +362,7 @@ KT_AI int KT_(few_rows)(const ktcy_act *a, const ktcy_weight *w, float *y, int64
         }
         f[m] = ktcy_pow2(KTCY_E4M3_BITMOVE_SHIFT - shift);
     }
-    KT_FEW_ROWS_SWEEP(KT_(f32_tile), 4, 2, a, w, pb, pe, w, y, ldy, x, a->k_pad, f, a->fp8_fetch_l2) /* 4 x 4: 32 accumulators */
+    KT_FEW_ROWS_SWEEP(KT_(f32_tile), 4, 2, a, w, pb, pe, w, y, ldy, x, a->k_pad, f, a->tiles.fp8_fetch_l2) /* 4 x 4: 32 accumulators */
     return 1;
 }
 KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const int MB, const int NP,

@@ -127,7 +127,7 @@ KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_
 /* Few-row calls may stream one panel at a time where the CPU prefers it (registry.h); FP8 and
  * MXFP4, whose decode chains need four panels' independent work, were 1.5x slower that way on
  * the Zen 5 that preferred it for INT4, and INT8 gained nothing. */
-#define KT_ONE_PANEL_ROWS(a) ((a)->one_panel_rows)
+#define KT_ONE_PANEL_ROWS(a) ((a)->tiles.one_panel_rows)
 typedef struct { int unused; } KT_(ctx);
 KT_AI KT_(ctx) KT_(make_ctx)(void) { KT_(ctx) c = {0}; return c; }
 /* Rows r and r + 8 are the low and high nibbles of the same 64 bytes.  RELOAD: an empty asm makes

@@ -84,7 +84,7 @@ KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_
     (void)acc; (void)a; (void)w; (void)m; (void)n0;
     return facc;
 }
-/* Calls of a few rows (decode) on 16-bit integers (a->avx2_i16_rows, registry.h), as
+/* Calls of a few rows (decode) on 16-bit integers (a->tiles.avx2_i16_rows, registry.h), as
  * AVX-512's path below computes them, bit for bit: MXFP4_A8's row decode (vpshufb lookups of
  * 2 e2m1 + 12, channels split as KT_LANE_SPLIT), the codes widened to words, and vpmaddwd of each
  * word pair (one channel, two K elements) with the pair of the row's q (kt_mxfp4_i16_rows, words):
@@ -94,7 +94,7 @@ KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_
  * to AVX2, one thread, from L3 and from memory, M = 1 0.93-0.95x, 2 0.95-0.97x, 3 0.87x, 4 0.88-0.89x
  * the time; a MoE layer T = 1, 4, 16, 32 0.95x, 0.98x, 0.92x, 0.95x. */
 #define KT_FEW_ROWS 1
-#define KT_FEW_ROWS_CHOICE(a) ((a)->avx2_i16_rows)
+#define KT_FEW_ROWS_CHOICE(a) ((a)->tiles.avx2_i16_rows)
 /* NP panels (1-2) from p0 for MB rows of r, into y (rows ldy apart). */
 KT_AI void KT_(i16_tile)(const int MB, const int NP, int64_t p0, ktcy_span cont, const ktcy_weight *w, float *y,
                          int64_t ldy, kt_i16_rows r) {
@@ -181,7 +181,7 @@ KT_AI int KT_(few_rows)(const ktcy_act *a, const ktcy_weight *w, float *y, int64
 /* One-row calls of the in-register decode stream one panel at a time where the CPU prefers it
  * (registry.h).  A Zen 4, one projection from memory, one thread: M = 1 0.91x the time of four
  * panels, M = 2 1.17x (from cache M = 1 1.08x). */
-#define KT_ONE_PANEL_ROWS(a) (KT_REG_DECODE && (a)->e2m1_panel_rows ? 1 : 0)
+#define KT_ONE_PANEL_ROWS(a) (KT_REG_DECODE && (a)->tiles.e2m1_panel_rows ? 1 : 0)
 typedef struct { __m512i lut, pairs; } KT_(ctx);
 KT_AI KT_(ctx) KT_(make_ctx)(void) {
     KT_(ctx) c;
@@ -252,7 +252,7 @@ KT_AI void KT_(decode_panels)(const KT_(ctx) *c, const uint8_t *src, uint8_t *ds
 }
 
 #if KT_VBMI
-/* Calls of a few rows (decode) on 16-bit integers where vdpbf16ps is dear (a->i16_rows, a per-CPU
+/* Calls of a few rows (decode) on 16-bit integers where vdpbf16ps is dear (a->tiles.i16_rows, a per-CPU
  * choice, registry.h): the same bf16 activations, each 32-K block of a row as the integers q of
  * kt_mxfp4_i16_rows, whose high and low bytes meet the codes as 2 e2m1 + 12 in one vpdpbusd each
  * (the codes are the unsigned operand for the high byte, the signed one for the low: [0, 24] is
@@ -262,7 +262,7 @@ KT_AI void KT_(decode_panels)(const KT_(ctx) *c, const uint8_t *src, uint8_t *ds
  * The decode is MXFP4_A8's (kt_e2m1_quad_vbmi): 2 byte permutes and a shift per 64 codes, where
  * the bf16 tiles take a widening, 2 word permutes and 2 vdpbf16ps of 4 FMAs each on a Xeon. */
 #define KT_FEW_ROWS 1
-#define KT_FEW_ROWS_CHOICE(a) ((a)->i16_rows)
+#define KT_FEW_ROWS_CHOICE(a) ((a)->tiles.i16_rows)
 /* NP panels from p0 for MB rows of r, into y (rows ldy apart). */
 KT_AI void KT_(i16_tile)(const int MB, const int NP, int64_t p0, ktcy_span cont, const ktcy_weight *w, float *y,
                          int64_t ldy, kt_i16_rows r) {

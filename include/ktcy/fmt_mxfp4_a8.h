@@ -134,7 +134,7 @@ KT_AI __m256 KT_(final)(__m256i acc, __m256 facc, const ktcy_act *a, const ktcy_
 /* Calls of 1-2 rows stream one panel at a time where the CPU prefers it (registry.h).  A Zen 4,
  * one projection from memory, one thread: M = 1 0.82-0.88x the time of four panels, M = 2 0.93x,
  * M = 4 1.02x (from cache M = 1 1.06x: four panels' independent chains help only there). */
-#define KT_ONE_PANEL_ROWS(a) ((a)->e2m1_panel_rows < 2 ? (a)->e2m1_panel_rows : 2)
+#define KT_ONE_PANEL_ROWS(a) ((a)->tiles.e2m1_panel_rows < 2 ? (a)->tiles.e2m1_panel_rows : 2)
 /* Many rows: a group's first row tile keeps the rows it decodes and the others load them (the
  * decode is 4 operations per row of a panel, against 4 dot products in a 4-row tile; with the
  * decode before this one, 7 per row pair: one projection at M = 512 0.70x the time, MoE T = 512

@@ -24,7 +24,7 @@
  *   KT_(final)(acc, facc, a, w, m, n0)                       8 outputs of one row
  * and may set KT_WIDE_TILE 1: tiles of 3 rows x 2 panels, 12 integer accumulators sharing each
  * activation broadcast (formats without groups only), for prefill (more than 4 rows) where the
- * CPU prefers them (a->wide_tiles) and for calls of 2 or 3 rows; KT_LANE_SPLIT 1:
+ * CPU prefers them (a->tiles.wide_tiles) and for calls of 2 or 3 rows; KT_LANE_SPLIT 1:
  * the halves of a decoded row (and group_scale's h) hold channels 0-3, 8-11 and 4-7, 12-15, as
  * in-lane unpacks leave them; the outputs are put in order when stored (store16);
  * KT_ROW_PRESCALE E: the decoded weights are their values times 2^-E, so the activation rows are
@@ -33,7 +33,7 @@
  * rows with an exponent field above KT_WIDE_FIELD (a range the 2^-E weights cannot serve) make the
  * call (its chunk of KTCY_AVX2_F32_ROWS rows) take the float GEMM with KT_(wrow_wide), whose
  * values are times 1/KT_WIDE_FACTOR, the rows scaled to a largest value near 2^100;
- * KT_PANEL_LIFT L (with KT_ROW_PRESCALE): where a->fp8_normal_panels, the float GEMM multiplies its
+ * KT_PANEL_LIFT L (with KT_ROW_PRESCALE): where a->tiles.fp8_normal_panels, the float GEMM multiplies its
  * fast and checked panel decodes by 2^L and widens the rows times 2^(k-L): the same products;
  * KT_FETCH_L2(a): 1 where a streaming tile prefetches into L2 rather than L1 (a per-CPU choice);
  * KT_CLEAR_DAZ 1: the decode makes subnormal floats, which MXCSR.DAZ would read as zeros: the GEMM
@@ -622,7 +622,7 @@ KT_AI void KT_(f32_gemm)(const ktcy_act *a, const ktcy_weight *w, float *y, int6
      * here, with their factors and wide flag, when the gate took this path in one chunk too:
      * widening them again cost the MoE's gate and up items a few percent */
     const int reuse = a->rows_in_scratch && a->m <= KTCY_AVX2_F32_ROWS && KT_(f32_always)(a);
-    const int lift = KT_PANEL_LIFT && a->fp8_normal_panels;
+    const int lift = KT_PANEL_LIFT && a->tiles.fp8_normal_panels;
     for (int64_t c0 = 0; c0 < a->m; c0 += KTCY_AVX2_F32_ROWS) {
         const int64_t chunk = a->m - c0 < KTCY_AVX2_F32_ROWS ? a->m - c0 : KTCY_AVX2_F32_ROWS;
         int wide;
@@ -688,8 +688,8 @@ KT_TARGET static int KT_(run)(const ktcy_act *a, const ktcy_weight *w, float *y,
      * the weights in cache, which a MoE call never finds), where a Zen 4 forced to AVX2 with the
      * Zen 3's L1 prefetch ran the 4-row tiles in 0.87x (2 rows) and 0.93x (3 rows) the time, and a
      * MoE layer at T = 8, 16 and 32 in 0.96x, 0.93x and 0.96x */
-    const int few_wide = (a->m == 2 || a->m == 3) && a->m > a->one_panel_rows;
-    const int wide = KT_WIDE_TILE && ((a->wide_tiles && a->m > 4) || few_wide) && !KT_(has_groups)(w);
+    const int few_wide = (a->m == 2 || a->m == 3) && a->m > a->tiles.one_panel_rows;
+    const int wide = KT_WIDE_TILE && ((a->tiles.wide_tiles && a->m > 4) || few_wide) && !KT_(has_groups)(w);
     const int64_t nkb = w->k_pad / KT_BK;
     uint8_t *decoded = ktcy_align64(scratch);
 #if KT_INT_ACT
@@ -739,7 +739,7 @@ KT_TARGET static int KT_(run)(const ktcy_act *a, const ktcy_weight *w, float *y,
         /* one row: two panels per tile (twice the streams and chains) where the CPU prefers it
          * (ktcy_one_panel_rows), or always (KT_ONE_ROW_TWO_PANELS): MoE T = 1 and 2 on a Xeon
          * 0.79-0.97x the time.  Register decode only: the tile reads packed panels. */
-        if (!KT_ALWAYS_PRE && a->m == 1 && (KT_ONE_ROW_TWO_PANELS || a->m > a->one_panel_rows) && pe - p >= 2) {
+        if (!KT_ALWAYS_PRE && a->m == 1 && (KT_ONE_ROW_TWO_PANELS || a->m > a->tiles.one_panel_rows) && pe - p >= 2) {
             const ktcy_span next = ktcy_next_group(a, w, p + 2, pe, 2, KT_BK, KT_BB);
             KT_(micro)(1, 2, 0, a, x, rowf, w, 0, p, y, ldy, decoded, ktcy_no_ahead(), next);
             p += 2;

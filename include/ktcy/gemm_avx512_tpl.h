@@ -30,8 +30,8 @@
  *   which the tiles of 4-6 rows take, except one-panel streaming tiles (a decode call's, or the
  *   last panels of a call of 3-6 rows).
  * KT_FEW_ROWS 1: KT_(few_rows)(a, w, y, ldy, pb, pe, scratch) serves calls of at most
- *   KT_FEW_ROWS_CHOICE(a) rows (a per-CPU choice: FP8's float path a->f32_rows, MXFP4's 16-bit
- *   integer path a->i16_rows) its own way, without vdpbf16ps (with MXCSR.DAZ cleared), or returns
+ *   KT_FEW_ROWS_CHOICE(a) rows (a per-CPU choice: FP8's float path a->tiles.f32_rows, MXFP4's 16-bit
+ *   integer path a->tiles.i16_rows) its own way, without vdpbf16ps (with MXCSR.DAZ cleared), or returns
  *   0 to leave the call to the tiles below.
  * KT_MAX_ROWS n: prefill tiles of at most n rows (4 or 6) instead of the skeleton's choice below.
  *

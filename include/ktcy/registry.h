@@ -204,4 +204,19 @@ static inline int32_t ktcy_fp8_normal_panels(const ktcy_cpu *c) { return !c->amd
  * measured so: they keep L1. */
 static inline int32_t ktcy_plain_fetch_l2(const ktcy_cpu *c) { return !c->amd || c->avx512f; }
 
+/* Every tile choice above for this CPU, as each ktcy_act carries them. */
+static inline ktcy_tiles ktcy_cpu_tiles(const ktcy_cpu *c) {
+    ktcy_tiles t;
+    t.one_panel_rows = ktcy_one_panel_rows(c);
+    t.f32_rows = ktcy_f32_rows(c);
+    t.i16_rows = ktcy_i16_rows(c);
+    t.avx2_i16_rows = ktcy_avx2_i16_rows(c);
+    t.e2m1_panel_rows = ktcy_e2m1_panel_rows(c);
+    t.fp8_fetch_l2 = ktcy_fp8_fetch_l2(c);
+    t.wide_tiles = ktcy_wide_tiles(c);
+    t.fp8_normal_panels = ktcy_fp8_normal_panels(c);
+    t.plain_fetch_l2 = ktcy_plain_fetch_l2(c);
+    return t;
+}
+
 #endif

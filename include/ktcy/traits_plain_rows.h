@@ -3,7 +3,7 @@
  * include guard. */
 #define KT_PLAIN_ROWS 1
 #if KT_SKEL == KT_SKEL_AVX2
-#define KT_FETCH_L2(a) ((a)->plain_fetch_l2 && (a)->m <= 4) /* decode calls: registry.h */
+#define KT_FETCH_L2(a) ((a)->tiles.plain_fetch_l2 && (a)->m <= 4) /* decode calls: registry.h */
 KT_AI kt_w256 KT_(half)(const uint8_t *blk, int r, int h) {
     const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + r * 64 + h * 32));
     return KT_WKIND == KT_W_BF16 ? kt_bf16_split(v) : kt_int_half(v);

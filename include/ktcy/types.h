@@ -26,21 +26,9 @@ typedef struct {
                                 moves alone (AVX2) then take their checked version */
 } ktcy_weight;
 
+/* The tile choices made per CPU (registry.h, ktcy_cpu_tiles), which KTCY_TILES may replace for
+ * measurements; every ktcy_act carries them. */
 typedef struct {
-    int64_t m;               /* valid rows */
-    int64_t m_pad;           /* rows present in the buffers (multiple of 16, extra rows zero) */
-    int64_t k_pad;           /* row stride in elements */
-    const int8_t *q;         /* INT8 activations: symmetric int8 codes, [m_pad][k_pad] */
-    const uint16_t *bf16;    /* BF16 activations: bf16 bits, [m_pad][k_pad] */
-    const float *scale;      /* INT8 activations: per-row scale, [m_pad] */
-    const int32_t *group_sum;/* GROUP formats: sum of codes per group, [m_pad][k_pad/group]; */
-                             /* MXFP4_A8: ktcy_act_e2m1_starts' words per 32-K block        */
-    int32_t group;           /* group size the sums were taken over (0: none) */
-    const ktcy_weight *next_w; /* optional hint (NULL: none): the weight, same format, whose */
-    int64_t next_pb, next_pe;  /* panels [next_pb, next_pe) this thread multiplies next       */
-    int32_t rows_in_scratch;   /* 1: the call before on this scratch, same variant and these rows,  */
-                               /* left them in the kernel's own form there (AMX tile order, MXFP4's */
-                               /* 16-bit rows): reuse                                              */
     int32_t one_panel_rows;    /* calls of at most this many rows take one panel per tile where a */
                                /* skeleton offers more (ktcy_one_panel_rows); 0: never            */
     int32_t f32_rows;          /* calls of at most this many rows take FP8's float path           */
@@ -58,6 +46,24 @@ typedef struct {
                                /* subnormal codes to normal floats (ktcy_fp8_normal_panels)       */
     int32_t plain_fetch_l2;    /* 1: AVX2 BF16's and INT8's decode streams (calls of up to 4 rows) */
                                /* prefetch into L2, 0: into L1 (ktcy_plain_fetch_l2)              */
+} ktcy_tiles;
+
+typedef struct {
+    int64_t m;               /* valid rows */
+    int64_t m_pad;           /* rows present in the buffers (multiple of 16, extra rows zero) */
+    int64_t k_pad;           /* row stride in elements */
+    const int8_t *q;         /* INT8 activations: symmetric int8 codes, [m_pad][k_pad] */
+    const uint16_t *bf16;    /* BF16 activations: bf16 bits, [m_pad][k_pad] */
+    const float *scale;      /* INT8 activations: per-row scale, [m_pad] */
+    const int32_t *group_sum;/* GROUP formats: sum of codes per group, [m_pad][k_pad/group]; */
+                             /* MXFP4_A8: ktcy_act_e2m1_starts' words per 32-K block        */
+    int32_t group;           /* group size the sums were taken over (0: none) */
+    const ktcy_weight *next_w; /* optional hint (NULL: none): the weight, same format, whose */
+    int64_t next_pb, next_pe;  /* panels [next_pb, next_pe) this thread multiplies next       */
+    int32_t rows_in_scratch;   /* 1: the call before on this scratch, same variant and these rows,  */
+                               /* left them in the kernel's own form there (AMX tile order, MXFP4's */
+                               /* 16-bit rows): reuse                                              */
+    ktcy_tiles tiles;          /* this CPU's tile choices (registry.h)                             */
 } ktcy_act;
 
 /* One GEMM entry point per kernel variant: Y[m][n] for every row and for the output channels
