@@ -54,7 +54,7 @@ def build_layer(fmt, keep=None):
 
 def _copy(w):
     arrays = {k: getattr(w, k) for k in ("data", "scale", "colsum", "zero")}
-    return dataclasses.replace(w, _view=None, **{k: None if a is None else a.copy() for k, a in arrays.items()})
+    return dataclasses.replace(w, **{k: None if a is None else a.copy() for k, a in arrays.items()})
 
 
 def routing(seed, T):

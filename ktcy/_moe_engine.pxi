@@ -145,6 +145,7 @@ cdef class MoEEngine:
     # the routing's bookkeeping, sized by the expert count once: a call allocates nothing
     cdef int64_t per_i, per_h, items_i, items_h
     cdef int ready  # __init__ finished: the buffers above exist
+    cdef bint made  # __init__ began (once only)
     cdef int64_t[::1] counts, seg, fill, pending
     cdef int32_t[::1] published
     cdef int64_t[:, ::1] items1, items2
@@ -162,6 +163,8 @@ cdef class MoEEngine:
                  int64_t big_min_rows, dict bias=None, str activation="silu", float alpha=1.702, float limit=7.0):
         cdef int e, E = len(gate)
         cdef Weight g
+        _made_once(self.made, "MoEEngine")  # its buffers are sized by the first call's experts
+        self.made = True
         self.fmt = _format_index(format_name)
         self.integer = ktcy_format(self.fmt).act == KTCY_ACT_INT8
         if E < 1 or len(up) != E or len(down) != E:
@@ -200,7 +203,7 @@ cdef class MoEEngine:
             self.up_w[e] = (<Weight>up[e]).view
             self.down_w[e] = (<Weight>down[e]).view
         self.inter, self.hidden, self.group = g.view.n, g.view.k, g.view.group
-        bias = bias or {}
+        bias = dict(bias or {})  # its own dict: the caller's may change, the arrays below stay held
         if set(bias) - {"gate", "up", "down"}:
             raise ValueError(f"bias keys must be gate, up, down; got {sorted(bias)}")
         self.biases = bias

@@ -154,6 +154,8 @@ cdef extern from "ktcy/ktcy.h" nogil:
     void ktcy_emu_tilerelease()
     void ktcy_emu_clear_error()
     ctypedef struct ktcy_emu_tiles:
+        uint8_t rows[8]
+        uint16_t colsb[8]
         int error
         char message[160]
     ktcy_emu_tiles ktcy_emu

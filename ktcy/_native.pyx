@@ -527,6 +527,11 @@ def layout(int fmt, codes, int64_t n, int64_t k, int group=0, block_scales=None)
         bs_ptr, bs_ld = &bs[0, 0], bs.shape[1]
     cdef int64_t k_pad = ktcy_k_pad(fmt, k, group), n_pad = ktcy_n_pad(n)
     cdef int64_t panels = n_pad // KTCY_PANEL, p
+    codes = np.asarray(codes)
+    width = 2 if d.code == KTCY_CODE_BF16 else 1  # what ktcy_layout_panels reads per code
+    if codes.ndim != 2 or codes.dtype.itemsize != width or codes.dtype.kind not in "iu":
+        raise ValueError(f"{FORMATS[fmt]} codes must be a 2-D array of {8 * width}-bit integers, "
+                         f"got {codes.dtype} {codes.shape}")
     cdef int64_t ld = codes.shape[1]
     if codes.shape[0] < n or ld < k:
         raise ValueError(f"codes of shape {codes.shape} do not cover {n} x {k}")
@@ -635,15 +640,23 @@ def convert_act_bf16(str isa, const float[:, ::1] x, int64_t k_pad):
             fn(&x[0, 0], k, k, k_pad, 0, m, &ov[0, 0])
     return out
 
+cdef _made_once(bint made, str what):
+    """The C views of these objects point into what their first __init__ checked: a second call
+    would swap arrays under a view a kernel may be reading (or leave it half made)."""
+    if made:
+        raise TypeError(f"a {what} is made once; make a new one")
+
 cdef class Activations:
     """Rows converted once for a format: int8 codes + scales (+ group sums) or bf16 bits, padded
     to m_pad = a multiple of 16 rows (zeros) so AMX tiles and rounded-up micro-tiles stay inside."""
-    cdef public object q, bf16, scale, group_sum
+    cdef readonly object q, bf16, scale, group_sum  # the buffers view points into: never replaced
     cdef ktcy_act view
-
-    cdef public int fmt
+    cdef readonly int fmt
+    cdef bint made
 
     def __init__(self, int fmt, const float[:, ::1] x, int64_t k_pad, int group=0):
+        _made_once(self.made, "Activations")
+        self.made = True
         _check_format_code(fmt)
         cdef const ktcy_format_desc *d = ktcy_format(fmt)
         cdef int64_t m = x.shape[0], k = x.shape[1], m_pad = (m + 15) // 16 * 16 if m > 0 else 16, r
@@ -700,9 +713,12 @@ cdef class Weight:
     last line before C code trusts sizes."""
     cdef ktcy_weight view
     cdef object keep
-    cdef public int fmt
+    cdef readonly int fmt
+    cdef bint made
 
     def __init__(self, int fmt, int group, int64_t n, int64_t k, data, scale, colsum, zero=None):
+        _made_once(self.made, "Weight")
+        self.made = True
         shapes = packed_shapes(fmt, n, k, group)
         name = FORMATS[fmt]
         if ktcy_format(fmt).code == KTCY_CODE_S8 and k > INT8_MAX_K:
@@ -913,10 +929,21 @@ def emu_ldtilecfg(const uint8_t[::1] config):
         raise ValueError("a tile configuration is 64 bytes")
     ktcy_emu_ldtilecfg(&config[0])
 
+cdef _emu_check_tile(int t, int64_t rows, int64_t colsb, str what):
+    """The tile's configured shape must fit the array the emulator reads or writes (an
+    unconfigured tile is the emulator's own fault to report: it moves no bytes)."""
+    if not 0 <= t < 8:
+        raise ValueError(f"tmm{t} does not exist (0..7)")
+    if ktcy_emu.rows[t] and (rows < ktcy_emu.rows[t] or colsb < ktcy_emu.colsb[t]):
+        raise ValueError(f"tmm{t} is configured as {ktcy_emu.rows[t]} x {ktcy_emu.colsb[t]} bytes; "
+                         f"{what} is {rows} x {colsb}")
+
 def emu_tileloadd(int t, const uint8_t[:, ::1] src):
+    _emu_check_tile(t, src.shape[0], src.shape[1], "the source")
     ktcy_emu_tileloadd(t, &src[0, 0], src.shape[1])
 
 def emu_tilestored(int t, int rows, int colsb):
+    _emu_check_tile(t, rows, colsb, "the destination asked for")
     out = np.zeros((rows, colsb), np.uint8)
     cdef uint8_t[:, ::1] ov = out
     ktcy_emu_tilestored(t, &ov[0, 0], colsb)

@@ -54,4 +54,4 @@ class ExpertArena:
                 at = e * self._stride + self._offsets[name, n]
                 arrays[n] = self.buffer[at:at + a.nbytes].view(a.dtype).reshape(a.shape)
                 arrays[n][...] = a
-        return dataclasses.replace(w, _view=None, **arrays)
+        return dataclasses.replace(w, **arrays)  # a new descriptor over the arena's copies

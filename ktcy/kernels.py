@@ -100,6 +100,12 @@ def _check_block_exponents(p):
             raise ValueError(f"{p.format} weight {tuple(p.shape)}: {err} (damaged or foreign data)") from None
 
 
+def _same_source(a, b):
+    """Whether two (format, shape, group, arrays...) tuples name the same things: the arrays by
+    identity (a view holds their addresses), the rest by value."""
+    return a[:3] == b[:3] and all(x is y for x, y in zip(a[3:], b[3:]))
+
+
 @dataclass(eq=False)
 class PackedWeight:
     """W[N][K] in a ktcy packed layout (the same bytes on every ISA).  The arrays are checked
@@ -112,7 +118,8 @@ class PackedWeight:
     colsum: np.ndarray = None  # formats whose descriptor keeps colsum (INT8)
     group_size: int = 0       # formats with group scales (INT4, INT4_ZP)
     zero: np.ndarray = None   # formats with zero points (INT4_ZP): uint8, laid out like the group scales
-    _view: object = field(default=None, repr=False)
+    _view: object = field(default=None, init=False, repr=False)  # the C descriptor, and what it was
+    _made_from: tuple = field(default=None, init=False, repr=False)  # made from (native())
 
     def __repr__(self):
         group = f", group {self.group_size}" if self.group_size else ""
@@ -132,7 +139,11 @@ class PackedWeight:
         return _padded(self.format, *self.shape, self.group_size)[0]
 
     def native(self):
-        """The C descriptor over these arrays (made once, after checking every array's shape)."""
+        """The C descriptor over these arrays (made once, after checking every array's shape; made
+        again if an array, the shape or the group was replaced since: never a stale view)."""
+        source = (self.format, tuple(self.shape), self.group_size, self.data, self.scale, self.colsum, self.zero)
+        if self._view is not None and not _same_source(self._made_from, source):
+            self._view = None
         if self._view is None:
             if self.format not in _CODE:
                 raise ValueError(f"unknown weight format {self.format!r}; known: {', '.join(FORMATS)}")
@@ -144,7 +155,7 @@ class PackedWeight:
                 _check_colsum(self)
             if descriptor(self.format)["scale"] == "e8m0_in_block":
                 _check_block_exponents(self)
-            self._view = view
+            self._view, self._made_from = view, source
         return self._view
 
     def codes(self):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import types
 from typing import Callable, Mapping, Optional, Sequence
 
 import ml_dtypes
@@ -100,9 +101,10 @@ class MoE:
         self._mapped = []  # (fd, size, path) of files the weights are mapped from, see watch_file
         big_isa, big, small_isa, small = choose_kernels(fmt, config)
         self.isa, self.variant, self.decode_isa, self.decode_variant = big_isa, big, small_isa, small
-        self.bias = _checked_bias(bias, E, H, I)
+        self.bias = _checked_bias(bias, E, H, I)  # read-only: the engine reads these very arrays
         self._engine = _native.MoEEngine(fmt, [w.native() for w in self.gate], [w.native() for w in self.up],
-                                         [w.native() for w in self.down], big, small, AMX_MIN_ROWS[fmt], self.bias,
+                                         [w.native() for w in self.down], big, small, AMX_MIN_ROWS[fmt],
+                                         dict(self.bias) if self.bias else None,
                                          config.activation, config.swiglu_alpha, config.swiglu_limit)
         self._lock = threading.Lock()
         log.info("MoE %d experts H=%d I=%d top-%d runs %s", E, H, I, config.top_k, self.kernel)
@@ -324,9 +326,10 @@ def _as_rows(a, what, width):
 
 
 def _checked_bias(bias, E, H, I):
+    """A read-only {projection: float32 copy} of the biases (None for none), checked."""
     if bias is None:
         return None
-    if not isinstance(bias, dict) or set(bias) - {"gate", "up", "down"}:
+    if not isinstance(bias, Mapping) or set(bias) - {"gate", "up", "down"}:
         raise ValueError("bias must be a dict with keys among gate, up, down")
     out = {}
     for name, b in bias.items():
@@ -339,8 +342,9 @@ def _checked_bias(bias, E, H, I):
         a = np.array(a, np.float32, order="C")  # a copy, as the weights are: later edits of the caller's array change nothing
         if not np.isfinite(a).all():
             raise ValueError(f"{name} bias holds NaN or infinity")
+        a.flags.writeable = False
         out[name] = a
-    return out or None
+    return types.MappingProxyType(out) if out else None
 
 
 def _pack_released(w, spec, fmt, group):

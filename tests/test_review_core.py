@@ -467,7 +467,7 @@ GUARDED_GEMMS = GUARD_HELPER + textwrap.dedent("""
             p = kernels.pack(W, fmt, group_size=32) if fmt in ("INT4", "INT4_ZP") else kernels.pack(W, fmt)
             moved = {f: at_page_end(getattr(p, f)) for f in ("data", "scale", "colsum", "zero")
                      if getattr(p, f) is not None}
-            g = dataclasses.replace(p, _view=None, **moved)
+            g = dataclasses.replace(p, **moved)
             for v in runnable_variants(fmt):
                 out = at_page_end(np.zeros((m, n), np.float32))   # partial last panel: masked stores
                 kernels.linear_variant(at_page_end(X), g, v, out=out)
@@ -536,7 +536,7 @@ def test_int8_column_sums_that_disagree_with_the_codes_are_refused_or_unused():
     rng = np.random.default_rng(0)
     W, X = (rng.standard_normal((33, 200)) * 0.05).astype(np.float32), rng.standard_normal((5, 200)).astype(np.float32)
     good = kernels.pack(W, "INT8")
-    bad = dataclasses.replace(good, _view=None, colsum=good.colsum + 1000)
+    bad = dataclasses.replace(good, colsum=good.colsum + 1000)
     try:
         bad.native()
     except ValueError as e:
@@ -554,8 +554,96 @@ def test_int8_data_holding_minus_128_is_refused_when_made_native():
     data.view(np.int8)[5] = -128
     codes = data.view(np.int8)
     colsum = good.colsum.copy()
-    bad = dataclasses.replace(good, _view=None, data=data, colsum=colsum)
+    bad = dataclasses.replace(good, data=data, colsum=colsum)
     # keep the column sums consistent so only the code itself is wrong
     bad.colsum[:] = kernels._native.int8_column_sums(codes, bad.colsum.size, data.size // bad.colsum.size)
     with pytest.raises(ValueError, match="-128"):
         bad.native()
+
+
+# ---- the fifty-ninth session's review of the native boundary ----
+
+def _tiny_moe(bias=True):
+    rng = np.random.default_rng(21)
+    E, H, I = 4, 64, 32
+    g, u = (rng.standard_normal((E, I, H)).astype(np.float32) * 0.1 for _ in range(2))
+    d = rng.standard_normal((E, H, I)).astype(np.float32) * 0.1
+    b = {"gate": rng.standard_normal((E, I)).astype(np.float32), "down": rng.standard_normal((E, H)).astype(np.float32)}
+    moe = ktcy.MoE.from_weights(ktcy.MoeConfig(E, 2, H, I, ktcy.QuantConfig("BF16")), g, u, d, bias=b if bias else None)
+    x = rng.standard_normal((5, H)).astype(np.float32)
+    ids = np.argsort(rng.random((5, E)), axis=1)[:, :2]
+    return moe, b, x, ids, np.full((5, 2), 0.5, np.float32)
+
+
+def test_a_layers_biases_cannot_be_swapped_under_its_engine():
+    """moe.bias was the dict the engine read raw pointers from: replacing an entry freed an array
+    it still read.  It is now a read-only view of read-only arrays; the engine holds its own."""
+    moe, b, x, ids, w = _tiny_moe()
+    before = moe.forward(x, ids, w)
+    with pytest.raises(TypeError):
+        moe.bias["down"] = b["down"].copy()
+    with pytest.raises(ValueError, match="read-only"):
+        moe.bias["down"][0, 0] = 1.0
+    b["down"][:] = 7.0  # the caller's arrays were copied
+    again = ktcy.MoE(moe.config, moe.gate, moe.up, moe.down, bias=moe.bias)  # a bias mapping is taken as it is
+    assert np.array_equal(moe.forward(x, ids, w), before) and np.array_equal(again.forward(x, ids, w), before)
+
+
+def test_native_objects_are_made_once_and_keep_their_buffers():
+    p = kernels.pack(np.ones((16, 64), np.float32), "INT8")
+    act = _native.Activations(p.native().fmt, np.ones((2, 64), np.float32), p.k_pad, 0)
+    for name in ("q", "scale", "bf16", "group_sum", "fmt"):
+        with pytest.raises(AttributeError):
+            setattr(act, name, None if name != "fmt" else 1)
+    with pytest.raises(TypeError, match="made once"):
+        act.__init__(p.native().fmt, np.ones((3, 64), np.float32), p.k_pad, 0)
+    weight = p.native()
+    with pytest.raises(TypeError, match="made once"):
+        weight.__init__(weight.fmt, 0, 16, 64, p.data, None, None)
+    with pytest.raises(AttributeError):
+        weight.fmt = 0
+    moe, *_ = _tiny_moe(bias=False)
+    with pytest.raises(TypeError, match="made once"):
+        moe._engine.__init__("BF16", [], [], [], "bf16_ref", "bf16_ref", 1)
+
+
+def test_packed_weight_view_follows_replaced_arrays_and_shapes():
+    rng = np.random.default_rng(2)
+    a, b = (rng.standard_normal((32, 64)).astype(np.float32) for _ in range(2))
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    p, q = kernels.pack(a, "INT8"), kernels.pack(b, "INT8")
+    first = kernels.linear(x, p)
+    p.data, p.scale, p.colsum = q.data, q.scale, q.colsum  # the same shape, other weights
+    assert np.array_equal(kernels.linear(x, p), kernels.linear(x, q))
+    r = dataclasses.replace(p, data=kernels.pack(a, "INT8").data, colsum=kernels.pack(a, "INT8").colsum,
+                            scale=kernels.pack(a, "INT8").scale)
+    assert np.array_equal(kernels.linear(x, r), first)
+    p.shape = (48, 64)  # arrays of 32 rows: refused, not 16 rows of memory past them
+    with pytest.raises(ValueError):
+        kernels.linear(x, p)
+
+
+def test_layout_refuses_codes_of_another_width():
+    with pytest.raises(ValueError, match="16-bit integers"):
+        _native.layout(kernels._CODE["BF16"], np.zeros((16, 32), np.int8), 16, 32)
+    with pytest.raises(ValueError, match="8-bit integers"):
+        _native.layout(kernels._CODE["INT8"], np.zeros((16, 32), np.float32), 16, 32)
+
+
+def test_emulated_tiles_never_move_bytes_past_the_callers_array():
+    cfg = np.zeros(64, np.uint8)
+    cfg[0], cfg[48] = 1, 16  # palette 1; tmm0: 16 rows
+    cfg[16:18] = (64, 0)     # of 64 bytes
+    _native.emu_reset()
+    _native.emu_ldtilecfg(cfg)
+    try:
+        with pytest.raises(ValueError, match="16 x 64 bytes; the source is 1 x 1"):
+            _native.emu_tileloadd(0, np.ones((1, 1), np.uint8))
+        with pytest.raises(ValueError, match="the destination asked for is 1 x 1"):
+            _native.emu_tilestored(0, 1, 1)
+        with pytest.raises(ValueError, match="tmm9 does not exist"):
+            _native.emu_tileloadd(9, np.ones((16, 64), np.uint8))
+        _native.emu_tileloadd(0, np.full((16, 64), 3, np.uint8))
+        assert (_native.emu_tilestored(0, 16, 64) == 3).all() and _native.emu_error() is None
+    finally:
+        _native.emu_reset()
