@@ -7,7 +7,8 @@
  *
  * Blocking: 2 A tiles (32 rows) x 2 B tiles (2 panels = 32 channels) -> 4 C tiles, as kt-kernel.
  * tmm0..3 = C, tmm4..5 = A, tmm6..7 = B.  Activation buffers hold m_pad rows (a multiple of
- * 16, zero past m), so every A tile is a full 16 rows and one configuration serves all M.
+ * 16; the results of rows past m are dropped), so every A tile is a full 16 rows and one
+ * configuration serves all M.
  * Int8 activations use TDPBSSD (s8 x s8), bf16 ones TDPBF16PS.
  *
  * The traits header gives:
@@ -232,7 +233,7 @@ KT_AI void KT_(one_step_groups)(float *restrict acc, KT_C_T *restrict c, const u
 KT_AI void KT_(pack_a)(uint8_t *restrict dst, const uint8_t *restrict rows, int64_t lda, int64_t m0, int64_t m1,
                        int64_t steps, int64_t rb /* 64, or 32 for 32-K groups of int8 */) {
     for (int64_t b = m0; b < m1; b += 32) {
-        const int64_t tiles = m1 - b > 16 ? 2 : 1; /* rows past m up to m_pad are zero and present */
+        const int64_t tiles = m1 - b > 16 ? 2 : 1; /* rows past m up to m_pad are present */
         for (int64_t r = 0; r < 16 * tiles; ++r)
             for (int64_t s = 0; s < steps; ++s) {
                 uint8_t *to = dst + (((b - m0) / 32 * steps + s) * 32 + r) * rb;

@@ -483,7 +483,8 @@ KT_AI int KT_(top_field)(const uint16_t *src, int64_t k_pad) {
 }
 
 /* Rows [m0, m0 + rows) of the bf16 activations as floats (rows <= KTCY_AVX2_F32_ROWS); rows past
- * the buffer are zeros.  KT_ROW_PRESCALE E: each row times 2^k, rowf[i] its factor for
+ * a->m are zeros (the MoE engine's padding rows may hold an earlier call's, which must not choose
+ * the decode for this one).  KT_ROW_PRESCALE E: each row times 2^k, rowf[i] its factor for
  * final_scaled(), and the return value says whether a row's exponent field passes KT_WIDE_FIELD
  * (the call then takes the wide decode).  With the 2^-E weights k = min(E, 252 - field), field
  * the row's largest exponent field: |x| 2^k < 2^126, so no product (below 2^-111) nor K of them
@@ -498,13 +499,13 @@ KT_AI int KT_(f32_rows)(const ktcy_act *a, int64_t m0, int64_t rows, float *dst,
     (void)rowf; (void)field; (void)lift;
 #if KT_ROW_PRESCALE
     for (int64_t i = 0; i < rows; ++i) {
-        field[i] = m0 + i < a->m_pad ? KT_(top_field)(a->bf16 + (m0 + i) * a->k_pad, a->k_pad) : 0;
+        field[i] = m0 + i < a->m ? KT_(top_field)(a->bf16 + (m0 + i) * a->k_pad, a->k_pad) : 0;
         wide |= field[i] > KT_WIDE_FIELD;
     }
 #endif
     for (int64_t i = 0; i < rows; ++i, dst += stride) {
         if (KT_ROW_PRESCALE) rowf[i] = 1.0f;
-        if (m0 + i >= a->m_pad) {
+        if (m0 + i >= a->m) {
             memset(dst, 0, (size_t)a->k_pad * sizeof(float));
             continue;
         }

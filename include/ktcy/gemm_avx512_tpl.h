@@ -328,7 +328,8 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
         for (int64_t m0 = 0, tile = 0; m0 < a->m; ++tile) {
             const ktcy_ahead ahead = ktcy_ahead_share(next, tile, tiles, nkb);
             int64_t left = a->m - m0;
-            /* rows past a->m are zero padding (m_pad), so rounding a tile up to 2/4/6 rows is safe */
+            /* rows past a->m are present (m_pad) and their results dropped, so rounding a tile
+             * up to 2/4/6 rows is safe */
             int mb = max_rows;
             if (left < max_rows) mb = left <= 1 ? 1 : left <= 2 ? 2 : left <= 4 ? 4 : max_rows;
             /* 7 or 8 rows left: 4 + 4, not 6 + a 1- or 2-row tile that reads the whole panels

@@ -50,7 +50,10 @@ typedef struct {
 
 typedef struct {
     int64_t m;               /* valid rows */
-    int64_t m_pad;           /* rows present in the buffers (multiple of 16, extra rows zero) */
+    int64_t m_pad;           /* rows present in the buffers (a multiple of 16); rows past m are */
+                             /* zeros (Activations) or an earlier call's (the MoE engine): a    */
+                             /* kernel may compute them, drops their results, decides nothing  */
+                             /* for the valid rows by them                                      */
     int64_t k_pad;           /* row stride in elements */
     const int8_t *q;         /* INT8 activations: symmetric int8 codes, [m_pad][k_pad] */
     const uint16_t *bf16;    /* BF16 activations: bf16 bits, [m_pad][k_pad] */
