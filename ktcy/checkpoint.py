@@ -124,8 +124,13 @@ class MoEArchitecture:
 
     def activation_settings(self):
         """MoeConfig's activation keywords: GPT-OSS's clamped SwiGLU (alpha and limit from
-        config.json when set, else GPT-OSS's 1.702 and 7.0), SiLU for every other family."""
+        config.json when set, else GPT-OSS's 1.702 and 7.0), SiLU for every other family: a
+        hidden_act other than silu (or its other name, swish) is refused, not run as SiLU."""
         if not self.gpt_oss:
+            act = self.raw.get("hidden_act", "silu")
+            if act not in ("silu", "swish"):
+                raise CheckpointError(f"{self.source}: hidden_act {act!r:.40}: ktcy's experts are SiLU-gated "
+                                      "(silu, swish), or GPT-OSS's clamped SwiGLU")
             return {"activation": "silu"}
         cfg, where = self.raw, self.source
         return {"activation": "gpt_oss", "swiglu_alpha": config_number(cfg, where, "swiglu_alpha", 1.702),

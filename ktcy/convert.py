@@ -193,6 +193,7 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
     input_path = ckpt.path  # with ~ expanded and a hub id resolved to its local snapshot
     refuse_output_in_input(input_path, output_path)
     arch = ckpt.arch
+    activation = block_settings(arch)  # an activation ktcy cannot run is refused before any work
     chosen = parse_layers(layers, arch.moe_layers, arch.num_layers)
     fingerprint = source_fingerprint(input_path)
     source = json.dumps({"path": os.path.abspath(input_path), "fingerprint": fingerprint})
@@ -256,7 +257,7 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
             bias = experts.bias()  # GPT-OSS: biases and the clamped activation go into the layer file
             publish(final, lambda tmp: write_layer(tmp, arrays, fmt, g, arch.num_experts, arch.top_k,
                                                     arch.hidden_size, arch.intermediate_size, L, source=source,
-                                                    bias=bias, activation=block_settings(arch)))
+                                                    bias=bias, activation=activation))
             del arrays
             seconds = time.perf_counter() - t0
             progress.line(f"{label}: {os.path.getsize(final) / 2**20:.1f} MiB in {seconds:.1f} s "

@@ -153,6 +153,30 @@ def test_routers_ktcy_does_not_compute_are_refused(tmp_path, extra, bias, match)
     assert ktcy.load_experts(tmp_path, 1).config.num_experts == 4  # the experts alone still load
 
 
+@pytest.mark.parametrize("act", ["gelu", "gelu_pytorch_tanh", "relu", 3])
+def test_experts_of_another_activation_are_refused_not_run_as_silu(tmp_path, act):
+    """ktcy's experts are SiLU-gated (or GPT-OSS's clamped SwiGLU): a config.json naming another
+    hidden_act loaded silently before, with other outputs than the model's own."""
+    src = tmp_path / "ckpt"
+    make_checkpoint(src, extra_config={"hidden_act": act})
+    add_routers(src)
+    match = rf"config.json: hidden_act {act!r}: ktcy's experts are SiLU-gated"
+    with pytest.raises(CheckpointError, match=match):
+        ktcy.load_experts(src, 1)
+    with pytest.raises(CheckpointError, match=match):
+        ktcy.MoEModel.from_pretrained(src, layers=[1])
+    with pytest.raises(CheckpointError, match=match):
+        convert_mod.convert(src, tmp_path / "out", method="INT8", progress=QUIET)
+    assert not any(n.startswith("ktcy_layer_") for n in os.listdir(tmp_path / "out")) if (tmp_path / "out").exists() \
+        else True
+
+
+@pytest.mark.parametrize("act", ["silu", "swish"])
+def test_silu_under_either_name_loads(tmp_path, act):
+    make_checkpoint(tmp_path, extra_config={"hidden_act": act})
+    assert ktcy.load_experts(tmp_path, 1).config.activation == "silu"
+
+
 def test_a_deepseek_router_with_every_key_is_built(tmp_path):
     make_checkpoint(tmp_path, extra_config=DEEPSEEK_ROUTER)
     add_routers(tmp_path)

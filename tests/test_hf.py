@@ -188,6 +188,8 @@ def test_rules_also_match_the_checkpoints_block_names(folders):
 def test_arguments_that_do_not_apply_are_refused(folders):
     with pytest.raises(ValueError, match="device_map"):
         ktcy.hf.from_pretrained(folders["olmoe"], device_map="auto")
+    with pytest.raises(ValueError, match="hidden_act= cannot override config.json"):
+        ktcy.hf.from_pretrained(folders["olmoe"], hidden_act="gelu")  # the torch part alone would change
     for switch in ("load_in_8bit", "load_in_4bit"):  # bitsandbytes would quantize the experts ktcy runs
         with pytest.raises(ValueError, match=switch):
             ktcy.hf.from_pretrained(folders["olmoe"], **{switch: True})
