@@ -1,4 +1,6 @@
 """ktcy.hf against stock transformers on tiny random checkpoints (tests/hf_checkpoints.py)."""
+import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -258,3 +260,15 @@ def test_empty_batch_and_save_pretrained_and_copies(folders, tmp_path):
             attempt()
     with pytest.raises(ValueError, match="dtype must be torch.float32"):
         ktcy.hf.from_pretrained(folders["qwen3_moe"], dtype=torch.float8_e4m3fn)
+
+
+def test_a_config_transformers_refuses_is_one_checkpoint_error(folders, tmp_path):
+    """transformers' own refusal of a config.json (here a KeyError for an unknown rope type, deep in
+    its modeling code) comes out as a CheckpointError naming the file."""
+    bad = tmp_path / "bad"
+    shutil.copytree(folders["olmoe"], bad)
+    config = json.loads((bad / "config.json").read_text())
+    config["rope_scaling"] = config["rope_parameters"] = {"rope_type": "nonsense", "rope_theta": 10000.0}
+    (bad / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ktcy.CheckpointError, match=r"config.json: transformers could not make .* from it"):
+        ktcy.hf.from_pretrained(bad)

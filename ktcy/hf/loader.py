@@ -105,7 +105,8 @@ def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwar
     dtype = _dtype(hf_kwargs)
     attn = hf_kwargs.pop("attn_implementation", None)
     hf_kwargs.setdefault("local_files_only", True)
-    config = transformers.AutoConfig.from_pretrained(path, **hf_kwargs)
+    with _transformers_errors(config_file, "its configuration"):
+        config = transformers.AutoConfig.from_pretrained(path, **hf_kwargs)
     if dtype is None:
         dtype = config.dtype if isinstance(config.dtype, torch.dtype) and config.dtype.is_floating_point \
             else torch.float32
@@ -114,7 +115,7 @@ def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwar
     if getattr(config, "quantization_config", None) is not None:
         del config.quantization_config
     experts_type = arch.experts_type()
-    with _experts_on_meta(experts_type):
+    with _experts_on_meta(experts_type), _transformers_errors(config_file, "the model"):
         extra = {"attn_implementation": attn} if attn is not None else {}
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, **extra)
     model.eval()
@@ -133,6 +134,17 @@ def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwar
     model.ktcy_experts = types.MethodType(ktcy_experts, model)
     model.save_pretrained = types.MethodType(_save_pretrained, model)
     return model
+
+
+@contextlib.contextmanager
+def _transformers_errors(config_file, what):
+    """transformers' own refusals of a config.json (a KeyError for an unknown rope type, ...) as
+    one CheckpointError naming the file, instead of a traceback from deep inside it."""
+    try:
+        yield
+    except (KeyError, ValueError, TypeError, AttributeError, IndexError) as e:
+        raise CheckpointError(f"{config_file}: transformers could not make {what} from it "
+                              f"({type(e).__name__}: {e})") from e
 
 
 def _save_pretrained(model, *args, **kwargs):
