@@ -4,7 +4,10 @@ import argparse
 import json
 import logging
 import os
+import signal
+import socket
 import stat
+import subprocess
 import sys
 import time
 
@@ -153,3 +156,90 @@ def test_bad_launches_are_one_clear_error(tmp_path):
     (tmp_path / "sys" / "node0" / "cpulist").write_text("zero\n")
     with pytest.raises(ValueError, match="cpulist"):
         launch.run(parse("--numa", "--", "true"), node_dir=tree, numactl=None)
+
+
+# ---- the fifty-ninth session's review ----
+
+def _running_with(marker):
+    """pids whose command line holds marker (a process a test started and must not leave)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def test_stopping_a_rank_stops_what_it_started(tmp_path):
+    """A rank that is a wrapper (a shell running the real program) left that program running when
+    the launcher stopped it; each rank is now a process group of its own, stopped whole."""
+    marker = "3141.5926"
+    script = f'if [ "$RANK" = 1 ]; then sleep 1; exit 5; fi; sleep {marker}; echo done'
+    try:
+        with time_limit(30):
+            assert launch.run(parse("--nproc", "2", "--", "bash", "-c", script)) == 5
+        time.sleep(0.3)
+        assert _running_with(f"sleep {marker}") == []
+    finally:
+        for pid in _running_with(f"sleep {marker}"):
+            os.kill(pid, 9)
+
+
+def test_a_second_signal_while_stopping_still_stops_every_rank(tmp_path):
+    """Ranks slow to leave on SIGTERM (they ignore it) and a launcher sent SIGTERM twice: the
+    second one used to cut the grace period short, and the ranks stayed."""
+    marker = "2718.2818"
+    rank = f"import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep({marker})"
+    p = subprocess.Popen([sys.executable, "-m", "ktcy", "launch", "--nproc", "2", "--", sys.executable, "-c", rank],
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(_running_with(f"time.sleep({marker})")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        p.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=30) == 130 and p.stderr.read().strip() == "ktcy: interrupted"
+        time.sleep(0.3)
+        assert _running_with(f"time.sleep({marker})") == []
+    finally:
+        p.kill()
+        for pid in _running_with(f"time.sleep({marker})"):
+            os.kill(pid, 9)
+
+
+def test_an_ipv6_master_address_gets_a_port():
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    assert 0 < launch._free_port("::1") < 65536
+    with pytest.raises(ValueError, match="--master-addr 'no.such.host.invalid': cannot bind"):
+        launch._free_port("no.such.host.invalid")
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"RANK": "5"}, "RANK='5' must be an integer in 0..1"), ({"RANK": "-1"}, "RANK='-1'"),
+    ({"WORLD_SIZE": "abc"}, "WORLD_SIZE='abc' must be an integer"), ({"WORLD_SIZE": "-1"}, "WORLD_SIZE='-1'"),
+    ({"MASTER_PORT": "abc"}, "MASTER_PORT='abc'"), ({"MASTER_PORT": "70000"}, "MASTER_PORT='70000'"),
+    ({"BUSY": "1"}, "cannot join the process group at 127.0.0.1:"),
+])
+def test_bad_rank_variables_and_a_busy_port_are_one_distributed_error(env, words):
+    """A rank past the world waited out the whole timeout; a busy port or a word for a number
+    came out of torch as a traceback."""
+    pytest.importorskip("torch")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        base = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(busy.getsockname()[1]) if "BUSY" in env else "29999"}
+        env = {k: v for k, v in env.items() if k != "BUSY"}
+        code = ("from ktcy.distributed import DistributedError, init_process_group\n"
+                "try:\n    init_process_group(timeout=10)\nexcept DistributedError as e:\n    print(e)\n")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, **base, **env})
+    assert r.returncode == 0 and words in r.stdout, r.stdout + r.stderr

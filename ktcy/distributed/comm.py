@@ -32,7 +32,28 @@ def init_process_group(timeout: float = 300.0, backend: str = "gloo") -> None:
     if missing:
         raise DistributedError(f"cannot join a process group: {', '.join(missing)} not set "
                                "(start the ranks with torchrun or ktcy launch)")
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
+    world = _env_int("WORLD_SIZE", 1, 1 << 20)
+    _env_int("RANK", 0, world - 1)  # a rank past the world would wait out the whole timeout
+    _env_int("MASTER_PORT", 1, 65535)
+    try:
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
+    except (RuntimeError, ValueError) as e:  # torch's DistNetworkError / DistError are RuntimeErrors
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DistributedError(f"cannot join the process group at {os.environ['MASTER_ADDR']}:"
+                               f"{os.environ['MASTER_PORT']} as rank {os.environ['RANK']} of "
+                               f"{os.environ['WORLD_SIZE']}: {first}") from e
+
+
+def _env_int(name, lo, hi):
+    """An integer environment variable within [lo, hi], else DistributedError naming it."""
+    text = os.environ[name].strip()
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not lo <= value <= hi:
+        raise DistributedError(f"{name}={os.environ[name]!r:.40} must be an integer in {lo}..{hi}")
+    return value
 
 
 class Group:

@@ -101,17 +101,20 @@ def _bindings(args, node_dir):
 
 
 def _free_port(addr):
-    with socket.socket() as s:
-        try:
-            s.bind((addr, 0))
-        except OSError as e:
-            raise ValueError(f"--master-addr {addr!r}: cannot bind a port there ({e.strerror})") from None
-        return s.getsockname()[1]
+    """A port free at addr now (IPv4 or IPv6, as the address resolves)."""
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(addr, 0, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.bind(where)
+            return s.getsockname()[1]
+    except OSError as e:  # socket.gaierror included
+        raise ValueError(f"--master-addr {addr!r}: cannot bind a port there ({e.strerror or e})") from None
 
 
 def _start(command, env):
+    """A rank in a process group of its own, so that stopping it stops whatever it started too."""
     try:
-        return subprocess.Popen(command, env=env)
+        return subprocess.Popen(command, env=env, start_new_session=True)
     except OSError as e:
         raise ValueError(f"cannot start {command[0]!r}: {e.strerror}") from None
 
@@ -159,16 +162,59 @@ def _supervise(procs):
 
 
 def _stop(procs):
-    running = [p for p in procs if p.poll() is None]
-    for p in running:
-        p.terminate()
-    deadline = time.monotonic() + STOP_GRACE_SECONDS
-    for p in running:
-        try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
+    """SIGTERM to every rank's process group (a rank that exited may have left children there),
+    SIGKILL to those still there after STOP_GRACE_SECONDS.  Signals to the launcher wait until
+    this is done: a second Ctrl-C or SIGTERM must not cut the grace period short and leave ranks."""
+    with _signals_deferred():
+        for p in procs:
+            _signal_group(p, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        while time.monotonic() < deadline and any(_group_alive(p) for p in procs):
+            time.sleep(0.05)
+        for p in procs:
+            _signal_group(p, signal.SIGKILL)
             p.wait()
+
+
+@contextmanager
+def _signals_deferred():
+    """SIGINT/SIGTERM/SIGHUP arriving meanwhile are noted, not raised, and raised as
+    KeyboardInterrupt once the block is done (handlers run in the main thread only: elsewhere
+    nothing changes).  Blocking them with pthread_sigmask is not enough: the process's other
+    threads (BLAS, OpenMP) would take them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived = []
+    old = {s: signal.signal(s, lambda sig, _: arrived.append(sig))
+           for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    if arrived:
+        raise KeyboardInterrupt
+
+
+def _signal_group(p, sig):
+    try:
+        os.killpg(p.pid, sig)  # the rank's pid names its group (start_new_session)
+    except (ProcessLookupError, PermissionError):
+        pass  # nothing left in it
+
+
+def _group_alive(p):
+    try:
+        os.killpg(p.pid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 @contextmanager
