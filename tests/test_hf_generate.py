@@ -115,3 +115,25 @@ def test_the_ktcy_command_runs_generate_with_a_passive_openmp_policy(folder, tmp
                           "--input-ids", "1"], capture_output=True, text=True, env=env, timeout=300)
     errors = [line for line in bad.stderr.splitlines() if not line.startswith("policy=")]
     assert bad.returncode == 1 and len(errors) == 1 and errors[0].startswith("ktcy: error:"), bad.stderr
+
+
+def test_characters_split_over_tokens_print_whole():
+    """A byte-level tokenizer hands a 3-byte character over in 3 tokens; the printer wrote the
+    U+FFFD the first two decode to, and could not take it back."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from transformers import PreTrainedTokenizerFast
+    alphabet = sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok)
+    text = "ab 中文 ok 🙂"
+    ids = hf_tok(text).input_ids
+    assert len(ids) > len(text)  # some characters do come in pieces
+    out = io.StringIO()
+    printer = generate_cli._Printer(hf_tok, out)
+    printer.put(torch.tensor([[0]]))  # generate() hands the streamer the prompt first
+    for i in ids:
+        printer.put(torch.tensor([i]))
+    printer.end()
+    assert out.getvalue() == text + "\n"

@@ -73,12 +73,19 @@ class _Printer:
         if self.tokenizer is None:
             self.out.write(" ".join(str(i) for i in ids) + " ")
         else:
-            text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-            self.out.write(text[len(self._printed):])
-            self._printed = text
+            # a character split over tokens (byte-level BPE: CJK, emoji) decodes to U+FFFD until
+            # its last byte arrives: hold the text back from there, printed text cannot be taken back
+            self._write(self.tokenizer.decode(self.ids, skip_special_tokens=True).rstrip("\ufffd"))
         self.out.flush()
 
+    def _write(self, text):
+        if len(text) > len(self._printed):
+            self.out.write(text[len(self._printed):])
+            self._printed = text
+
     def end(self):
+        if self.tokenizer is not None:  # what is left held back, an incomplete character included
+            self._write(self.tokenizer.decode(self.ids, skip_special_tokens=True))
         self.out.write("\n")
         self.out.flush()
 
