@@ -67,8 +67,7 @@ def measure_peak(str name, int threads, double seconds=0.03, int repeats=4):
     TEAM_ROUNDS rounds) it is returned with "reliable": False and a note saying why."""
     if name not in peak_names():
         raise UnsupportedISAError(f"peak {name!r} cannot be measured here; measurable: {', '.join(peak_names())}")
-    if threads < 1:
-        raise ValueError(f"threads must be >= 1, got {threads}")
+    check_thread_count(threads, "threads")  # OpenMP aborts the process when asked for far too many
     cdef int which = list(_PEAKS).index(name)
     cdef int64_t iters = 256
     instruction, _, ops, unit = _PEAKS[name]
@@ -116,8 +115,9 @@ cdef double _read_pass(const uint8_t[::1] view, int64_t start_at, int64_t per_th
 def read_pass(const uint8_t[::1] buf, int64_t start_at, int64_t per_thread, int threads):
     """Bytes per second of one streaming pass: `threads` threads each read per_thread bytes of
     buf, side by side from start_at on (the window must lie inside buf)."""
-    if threads < 1 or per_thread < 512:  # the vector loops read whole 512-byte strides
-        raise ValueError(f"need threads >= 1 and per_thread >= 512, got {threads} and {per_thread}")
+    check_thread_count(threads, "threads")
+    if per_thread < 512:  # the vector loops read whole 512-byte strides
+        raise ValueError(f"need per_thread >= 512, got {per_thread}")
     if start_at < 0 or start_at > buf.shape[0] or per_thread > (buf.shape[0] - start_at) // threads:
         raise ValueError(f"a window of {threads} x {per_thread} bytes at {start_at} is outside the "
                          f"{buf.shape[0]}-byte buffer")  # compared without a product that could wrap
@@ -133,8 +133,7 @@ def measure_read_bandwidth(int threads, int64_t nbytes=512 * 1024 * 1024, int re
     Short passes matter on a shared machine: a pass of a few milliseconds can run while no
     neighbour holds a core, which is what a kernel's call of a few milliseconds also sees; a pass
     over the whole buffer almost never does and underestimated the bandwidth by up to 2x."""
-    if threads < 1:
-        raise ValueError(f"threads must be >= 1, got {threads}")
+    check_thread_count(threads, "threads")  # OpenMP aborts the process when asked for far too many
     cdef int64_t per_thread = min(window, nbytes // threads) // 512 * 512  # whole strides (read_pass)
     if per_thread < 512:
         raise ValueError(f"nbytes {nbytes} is too small for {threads} threads")

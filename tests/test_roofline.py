@@ -65,9 +65,15 @@ def test_bad_probe_arguments():
         _native.read_pass(buf, 1024, 2048, 2)  # the second thread's window would run past the end
     with pytest.raises(ValueError, match="outside"):
         _native.read_pass(buf, -512, 512, 1)
-    for start, per_thread, threads in ((0, 2**62, 4), (2**63 - 4096, 4096, 1)):  # products that wrap
+    wide = min(4, _native.usable_cpus())
+    for start, per_thread, threads in ((0, 2**62, wide), (2**63 - 4096, 4096, 1)):  # products that wrap
         with pytest.raises(ValueError, match="outside"):
             _native.read_pass(buf, start, per_thread, threads)
+    too_many = _native.usable_cpus() + 1  # OpenMP aborts the process when asked for far too many
+    for probe in (lambda: _native.measure_peak(_native.peak_names()[0], 10**6),
+                  lambda: _native.measure_read_bandwidth(too_many), lambda: _native.read_pass(buf, 0, 512, too_many)):
+        with pytest.raises(ValueError, match="threads must be between 1 and"):
+            probe()
     with pytest.raises(ValueError, match="threads"):
         _native.read_pass(buf, 0, 512, 0)
     with pytest.raises(ValueError, match="per_thread >= 512"):
