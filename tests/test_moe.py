@@ -2,7 +2,9 @@
 bad input, threads and concurrency (issue: MoE forward)."""
 import logging
 import pickle
+import sys
 import threading
+import time
 
 import ml_dtypes
 import numpy as np
@@ -360,3 +362,40 @@ def test_down_items_wait_for_their_experts_rows_only(fmt):
             finally:
                 ktcy.set_num_threads(old)
             assert np.all(np.isfinite(serial[3])) and np.abs(serial[3]).max() > 0
+
+
+def test_forward_releases_the_gil():
+    """README: forward runs with the GIL released.  A second Python thread counts while forward
+    computes on one thread: every count it makes strictly inside a call proves the call did not
+    hold the GIL (one that held it would leave no Python bytecode running until it returned)."""
+    rng = np.random.default_rng(0)
+    E, H, I = 8, 512, 256
+    g, u = (rng.standard_normal((E, I, H)).astype(np.float32) * 0.05 for _ in range(2))
+    d = rng.standard_normal((E, H, I)).astype(np.float32) * 0.05
+    moe = ktcy.MoE.from_weights(ktcy.MoeConfig(E, 2, H, I, ktcy.QuantConfig("BF16"), isa="ref", num_threads=1),
+                                g, u, d)  # the portable kernels: about 0.1 s a call
+    x = rng.standard_normal((128, H)).astype(np.float32)
+    ids = np.argsort(rng.random((128, E)), axis=1)[:, :2]
+    w = np.full((128, 2), 0.5, np.float32)
+    calls, done = [], threading.Event()
+
+    def compute():
+        for _ in range(4):
+            start = time.perf_counter()
+            moe.forward(x, ids, w)
+            calls.append((start, time.perf_counter()))
+        done.set()
+
+    worker = threading.Thread(target=compute)
+    worker.start()
+    counts = []
+    while not done.is_set():
+        counts.append(time.perf_counter())
+    worker.join()
+    # the call's own Python before and after its C code, and the switch interval the counting
+    # thread may keep the GIL for once it has it (a GIL-holding builtin of 80 ms, sum(range()),
+    # lets no count through past this margin)
+    margin = 2 * sys.getswitchinterval() + 0.002
+    inside = sum(1 for t in counts for a, b in calls if a + margin < t < b - margin)
+    assert all(b - a > 4 * margin for a, b in calls), calls
+    assert inside > 100, f"{inside} counts during {len(calls)} calls of {[round(b - a, 3) for a, b in calls]} s"
