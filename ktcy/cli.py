@@ -11,7 +11,7 @@ import zipfile
 
 from ktcy import log, report
 from ktcy.formats import FORMATS
-from ktcy.output_guard import publish
+from ktcy.output_guard import publish, termination_as_interrupt
 from ktcy.distributed import launch
 from ktcy.hf import generate_cli
 from ktcy.version import __version__
@@ -377,7 +377,8 @@ def _user_errors():
 def _guarded(fn, debug):
     """Run a command; user errors become one line on stderr (tracebacks with --debug)."""
     try:
-        rc = fn()
+        with termination_as_interrupt():  # SIGTERM/SIGHUP clean up as Ctrl-C does (no half files left)
+            rc = fn()
         sys.stdout.flush()
         return rc
     except BrokenPipeError:

@@ -225,6 +225,9 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
             raise ConvertError(f"{os.path.join(output_path, layer_file_name(unreadable[0]))} is not a packed layer this "
                                "ktcy can read (another tool's, damaged, or from another ktcy version); it is not "
                                "replaced without --overwrite")
+        if conflicts or unreadable:  # first a manifest of this run listing only the files that stay: an
+            # interrupted run must not leave the old one vouching for layers removed or replaced
+            _write_manifest(output_path, input_path, fingerprint, asked, group, arch, wanted)
         for L in list(conflicts) + unreadable:
             remove(os.path.join(output_path, layer_file_name(L)))
         if conflicts:

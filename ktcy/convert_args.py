@@ -7,6 +7,7 @@ import os
 import sys
 
 from ktcy.formats import INT4_GROUP_SIZES, canonical_format, has_groups
+from ktcy.output_guard import termination_as_interrupt
 from ktcy.safetensors_io import strict_json
 
 INPUT_TYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "float8_e4m3fn"}
@@ -170,7 +171,8 @@ def _one_line(e):
 def run_cli(argv=None, prog="convert_cpu_weights.py"):
     args = build_parser(prog).parse_args(argv)
     try:
-        return _run(args)
+        with termination_as_interrupt():  # kill/timeout/docker stop leave no temporary files either
+            return _run(args)
     except (ValueError, TypeError, OSError, MemoryError) as e:  # CheckpointError, ConvertError are ValueErrors
         if args.debug:
             raise

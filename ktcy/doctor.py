@@ -274,7 +274,9 @@ def format_text(d):
     for backend, row in d["backends"].items():
         state = "ideal" if row["ideal"] else "works" if row["isa"] else "cannot run"
         where = f"{row['isa']} ({row['variant']})" if row["isa"] else row["variant"]
-        missing = f"; the ideal path needs {', '.join(row['missing'])}" if row["missing"] else ""
+        missing = f"; the ideal path needs {', '.join(row['missing'])}" if row["missing"] else \
+            "; the ideal path is not the one chosen (KTCY_ISA / CPUINFER_ENABLE_AMX)" if row["isa"] and not row["ideal"] \
+            else ""
         lines.append(f"  {backend:15s} {state:10s} -> {row['format']} on {where}{missing}")
     if d["advice"]:
         lines += ["", "Advice:"] + [f"  - {n}" for n in d["advice"]]

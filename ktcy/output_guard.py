@@ -2,6 +2,7 @@
 an input, writes under unique temporary names that leave nothing behind when they fail, and a
 fingerprint of the source checkpoint so that --resume can tell whether files on disk came from
 the same source."""
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -10,8 +11,10 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import stat
 import struct
+import threading
 
 from ktcy.safetensors_io import write
 
@@ -62,6 +65,7 @@ class OutputLock:
             raise ConvertError(f"cannot lock {self.folder} ({e.strerror})") from None
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+        _remove_dead_temporaries(self.folder)
         return self
 
     def __exit__(self, *exc):
@@ -97,8 +101,51 @@ def _temporary_name(final):
     return os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
 
 
+_TEMPORARY = re.compile(r"\..+\.([0-9]{1,10})\.[0-9a-f]{8}\.tmp(?:\.partial)?")  # _temporary_name's, + write()'s
+
+
+def _remove_dead_temporaries(folder):
+    """Temporary files that a process no longer running left in folder (killed by SIGKILL, or a
+    power cut, before publish() could clean up); called with the folder's lock held, so no other
+    converter is writing one now."""
+    for name in os.listdir(folder):
+        m = _TEMPORARY.fullmatch(name)
+        if m is None or _alive(int(m[1])):
+            continue
+        remove(os.path.join(folder, name))
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return pid > 0  # another user's process (or a number past any pid): leave its file
+
+
 def _failed(final, e):
     return ConvertError(f"writing {final} failed: {e.strerror or e} (nothing partial was left behind)")
+
+
+@contextlib.contextmanager
+def termination_as_interrupt():
+    """SIGTERM and SIGHUP (kill, timeout, docker stop, a closed terminal) raise KeyboardInterrupt
+    as Ctrl-C does, so publish() removes its temporary files on those too; Python's default for
+    them ends the process on the spot.  Main thread only (elsewhere nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+    old = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def publish(final, write_to):

@@ -19,6 +19,9 @@ BACKEND_NEEDS = {
     "INT8": ("avx512f", "avx512bw", "avx512_vnni", "os_avx512"),
     "BF16": ("avx512f", "avx512bw", "avx512_bf16", "os_avx512"),
 }
+# the ISA of each backend's ideal path (what BACKEND_NEEDS asks for)
+BACKEND_ISA = {"AMXINT8": "amx", "AMXINT4": "amx", "AMXBF16": "amx", "FP8": "avx512", "FP8_PERCHANNEL": "avx512",
+               "INT8": "avx512", "BF16": "avx512"}
 
 
 def kernel_choices():
@@ -49,7 +52,8 @@ def info():
 
 
 def backend_readiness():
-    """Per KTransformers backend: the ISA that will run it here, and what the ideal path misses."""
+    """Per KTransformers backend: the ISA that will run it here, what the ideal path misses, and
+    whether it is the one that runs (ideal: the features are there and the policy picks it)."""
     feats = _native.cpu_features()
     rows = {}
     for backend, needs in BACKEND_NEEDS.items():
@@ -59,7 +63,8 @@ def backend_readiness():
             isa, variant = _native.resolve(fmt)
         except (UnsupportedISAError, ValueError) as e:  # ValueError: an invalid KTCY_ISA
             isa, variant = None, str(e)
-        rows[backend] = {"format": fmt, "ideal": not missing, "missing": missing, "isa": isa, "variant": variant}
+        rows[backend] = {"format": fmt, "ideal": not missing and isa == BACKEND_ISA[backend], "missing": missing,
+                         "isa": isa, "variant": variant}
     return rows
 
 

@@ -605,3 +605,58 @@ def test_a_converted_folder_given_as_the_input_says_so(src, tmp_path):
     assert_one_line_error(cli("--input", out, "--output", tmp_path / "again"), "a converted folder holds experts only")
     assert_one_line_error(cli("--input-bf16-hf-path", out, "--output-fp8-hf-path", tmp_path / "fp8"),
                           "a converted folder holds experts only")
+
+
+# -- the fifty-ninth session's review ----------------------------------------------------------
+
+def test_sigterm_mid_conversion_leaves_no_temporary_file(tmp_path):
+    """kill, timeout and docker stop send SIGTERM, whose default ended the converter on the spot
+    and left its temporary file (10 MiB here) for good; it now cleans up as Ctrl-C does."""
+    src, out = tmp_path / "hf", tmp_path / "out"
+    make_checkpoint(src, E=8, H=1024, I=512, num_layers=3, dense_layers=())
+    p = subprocess.Popen(KTCY + ["--input", str(src), "--output", str(out), "--method", "BF16"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and p.poll() is None and not (out.is_dir() and leftovers(out)):
+        time.sleep(0.002)
+    p.send_signal(signal.SIGTERM)
+    err = p.communicate(timeout=60)[1]
+    assert p.returncode in (0, 130), err  # 0: it had just finished
+    if p.returncode == 130:
+        assert err.strip().splitlines() == ["ktcy convert: interrupted (files already complete stay; run again "
+                                            "with --resume)"]
+    assert leftovers(out) == []
+
+
+def test_temporaries_of_dead_converters_are_removed_under_the_lock(src, tmp_path):
+    """A converter killed outright (SIGKILL, power) leaves its temporary file; the next one on the
+    folder removes it, and leaves those of a process still running."""
+    out = tmp_path / "out"
+    out.mkdir()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = f".{layer_file_name(1)}.{gone.pid}.deadbeef.tmp.partial"
+    live = f".{layer_file_name(2)}.{os.getpid()}.0badcafe.tmp"
+    for name in (dead, live):
+        (out / name).write_bytes(b"x" * 100)
+    convert_mod.convert(src, out, method="INT8", layers="1", progress=QUIET)
+    assert not (out / dead).exists() and (out / live).exists()
+
+
+def test_an_interrupted_overwrite_leaves_no_manifest_vouching_for_the_old_layers(src, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    convert_mod.convert(src, out, method="BF16", progress=QUIET)
+    assert ktcy.load_experts(out, 1).format == "BF16"
+
+    def interrupted(*_, **__):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(convert_mod, "pack_layer", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        convert_mod.convert(src, out, method="INT8", overwrite=True, progress=QUIET)
+    manifest = json.loads((out / "ktcy_model.json").read_text())
+    assert manifest["method"] == "INT8" and manifest["layers"] == []  # it vouches for no old layer
+    with pytest.raises(CheckpointError, match="not converted"):
+        ktcy.MoEModel.from_pretrained(src, experts_path=out, layers=[1])
+    monkeypatch.undo()
+    convert_mod.convert(src, out, method="INT8", resume=True, progress=QUIET)
+    assert ktcy.load_experts(out, 1).format == "INT8"

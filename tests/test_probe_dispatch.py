@@ -186,6 +186,19 @@ def test_check_cpu_features_tool():
     assert r.returncode == 0, r.stdout + r.stderr
     assert "AMXINT8" in r.stdout and "FP8" in r.stdout
     assert ("will run on" in r.stdout)
+    env = {**os.environ, "KTCY_ISA": "ref"}  # forced below every backend's ideal path: none is ideal
+    r = subprocess.run([sys.executable, str(tool), "--json"], capture_output=True, text=True, env=env)
+    rows = json.loads(r.stdout)["backends"]
+    assert not any(row["ideal"] for row in rows.values()) and {row["isa"] for row in rows.values()} == {"ref"}
+    r = subprocess.run([sys.executable, str(tool)], capture_output=True, text=True, env=env)
+    assert "✅" not in r.stdout and "fast path" not in r.stdout
+    env["KTCY_ISA"] = "bogus"
+    r = subprocess.run([sys.executable, str(tool)], capture_output=True, text=True, env=env)
+    assert "✅" not in r.stdout and "cannot run" in r.stdout
+    # the reader leaving early (`| head -1`) is a quiet exit, as for ktcy's own commands
+    p = subprocess.Popen([sys.executable, str(tool)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()
+    assert p.wait(timeout=60) == 1 and b"Traceback" not in p.stderr.read()
 
 
 def test_threads_setting():

@@ -5,6 +5,7 @@ library (one probe, the same the kernels use).  Exit status 0 when at least AVX2
 1 otherwise."""
 import argparse
 import json
+import os
 import sys
 
 from ktcy import report
@@ -25,12 +26,14 @@ def main(argv=None):
     print("Flags: " + "  ".join(f"{'✓' if feats[f] else '✗'} {f}" for f in report.ISA_FEATURES + report.OS_STATE))
     print()
     for backend, row in backends.items():
-        state = "✅" if row["ideal"] else "⚠️ "
+        state = "✅" if row["ideal"] else "⚠️ " if row["isa"] else "❌"
         where = f"will run on {row['isa']} ({row['variant']})" if row["isa"] else f"cannot run: {row['variant']}"
-        missing = f"; missing for the ideal path: {', '.join(row['missing'])}" if row["missing"] else ""
+        missing = f"; missing for the ideal path: {', '.join(row['missing'])}" if row["missing"] else \
+            "; the ideal path is not the one chosen (KTCY_ISA / CPUINFER_ENABLE_AMX)" if row["isa"] and not row["ideal"] \
+            else ""
         print(f"{state} {backend:15s} -> {row['format']:15s} {where}{missing}")
     print()
-    if all(feats[f] for f in ("avx512f", "avx512bw", "avx512_bf16", "avx512_vnni", "avx512_vbmi", "os_avx512")):
+    if backends["FP8"]["variant"] == "fp8_avx512_vbmi" and feats["avx512_vnni"]:
         print("✅ Full AVX-512 (F/BW/BF16/VNNI/VBMI): the FP8 fast path (VBMI decode + vdpbf16ps) runs here.")
     if not ok:
         print("❌ Not even AVX2+FMA is usable: only the portable C kernels will run (slowly).")
@@ -40,4 +43,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # the reader left (`check_cpu_features.py | head -3`): a quiet exit, as ktcy's
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
