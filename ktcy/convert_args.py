@@ -77,7 +77,8 @@ def build_parser(prog="convert_cpu_weights.py"):
     run.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     talk = run.add_mutually_exclusive_group()
     talk.add_argument("-q", "--quiet", action="store_true", help="no progress output, only notes and errors")
-    talk.add_argument("-v", "--verbose", action="store_true", help="also show ktcy's log messages (logger 'ktcy')")
+    talk.add_argument("-v", "--verbose", action="count", default=0,
+                      help="also show ktcy's log messages (logger 'ktcy'; -vv: debug messages too)")
     fp8 = p.add_argument_group("Hugging Face FP8 per-channel output (compressed-tensors float-quantized, channel)")
     fp8.add_argument("--input-bf16-hf-path", metavar="DIR", help="unquantized checkpoint to read")
     fp8.add_argument("--output-fp8-hf-path", metavar="DIR", help="folder of the FP8 per-channel checkpoint to write")
@@ -132,6 +133,9 @@ def _kt_method(name):
 def resolve_method(args):
     """(format or None, group size or None) from --method / --quant-method / --quant-config,
     which must agree where more than one is given."""
+    for flag, value in (("--method", args.method), ("--quant-method", args.quant_method)):
+        if value is not None and not value.strip():
+            raise UsageError(f"{flag} is empty; leave it out to keep the checkpoint's precision")
     given = []
     if args.method:
         given.append(("--method " + args.method, canonical_format(args.method)))
@@ -193,7 +197,7 @@ def _run(args):
     progress = Progress(open(os.devnull, "w") if args.quiet else None)
     if args.verbose:
         logging.basicConfig(format="%(name)s: %(levelname)s: %(message)s")
-        logging.getLogger("ktcy").setLevel(logging.INFO)
+        logging.getLogger("ktcy").setLevel(logging.DEBUG if args.verbose >= 2 else logging.INFO)
 
     def note(text):
         print(f"note: {text}", file=sys.stderr)

@@ -660,3 +660,10 @@ def test_an_interrupted_overwrite_leaves_no_manifest_vouching_for_the_old_layers
     monkeypatch.undo()
     convert_mod.convert(src, out, method="INT8", resume=True, progress=QUIET)
     assert ktcy.load_experts(out, 1).format == "INT8"
+
+
+@pytest.mark.parametrize("flag", ["--method", "--quant-method"])
+def test_an_empty_method_is_refused_not_taken_as_none(src, tmp_path, flag):
+    r = cli("--input", src, "--output", tmp_path / "o", flag, "")
+    assert_one_line_error(r, f"{flag} is empty")
+    assert r.returncode == 2 and not (tmp_path / "o").exists()
