@@ -645,5 +645,10 @@ def test_emulated_tiles_never_move_bytes_past_the_callers_array():
             _native.emu_tileloadd(9, np.ones((16, 64), np.uint8))
         _native.emu_tileloadd(0, np.full((16, 64), 3, np.uint8))
         assert (_native.emu_tilestored(0, 16, 64) == 3).all() and _native.emu_error() is None
+        _native.emu_tileloadd(5, np.ones((16, 64), np.uint8))  # tmm5 is not configured: a fault stays set
+        assert "tmm5 is not configured" in _native.emu_error()
+        x, w = np.ones((2, 64), np.float32), kernels.pack(np.ones((16, 64), np.float32), "INT8")
+        # a GEMM on the emulator reports its own faults only
+        assert np.array_equal(kernels.linear_variant(x, w, "amx_emu_int8"), kernels.linear_variant(x, w, "int8_ref"))
     finally:
         _native.emu_reset()

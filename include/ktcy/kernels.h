@@ -514,7 +514,9 @@ __attribute__((target("avx512f,avx512bw"))) static inline void kt_e4m3_to_bf16_b
 
 /* ---- AMX over the emulated tile unit: always built, never picked automatically ---- */
 #define KT_TARGET
-#define KT_TILE_CONFIG(cfg) ktcy_emu_ldtilecfg(cfg)
+/* a GEMM reports its own faults: one left on this thread by an earlier use of the emulator
+ * (the instruction-level helpers) must not fail it */
+#define KT_TILE_CONFIG(cfg) (ktcy_emu_clear_error(), ktcy_emu_ldtilecfg(cfg))
 #define KT_TILE_RELEASE() ktcy_emu_tilerelease()
 #define KT_TILE_LOAD(t, p, stride) ktcy_emu_tileloadd(t, p, stride)
 #define KT_TILE_STORE(t, p, stride) ktcy_emu_tilestored(t, p, stride)
