@@ -11,7 +11,8 @@ import zipfile
 
 from ktcy import log, report
 from ktcy.formats import FORMATS
-from ktcy.output_guard import publish, termination_as_interrupt
+from ktcy.interrupts import termination_as_interrupt
+from ktcy.output_guard import publish
 from ktcy.distributed import launch
 from ktcy.hf import generate_cli
 from ktcy.version import __version__

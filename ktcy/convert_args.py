@@ -7,7 +7,7 @@ import os
 import sys
 
 from ktcy.formats import INT4_GROUP_SIZES, canonical_format, has_groups
-from ktcy.output_guard import termination_as_interrupt
+from ktcy.interrupts import termination_as_interrupt
 from ktcy.safetensors_io import strict_json
 
 INPUT_TYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "float8_e4m3fn"}

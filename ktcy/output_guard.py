@@ -2,7 +2,6 @@
 an input, writes under unique temporary names that leave nothing behind when they fail, and a
 fingerprint of the source checkpoint so that --resume can tell whether files on disk came from
 the same source."""
-import contextlib
 import errno
 import fcntl
 import hashlib
@@ -11,10 +10,8 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import stat
 import struct
-import threading
 
 from ktcy.safetensors_io import write
 
@@ -127,25 +124,6 @@ def _alive(pid):
 
 def _failed(final, e):
     return ConvertError(f"writing {final} failed: {e.strerror or e} (nothing partial was left behind)")
-
-
-@contextlib.contextmanager
-def termination_as_interrupt():
-    """SIGTERM and SIGHUP (kill, timeout, docker stop, a closed terminal) raise KeyboardInterrupt
-    as Ctrl-C does, so publish() removes its temporary files on those too; Python's default for
-    them ends the process on the spot.  Main thread only (elsewhere nothing changes)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(*_):
-        raise KeyboardInterrupt
-    old = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
 
 
 def publish(final, write_to):

@@ -16,11 +16,10 @@ import shutil
 import signal
 import socket
 import subprocess
-import threading
 import time
-from contextlib import contextmanager
 
 from ktcy.distributed import numa
+from ktcy.interrupts import signals_deferred, termination_as_interrupt
 
 log = logging.getLogger("ktcy")
 STOP_GRACE_SECONDS = 5.0
@@ -62,7 +61,7 @@ def run(args: argparse.Namespace, node_dir: str = numa.NODE_DIR, numactl: str | 
                 MASTER_PORT=str(port))
     unbound_threads = str(max(1, len(os.sched_getaffinity(0)) // nproc))
     procs = []
-    with _stop_on_signals():
+    with termination_as_interrupt():  # SIGTERM/SIGHUP to the launcher stop the ranks too
         try:
             for r in range(nproc):
                 env = dict(base, RANK=str(r), LOCAL_RANK=str(r))
@@ -165,7 +164,7 @@ def _stop(procs):
     """SIGTERM to every rank's process group (a rank that exited may have left children there),
     SIGKILL to those still there after STOP_GRACE_SECONDS.  Signals to the launcher wait until
     this is done: a second Ctrl-C or SIGTERM must not cut the grace period short and leave ranks."""
-    with _signals_deferred():
+    with signals_deferred():
         for p in procs:
             _signal_group(p, signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_SECONDS
@@ -181,27 +180,6 @@ def _stop(procs):
             p.wait()
 
 
-@contextmanager
-def _signals_deferred():
-    """SIGINT/SIGTERM/SIGHUP arriving meanwhile are noted, not raised, and raised as
-    KeyboardInterrupt once the block is done (handlers run in the main thread only: elsewhere
-    nothing changes).  Blocking them with pthread_sigmask is not enough: the process's other
-    threads (BLAS, OpenMP) would take them."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    arrived = []
-    old = {s: signal.signal(s, lambda sig, _: arrived.append(sig))
-           for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-    if arrived:
-        raise KeyboardInterrupt
-
-
 def _signal_group(p, sig):
     try:
         os.killpg(p.pid, sig)  # the rank's pid names its group (start_new_session)
@@ -215,19 +193,3 @@ def _group_alive(p):
         return True
     except (ProcessLookupError, PermissionError):
         return False
-
-
-@contextmanager
-def _stop_on_signals():
-    """SIGTERM/SIGHUP to the launcher stop the ranks too (KeyboardInterrupt unwinds run())."""
-    def interrupt(*_):
-        raise KeyboardInterrupt
-    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
-        yield
-        return
-    old = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
