@@ -189,7 +189,7 @@ def _check_output_path(path, flag, kind, magic):
         raise ValueError(f"{flag} {path!r} is a folder; give a file name")
     if os.path.exists(path) and not os.path.isfile(path):  # the result replaces the path: never a device or FIFO
         raise ValueError(f"{flag} {path!r} exists and is not a regular file; give a file name")
-    if os.path.isfile(path):
+    if os.path.isfile(path) and os.path.getsize(path) > 0:  # an empty one (mktemp, touch) is free to take
         try:
             with open(path, "rb") as f:
                 head = f.read(len(magic))

@@ -11,6 +11,12 @@ def _main_thread():
     return threading.current_thread() is threading.main_thread()
 
 
+def _not_ignored(*signals):
+    """The signals this process does not ignore: `nohup` (SIGHUP) or a background job (SIGINT)
+    keep theirs ignored."""
+    return [sig for sig in signals if signal.getsignal(sig) is not signal.SIG_IGN]
+
+
 @contextmanager
 def termination_as_interrupt():
     """SIGTERM and SIGHUP raise KeyboardInterrupt, as SIGINT does (Python's default for them ends
@@ -21,7 +27,7 @@ def termination_as_interrupt():
 
     def interrupt(*_):
         raise KeyboardInterrupt
-    old = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    old = {sig: signal.signal(sig, interrupt) for sig in _not_ignored(signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
@@ -39,7 +45,7 @@ def signals_deferred():
         return
     arrived = []
     old = {sig: signal.signal(sig, lambda number, _: arrived.append(number))
-           for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+           for sig in _not_ignored(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:

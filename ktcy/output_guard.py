@@ -98,18 +98,26 @@ def _temporary_name(final):
     return os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
 
 
-_TEMPORARY = re.compile(r"\..+\.([0-9]{1,10})\.[0-9a-f]{8}\.tmp(?:\.partial)?")  # _temporary_name's, + write()'s
+# publish()'s temporaries (and write()'s .partial) of the files the converters write: a name
+# merely shaped like one (.notes.2024.deadbeef.tmp) is someone else's and stays
+_TEMPORARY = re.compile(r"\.(?:ktcy_layer_[0-9]{4,9}\.safetensors|ktcy_model\.json|ktcy_fp8_export\.json|config\.json"
+                        r"|model\.safetensors\.index\.json|model-fp8-layer[0-9]{4,9}\.safetensors"
+                        r"|model-rest-[0-9]{5}-of-[0-9]{5}\.safetensors)\.([0-9]{1,10})\.[0-9a-f]{8}\.tmp(?:\.partial)?")
 
 
 def _remove_dead_temporaries(folder):
-    """Temporary files that a process no longer running left in folder (killed by SIGKILL, or a
+    """Temporary files that a converter no longer running left in folder (killed by SIGKILL, or a
     power cut, before publish() could clean up); called with the folder's lock held, so no other
-    converter is writing one now."""
+    converter is writing one now.  Best effort: what cannot be removed stays, and the run goes on."""
     for name in os.listdir(folder):
         m = _TEMPORARY.fullmatch(name)
-        if m is None or _alive(int(m[1])):
+        path = os.path.join(folder, name)
+        if m is None or _alive(int(m[1])) or not os.path.isfile(path) or os.path.islink(path):
             continue
-        remove(os.path.join(folder, name))
+        try:
+            os.remove(path)
+        except OSError:
+            pass
 
 
 def _alive(pid):

@@ -19,9 +19,9 @@ BACKEND_NEEDS = {
     "INT8": ("avx512f", "avx512bw", "avx512_vnni", "os_avx512"),
     "BF16": ("avx512f", "avx512bw", "avx512_bf16", "os_avx512"),
 }
-# the ISA of each backend's ideal path (what BACKEND_NEEDS asks for)
-BACKEND_ISA = {"AMXINT8": "amx", "AMXINT4": "amx", "AMXBF16": "amx", "FP8": "avx512", "FP8_PERCHANNEL": "avx512",
-               "INT8": "avx512", "BF16": "avx512"}
+# the ISAs that run each backend's ideal path (what BACKEND_NEEDS asks for) or a faster one
+BACKEND_ISAS = {"AMXINT8": ("amx",), "AMXINT4": ("amx",), "AMXBF16": ("amx",), "FP8": ("avx512", "amx"),
+                "FP8_PERCHANNEL": ("avx512", "amx"), "INT8": ("avx512", "amx"), "BF16": ("avx512", "amx")}
 
 
 def kernel_choices():
@@ -63,7 +63,7 @@ def backend_readiness():
             isa, variant = _native.resolve(fmt)
         except (UnsupportedISAError, ValueError) as e:  # ValueError: an invalid KTCY_ISA
             isa, variant = None, str(e)
-        rows[backend] = {"format": fmt, "ideal": not missing and isa == BACKEND_ISA[backend], "missing": missing,
+        rows[backend] = {"format": fmt, "ideal": not missing and isa in BACKEND_ISAS[backend], "missing": missing,
                          "isa": isa, "variant": variant}
     return rows
 

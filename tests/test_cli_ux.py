@@ -4,6 +4,7 @@ import io
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 
@@ -14,6 +15,7 @@ import pytest
 import ktcy
 from test_model import build
 from ktcy import _native, log, progress
+from ktcy.interrupts import termination_as_interrupt
 
 COMMANDS = ("info", "doctor", "bench", "run-block", "convert", "generate", "launch")
 
@@ -361,3 +363,18 @@ def test_run_block_damaged_archive_and_deep_rules_are_one_line(checkpoint, hidde
     r = ktcy_cli("run-block", checkpoint, "--layer", 1, "--input", hidden, "--output", tmp_path / "y.npy",
                  "--rules", rules)
     assert_one_line_error(r, "rules", "nested too deeply", rc=1)
+
+
+def test_an_empty_output_file_is_taken_and_nohup_is_kept(checkpoint, hidden, tmp_path):
+    empty = tmp_path / "made_by_mktemp.npy"
+    empty.write_bytes(b"")
+    assert ktcy_cli("run-block", "-q", checkpoint, "--layer", 1, "--input", hidden, "--output", empty).returncode == 0
+    assert np.load(empty).shape == (3, 128)
+    old = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup leaves it
+    try:
+        with termination_as_interrupt():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, old)

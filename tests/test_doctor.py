@@ -100,3 +100,15 @@ def test_mxfp4_a8_is_advised_where_mxfp4_has_no_bf16_dot_product():
     auto = doctor_json()
     if auto["kernels"]["MXFP4"]["isa"] in ("avx512", "amx"):
         assert not any("MXFP4_A8" in note for note in auto["advice"])
+
+
+def test_a_backend_on_amx_is_ideal_where_amx_is_its_faster_path(monkeypatch):
+    """INT8/BF16's ideal path is AVX-512; on an AMX host the policy picks AMX, which is better,
+    not a fallback."""
+    from ktcy import report
+    monkeypatch.setattr(report._native, "cpu_features", lambda: {f: True for f in report.ISA_FEATURES + report.OS_STATE})
+    monkeypatch.setattr(report._native, "resolve", lambda fmt, isa=None: ("amx", f"amx_{fmt.lower()}"))
+    rows = report.backend_readiness()
+    assert all(row["ideal"] for row in rows.values()), rows
+    monkeypatch.setattr(report._native, "resolve", lambda fmt, isa=None: ("avx2", f"{fmt.lower()}_avx2"))
+    assert not any(row["ideal"] for row in report.backend_readiness().values())

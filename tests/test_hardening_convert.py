@@ -667,3 +667,21 @@ def test_an_empty_method_is_refused_not_taken_as_none(src, tmp_path, flag):
     r = cli("--input", src, "--output", tmp_path / "o", flag, "")
     assert_one_line_error(r, f"{flag} is empty")
     assert r.returncode == 2 and not (tmp_path / "o").exists()
+
+
+def test_only_the_converters_own_dead_temporaries_are_removed(src, tmp_path):
+    """A name merely shaped like a temporary is someone else's file, a folder of that name stays,
+    and nothing that cannot be removed keeps the lock held."""
+    out = tmp_path / "out"
+    out.mkdir()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    mine = out / f".ktcy_model.json.{gone.pid}.0badf00d.tmp"
+    theirs = out / f".notes.{gone.pid}.deadbeef.tmp"
+    folder = out / f".{layer_file_name(3)}.{gone.pid}.cafebabe.tmp"
+    mine.write_text("x")
+    theirs.write_text("mine")
+    folder.mkdir()
+    for _ in range(2):  # the lock is released both times
+        convert_mod.convert(src, out, method="INT8", layers="1", progress=QUIET)
+    assert not mine.exists() and theirs.read_text() == "mine" and folder.is_dir()

@@ -149,7 +149,8 @@ static inline int32_t ktcy_i16_rows(const ktcy_cpu *c) { return c->amd && c->avx
 /* ktcy_act.avx2_i16_rows for this CPU: the same for AVX2 MXFP4, whose bf16 path is float FMAs (no
  * vdpbf16ps), against vpmaddwd on the codes widened to words: faster on every CPU measured.  MoE
  * layer, T = 1, 4 and 32: a Zen 3 (AVX2 only) 0.57x, 0.62x and 0.96x the time; a Xeon forced to
- * AVX2 T = 1 0.75x, T = 32 0.8-0.9x; a Zen 4 forced to AVX2 0.73x, 0.78x and 0.92x. */
+ * AVX2 T = 1 0.75x, T = 32 0.8-0.9x; a Zen 4 forced to AVX2 0.69-0.73x, 0.78-0.84x and
+ * 0.89-0.92x (two sessions). */
 static inline int32_t ktcy_avx2_i16_rows(const ktcy_cpu *c) { (void)c; return 4; }
 
 /* A Zen 4: AMD family 0x19 (Zen 3 and Zen 4) with AVX-512 (Zen 4 only). */

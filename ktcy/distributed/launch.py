@@ -111,9 +111,10 @@ def _free_port(addr):
 
 
 def _start(command, env):
-    """A rank in a process group of its own, so that stopping it stops whatever it started too."""
+    """A rank, in the launcher's process group: a kill of the group (a scheduler's, a shell's job
+    control, Ctrl-C) reaches the ranks as it reaches the launcher."""
     try:
-        return subprocess.Popen(command, env=env, start_new_session=True)
+        return subprocess.Popen(command, env=env)
     except OSError as e:
         raise ValueError(f"cannot start {command[0]!r}: {e.strerror}") from None
 
@@ -161,35 +162,66 @@ def _supervise(procs):
 
 
 def _stop(procs):
-    """SIGTERM to every rank's process group (a rank that exited may have left children there),
-    SIGKILL to those still there after STOP_GRACE_SECONDS.  Signals to the launcher wait until
-    this is done: a second Ctrl-C or SIGTERM must not cut the grace period short and leave ranks."""
+    """SIGTERM to every running rank and all it started (a wrapper rank, `bash run.sh`, runs the
+    real program as its child), SIGKILL to those still there after STOP_GRACE_SECONDS.  Signals to
+    the launcher wait until this is done: a second Ctrl-C or SIGTERM must not cut the grace period
+    short and leave ranks running.  (The children of a rank that already exited belong to init:
+    they cannot be traced to it any more.)"""
     with signals_deferred():
-        for p in procs:
-            _signal_group(p, signal.SIGTERM)
+        tree = [proc for p in procs if p.poll() is None for proc in _process_tree(p.pid)]
+        for pid, start in tree:
+            _signal(pid, start, signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_SECONDS
         for p in procs:
             try:
                 p.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-        while time.monotonic() < deadline and any(_group_alive(p) for p in procs):
+        while time.monotonic() < deadline and any(_start_time(pid) == start for pid, start in tree):
             time.sleep(0.05)
+        for pid, start in tree:
+            _signal(pid, start, signal.SIGKILL)
         for p in procs:
-            _signal_group(p, signal.SIGKILL)
             p.wait()
 
 
-def _signal_group(p, sig):
+def _stat(pid):
+    """(start time in ticks since boot, parent pid) of process pid, None if there is none: with
+    the pid, the start time names one process, never a later one given the same pid."""
     try:
-        os.killpg(p.pid, sig)  # the rank's pid names its group (start_new_session)
-    except (ProcessLookupError, PermissionError):
-        pass  # nothing left in it
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # the command may hold ")"
+        return int(fields[19]), int(fields[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
-def _group_alive(p):
-    try:
-        os.killpg(p.pid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
+def _start_time(pid):
+    stat = _stat(pid)
+    return None if stat is None else stat[0]
+
+
+def _process_tree(root):
+    """(pid, start time) of root and of every process descended from it now, from /proc."""
+    children, started = {}, {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat = _stat(int(name))
+            if stat is not None:
+                started[int(name)] = stat[0]
+                children.setdefault(stat[1], []).append(int(name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        if pid in started:
+            tree.append((pid, started[pid]))
+            todo.extend(children.get(pid, ()))
+    return tree
+
+
+def _signal(pid, start, sig):
+    if _start_time(pid) == start:  # still that process (a pid can be given again)
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
