@@ -98,31 +98,14 @@ def _parse_tile_choices(spec):
             return {}, f"KTCY_TILES={spec!r} ignored: {e}; this CPU's tile choices stay"
     return choices, None
 
-cdef void _set_tile_field(ktcy_tiles *tiles, str name, int32_t value):
-    """One tile choice by its name in TILE_CHOICE_LIMITS."""
-    if name == "one_panel_rows":
-        tiles.one_panel_rows = value
-    elif name == "f32_rows":
-        tiles.f32_rows = value
-    elif name == "i16_rows":
-        tiles.i16_rows = value
-    elif name == "avx2_i16_rows":
-        tiles.avx2_i16_rows = value
-    elif name == "e2m1_panel_rows":
-        tiles.e2m1_panel_rows = value
-    elif name == "fp8_fetch_l2":
-        tiles.fp8_fetch_l2 = value
-    elif name == "wide_tiles":
-        tiles.wide_tiles = value
-    elif name == "fp8_normal_panels":
-        tiles.fp8_normal_panels = value
-    elif name == "plain_fetch_l2":
-        tiles.plain_fetch_l2 = value
-    else:
-        raise AssertionError(f"tile choice {name} has no field")
-
 cdef dict _tile_values(ktcy_tiles tiles):
     return tiles  # Cython makes a struct a dict of its fields
+
+cdef ktcy_tiles _with_choices(ktcy_tiles tiles, dict choices) except *:
+    """tiles with the named choices (checked names and values) replaced: through a dict of the
+    struct's fields, which Cython turns back into the struct."""
+    cdef ktcy_tiles out = dict(_tile_values(tiles), **choices)
+    return out
 
 if set(TILE_CHOICE_LIMITS) != set(_tile_values(_tiles)):
     raise ImportError("ktcy._native: TILE_CHOICE_LIMITS must name every field of ktcy_tiles (types.h)")
@@ -130,8 +113,7 @@ if set(TILE_CHOICE_LIMITS) != set(_tile_values(_tiles)):
 TILES_OVERRIDDEN, TILES_PROBLEM = _parse_tile_choices(os.environ.get("KTCY_TILES"))
 if TILES_PROBLEM:
     _log.warning(TILES_PROBLEM)
-for _name, _value in TILES_OVERRIDDEN.items():  # once, at import: a choice measured without a rebuild
-    _set_tile_field(&_tiles, _name, _value)
+_tiles = _with_choices(_tiles, TILES_OVERRIDDEN)  # once, at import: a choice measured without a rebuild
 
 cdef inline void _set_tile_choices(ktcy_act *act) noexcept nogil:
     """This CPU's tile choices (registry.h), into every ktcy_act built here."""
@@ -841,8 +823,8 @@ def gemm(str format_name, str variant_name, Activations act, Weight weight, floa
     CPU's for this call, so tests reach every one on any CPU."""
     cdef ktcy_gemm_fn fn = KTCY_VARIANTS[_variant_index(format_name, variant_name)].fn
     cdef ktcy_act view = act.view
-    for name, value in tiles.items():
-        _set_tile_field(&view.tiles, name, _check_tile_choice(name, value))
+    if tiles:
+        view.tiles = _with_choices(view.tiles, {name: _check_tile_choice(name, value) for name, value in tiles.items()})
     cdef char message[160]
     cdef int st, team = _team(_num_threads)
     cdef int64_t panels = weight.view.n_pad // KTCY_PANEL

@@ -96,11 +96,10 @@ def router_kind(config, mlp_prefix, where, has_bias=False):
     if kind is None:  # no model_type: the conventions the config shows
         sigmoid = config.get("scoring_func") == "sigmoid" or config.get("topk_method") == "noaux_tc"
         kind = "deepseek_v3" if sigmoid else "mixtral" if mlp_prefix.endswith("block_sparse_moe") else "softmax"
-    if config.get("scoring_func", "sigmoid" if kind == "deepseek_v3" else "softmax") != \
-            ("sigmoid" if kind == "deepseek_v3" else "softmax"):
+    scoring, choice = ("sigmoid", "noaux_tc") if kind == "deepseek_v3" else ("softmax", None)
+    if config.get("scoring_func", scoring) != scoring:
         raise CheckpointError(f"{where}: scoring_func {config.get('scoring_func')!r:.40} does not fit a {kind} router")
-    if config.get("topk_method", "noaux_tc" if kind == "deepseek_v3" else None) != \
-            ("noaux_tc" if kind == "deepseek_v3" else None):
+    if config.get("topk_method", choice) != choice:
         raise CheckpointError(f"{where}: topk_method {config.get('topk_method')!r:.40} is not a choice ktcy's "
                               f"{kind} router makes")
     if kind == "deepseek_v3":
