@@ -53,7 +53,8 @@ def build_parser(prog="convert_cpu_weights.py"):
     io.add_argument("--input-type", choices=sorted(INPUT_TYPES),
                     help="expected dtype of the experts, checked (default: detected)")
     io.add_argument("--overwrite", action="store_true",
-                    help="replace files in the output that another conversion or another tool wrote "
+                    help="replace files in the output that another conversion or another tool wrote: every "
+                         "layer file there converted differently goes, not only those of --layers "
                          "(never allowed for the input folder)")
     q = p.add_argument_group("quantization")
     q.add_argument("--method", help="target format: AMXINT8, AMXINT4, AMXBF16, INT8, INT4, BF16, FP8 (128x128 "

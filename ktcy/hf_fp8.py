@@ -22,13 +22,14 @@ import numpy as np
 from ktcy.checkpoint import Checkpoint
 from ktcy.convert import Progress, check_input_type, parse_layers
 from ktcy.loading import original_checkpoint
-from ktcy.output_guard import (ConvertError, OutputLock, publish, refuse_output_in_input, source_fingerprint,
-                               write_json, write_safetensors)
+from ktcy.output_guard import (ConvertError, OutputLock, publish, refuse_output_in_input, remove,
+                               source_fingerprint, write_json, write_safetensors)
 from ktcy.paths import MAX_INDEX_BYTES, allowed_roots, confined_file, read_json
 from ktcy.safetensors_io import CheckpointError, SafetensorsFile, open_regular_file
 from ktcy.version import __version__
 
 MARKER = "ktcy_fp8_export.json"
+_OWN_SHARD = re.compile(r"model-(fp8-layer[0-9]{4,}|rest-[0-9]{5}-of-[0-9]{5})\.safetensors")
 INDEX = "model.safetensors.index.json"
 REST_SHARD_BYTES = 2 * 2**30
 # weights in other serializations are not carried over (the safetensors ones are, as tensors)
@@ -237,5 +238,21 @@ def convert_to_hf_fp8(input_path, output_path, layers=None, resume=False, progre
             config["quantization_config"] = quantization_config([p.experts.block_name for p in plans.values()],
                                                                 first.leaves)
         write_json(os.path.join(output_path, "config.json"), config)
-        write_json(os.path.join(output_path, MARKER), dict(record, complete=True))
+        for name in _stale_own_shards(output_path, ours - set(planned)):
+            remove(os.path.join(output_path, name))
+        write_json(os.path.join(output_path, MARKER), dict(record, complete=True, files=sorted(planned)))
     return chosen
+
+
+def _stale_own_shards(output_path, names):
+    """Shards an earlier export here wrote that the new index no longer names (a wider --layers,
+    another count of rest shards): left, they would hold gigabytes nothing reads.  Only plain
+    names of this exporter's shard pattern that are regular files are taken from the marker."""
+    for name in sorted(names):
+        if not _OWN_SHARD.fullmatch(name):
+            continue
+        try:
+            if stat.S_ISREG(os.lstat(os.path.join(output_path, name)).st_mode):
+                yield name
+        except FileNotFoundError:
+            pass

@@ -45,6 +45,9 @@ class OutputLock:
     def __enter__(self):
         if os.path.exists(self.folder) and not os.path.isdir(self.folder):
             raise ConvertError(f"output {self.folder} exists and is not a folder")
+        if os.path.islink(self.folder) and not os.path.exists(self.folder):
+            raise ConvertError(f"output {self.folder} is a symbolic link to {os.readlink(self.folder)}, which does not "
+                               "exist; create that folder or choose another output")
         try:
             os.makedirs(self.folder, exist_ok=True)
         except OSError as e:

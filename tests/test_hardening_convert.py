@@ -226,6 +226,10 @@ def test_unwritable_outputs_fail_with_one_line(src, tmp_path):
     assert_one_line_error(cli("--input", src, "--output", afile, "--method", "INT8"), "not a folder")
     assert_one_line_error(cli("--input", src, "--output", afile / "sub", "--method", "INT8"), "cannot create")
     assert afile.read_text() == "mine"
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "gone")
+    assert_one_line_error(cli("--input", src, "--output", dangling, "--method", "INT8"), "symbolic link",
+                          str(tmp_path / "gone"), "does not exist")
     if os.geteuid() != 0:  # root writes into read-only folders
         ro = tmp_path / "ro"
         ro.mkdir()
@@ -497,6 +501,26 @@ def test_hf_fp8_resume_and_refusals(tmp_path):
     assert_one_line_error(cli("--input-bf16-hf-path", fp8_src, "--output-fp8-hf-path", tmp_path / "x"), "already quantized")
     assert_one_line_error(cli("--input-bf16-hf-path", src, "--output-fp8-hf-path", tmp_path / "y", "--method", "INT8"),
                           "FP8 per-channel")
+
+
+def test_hf_fp8_export_narrowed_removes_only_its_own_unreferenced_shards(tmp_path):
+    src, out = tmp_path / "bf16", tmp_path / "fp8"
+    make_checkpoint(src, num_layers=4, dense_layers=(0,))
+    assert cli("--input-bf16-hf-path", src, "--output-fp8-hf-path", out).returncode == 0
+    before = sorted(n for n in os.listdir(out) if n.endswith(".safetensors"))
+    assert [n for n in before if n.startswith("model-fp8-layer")] == [f"model-fp8-layer{L:04d}.safetensors" for L in (1, 2, 3)]
+    (out / "notes.safetensors").write_bytes(b"the user's")  # never ours: stays
+    r = cli("--input-bf16-hf-path", src, "--output-fp8-hf-path", out, "--layers", "2")
+    assert r.returncode == 0, r.stderr
+    index = json.load(open(out / "model.safetensors.index.json"))["weight_map"]
+    on_disk = {n for n in os.listdir(out) if n.endswith(".safetensors")}
+    assert on_disk == set(index.values()) | {"notes.safetensors"}
+    assert "model-fp8-layer0002.safetensors" in on_disk and "model-fp8-layer0001.safetensors" not in on_disk
+    assert json.load(open(out / "ktcy_fp8_export.json"))["files"] == sorted(
+        set(index.values()) | {"config.json", "model.safetensors.index.json"}
+        | {n for n in os.listdir(src) if not n.endswith(".safetensors") and n not in ("config.json",
+                                                                                       "model.safetensors.index.json")})
+    assert ktcy.load_experts(out, 2).format == "FP8_PERCHANNEL"
 
 
 # ---- the fiftieth stop's review: files in the output the converter did not create ----
