@@ -147,6 +147,7 @@ cdef class MoEEngine:
     cdef int ready  # __init__ finished: the buffers above exist
     cdef bint made  # __init__ began (once only)
     cdef int64_t[::1] counts, seg, fill, pending
+    cdef int64_t[::1] ids_taken  # the call's topk_ids, copied as they are checked
     cdef int32_t[::1] published
     cdef int64_t[:, ::1] items1, items2
     cdef int[::1] status
@@ -312,7 +313,12 @@ cdef class MoEEngine:
         nthreads = _team(nthreads)
         # Counting sort of the (token, expert) pairs, in plain loops over buffers kept from call
         # to call: numpy calls and fresh arrays here cost a decode call 10-15 us (2-3% of it).
-        cdef int64_t[::1] cnt = self.counts, segv = self.seg, fillv = self.fill
+        # The ids are read once, into a copy the later passes read: the caller's array may change
+        # meanwhile (another thread runs while the arena's allocation below releases the GIL), and
+        # ids other than those counted would write rows past their expert's segment.
+        if self.ids_taken is None or self.ids_taken.shape[0] < S:
+            self.ids_taken = np.empty(max(S, 64), np.int64)
+        cdef int64_t[::1] cnt = self.counts, segv = self.seg, fillv = self.fill, ids_copy = self.ids_taken
         for e in range(E):
             cnt[e] = 0
         for t in range(T):
@@ -320,6 +326,7 @@ cdef class MoEEngine:
                 eid = ids[t, j]
                 if eid < -1 or eid >= E:
                     raise ValueError(f"topk_ids holds expert id {eid}, outside [0, {E}) (-1 skips a slot)")
+                ids_copy[t * k + j] = eid
                 if eid >= 0:
                     cnt[eid] += 1
         for e in range(E):
@@ -348,7 +355,7 @@ cdef class MoEEngine:
             fillv[e] = segv[e]
         for t in range(T):
             for j in range(k):
-                e = <int>ids[t, j]
+                e = <int>ids_copy[t * k + j]
                 if e < 0:
                     slotv[t * k + j] = -1
                     continue

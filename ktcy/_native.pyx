@@ -315,11 +315,10 @@ cdef int _team(int n) except -1:
     return 1
 
 def usable_cpus():
-    """CPUs this process may run on (its affinity mask), the most threads that can help."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    """CPUs this process may run on (its affinity mask), the most threads that can help.  Asked
+    of OpenMP, not of the affinity call: with OMP_PROC_BIND or OMP_PLACES set, libgomp pins the
+    main thread to one CPU when it starts, and counts the CPUs of the mask from before."""
+    return max(1, openmp.omp_get_num_procs())
 
 def check_thread_count(n, what="thread count"):
     """n as an int in [1, usable CPUs], or ValueError: OpenMP aborts the whole process (or

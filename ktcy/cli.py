@@ -9,7 +9,7 @@ import os
 import sys
 import zipfile
 
-from ktcy import log, report
+from ktcy import _native, log, report
 from ktcy.formats import FORMATS
 from ktcy.interrupts import termination_as_interrupt
 from ktcy.output_guard import publish
@@ -41,20 +41,13 @@ def _mark(flag):
     return "\u2713" if flag else "\u2717"
 
 
-def _usable_cpus():
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def thread_count(text):
     """--threads: 1 .. the CPUs this process may run on."""
     try:
         n = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    limit = _usable_cpus()
+    limit = _native.usable_cpus()
     if not 1 <= n <= limit:
         raise argparse.ArgumentTypeError(f"must be between 1 and {limit} (the CPUs this process may use), got {n}")
     return n

@@ -115,12 +115,8 @@ def cpu():
         governors.setdefault(_read(path), []).append(int(re.search(r"cpu(\d+)/cpufreq", path).group(1)))
     siblings = {_read(p) for p in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/topology/thread_siblings_list")}
     threads_per_core = max((len(parse_cpulist(s, "thread_siblings_list")) for s in siblings if s), default=None)
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
     return {
-        "model": _native.cpu_model_name() or None, "logical_cpus": os.cpu_count(), "usable_cpus": usable,
+        "model": _native.cpu_model_name() or None, "logical_cpus": os.cpu_count(), "usable_cpus": _native.usable_cpus(),
         "governor": {g: sorted(c) for g, c in governors.items()} or None,
         "smt_active": {"1": True, "0": False}.get(_read("/sys/devices/system/cpu/smt/active")),
         "smt_control": _read("/sys/devices/system/cpu/smt/control"), "threads_per_core": threads_per_core,

@@ -9,6 +9,7 @@ import logging
 import os
 import threading
 import types
+import weakref
 from typing import Callable, Mapping, Optional, Sequence
 
 import ml_dtypes
@@ -107,6 +108,7 @@ class MoE:
                                          dict(self.bias) if self.bias else None,
                                          config.activation, config.swiglu_alpha, config.swiglu_limit)
         self._lock = threading.Lock()
+        _LAYERS.add(self)
         log.info("MoE %d experts H=%d I=%d top-%d runs %s", E, H, I, config.top_k, self.kernel)
 
     @classmethod
@@ -284,6 +286,21 @@ class MoE:
                 self._engine.forward(x, ids, w, result, self.num_threads)
 
     __call__ = forward
+
+
+# A fork copies each layer's lock in the state it had: held, where another thread of the parent
+# was inside a forward, and then the child's first call waits forever.  The child renews them
+# (the engine rewrites every per-call buffer when it runs, so a forward cut off by the fork
+# leaves nothing the child's calls read).
+_LAYERS: "weakref.WeakSet[MoE]" = weakref.WeakSet()
+
+
+def _renew_locks_in_child():
+    for layer in list(_LAYERS):
+        layer._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_renew_locks_in_child)
 
 
 def stacked_experts(config, gate, up, down, gate_scale=None, up_scale=None, down_scale=None):

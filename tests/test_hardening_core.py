@@ -483,3 +483,84 @@ def test_config_takes_numpy_integers_and_refuses_loose_values():
     assert ktcy.QuantConfig("FP8", per_channel=np.bool_(True)).per_channel
     with pytest.raises(ValueError, match="K > 65536"):
         ktcy.MoeConfig(1, 1, 16, 65600, ktcy.QuantConfig("INT8"))
+
+
+# ---- the sixtieth session's concurrency review ----
+
+_IDS_CHANGED_MID_CALL = """
+import sys, numpy as np, ktcy
+import ktcy._native as native
+E, H, I, T = 8, 256, 128, 256
+rng = np.random.default_rng(0)
+g, u = rng.standard_normal((2, E, I, H)).astype(np.float32) * 0.05
+d = rng.standard_normal((E, H, I)).astype(np.float32) * 0.05
+cfg = ktcy.MoeConfig(E, 2, H, I, ktcy.QuantConfig("INT8"))
+x = rng.standard_normal((T, H)).astype(np.float32)
+ids = np.stack([rng.choice(E, 2, replace=False) for _ in range(T)]).astype(np.int64)
+w = rng.random((T, 2)).astype(np.float32)
+expected = ktcy.MoE.from_weights(cfg, g, u, d).forward(x, ids, w)
+rerouted = np.full_like(ids, 7)
+rerouted[:, 1] = 6  # every slot onto two experts: past the rows the first count gave them
+real_np = native.np
+class AnotherThread:  # runs where numpy's allocation of the arena lets other threads run
+    def __getattr__(self, name):
+        return getattr(real_np, name)
+    def zeros(self, *a, **kw):
+        ids[...] = rerouted
+        return real_np.zeros(*a, **kw)
+moe = ktcy.MoE.from_weights(cfg, g, u, d)  # a fresh layer: its first call allocates the arena
+native.np = AnotherThread()
+try:
+    y = moe.forward(x, ids, w)
+finally:
+    native.np = real_np
+print(np.array_equal(y, expected))
+"""
+
+
+def test_topk_ids_changed_during_a_call_give_the_routing_that_was_checked():
+    """The engine reads the caller's ids once: a change while the arena is allocated (the GIL is
+    released there) took rows past an expert's segment, corrupting the heap."""
+    r = subprocess.run([sys.executable, "-c", _IDS_CHANGED_MID_CALL], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "True", (r.returncode, r.stdout, r.stderr[-2000:])
+
+
+_FORK_DURING_A_CALL = """
+import os, sys, threading, numpy as np, ktcy
+E, H, I = 8, 256, 128
+rng = np.random.default_rng(0)
+g, u = rng.standard_normal((2, E, I, H)).astype(np.float32) * 0.05
+d = rng.standard_normal((E, H, I)).astype(np.float32) * 0.05
+moe = ktcy.MoE.from_weights(ktcy.MoeConfig(E, 2, H, I, ktcy.QuantConfig("INT8")), g, u, d)
+x = rng.standard_normal((4, H)).astype(np.float32)
+ids = np.array([[0, 1], [2, 3], [4, 5], [6, 7]], np.int64)
+w = np.full((4, 2), 0.5, np.float32)
+expected = moe.forward(x, ids, w)
+moe._lock.acquire()  # as another thread inside a forward holds it at the fork
+pid = os.fork()
+if pid == 0:
+    watchdog = threading.Timer(60, lambda: os._exit(3))  # a wait on the copied lock: fail, not hang
+    watchdog.start()
+    ok = np.array_equal(moe.forward(x, ids, w), expected)
+    os._exit(0 if ok else 2)
+moe._lock.release()
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_child_forked_while_a_forward_runs_in_another_thread_runs_its_own():
+    r = subprocess.run([sys.executable, "-c", _FORK_DURING_A_CALL], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "0", (r.stdout, r.stderr[-2000:])
+
+
+@pytest.mark.skipif(_native.usable_cpus() < 2, reason="needs 2 CPUs to tell 1 from all")
+@pytest.mark.parametrize("env", [{"OMP_PROC_BIND": "true"}, {"OMP_PLACES": "cores"}])
+def test_openmp_binding_does_not_cut_the_thread_count_to_one(env):
+    """libgomp pins the main thread to one CPU when OMP_PROC_BIND/OMP_PLACES is set: the affinity
+    mask seen after that is not the CPUs the process may use."""
+    code = "import ktcy; ktcy.set_num_threads(2); print(ktcy.get_num_threads(), ktcy._native.usable_cpus())"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, KTCY_NUM_THREADS="2", **env))
+    assert r.returncode == 0 and r.stdout.split() == ["2", str(_native.usable_cpus())], (r.stdout, r.stderr)
+    assert "exceeds" not in r.stderr
