@@ -43,7 +43,8 @@ def as_float32_matrix(a, what):
 
 
 # Integer sums of the int8-activation formats reach 2^31 in size; times a weight scale up to
-# 2^96 they stay below float32's largest value (2^128) before the activation scale is applied.
+# 2^96 they stay below float32's largest value (2^128) where the weight scale comes first (INT4,
+# INT4_ZP; INT8 applies the activation scale first, see README "Numbers worth knowing").
 _MAX_INT_SCALE = 2.0 ** 96
 
 
@@ -281,7 +282,13 @@ def pack(W: np.ndarray, format: str = "INT8", group_size: int = DEFAULT_INT4_GRO
     n, k = w.shape
     if fmt == "BF16":
         _refuse_non_finite(w)
-        return pack_quantized(_native.to_bf16_bits(w), None, fmt)
+        bits = _native.to_bf16_bits(w)
+        beyond = ((bits & 0x7F80) == 0x7F80).any(axis=1)
+        if beyond.any():
+            row = int(np.flatnonzero(beyond)[0])
+            raise ValueError(f"weight row {row} holds {float(w[row][np.argmax(np.abs(w[row]))]):.5g}, which rounds to "
+                             "infinity in bf16 (its largest value is 3.3895e38); it cannot be packed")
+        return pack_quantized(bits, None, fmt)
     quantized = _native.quantize_weights(_CODE[fmt], w, group)
     if descriptor(fmt)["scale"] == "e8m0_in_block":
         codes, exps = quantized

@@ -411,6 +411,26 @@ def test_a_scale_near_the_float_maximum_does_not_overflow_one_row_calls():
         assert abs(got - want) <= 1e-6 * want, (v, got)
 
 
+def test_block_sums_whose_k_halves_cancel_are_scaled_whole_on_every_path():
+    """A 128 x 128 block whose products split into two large parts that cancel: the float path
+    of few-row calls sums K elements in two halves, and scaling each half by a block scale of
+    1e35 overflowed (NaN) where the block's sum times the scale is 3.2e36."""
+    n, k = 16, 256
+    codes = np.zeros((n, k), np.uint8)
+    plus, minus = [128 + 4 * i for i in range(8)], [130 + 4 * i for i in range(8)]  # one per half
+    codes[:, plus], codes[:, minus] = 0x7E, 0xFE  # +448, -448
+    codes[:, minus[-1]] = 0xFD  # -416: the block's sum is 32
+    p = kernels.pack_quantized(codes, np.array([[1.0, 1e35]], np.float32), "FP8_BLOCK")
+    X = np.zeros((2, k), np.float32)
+    X[:, plus + minus] = 1.0
+    want = float(np.float32(1e35)) * 32
+    for v in runnable_variants("FP8_BLOCK"):
+        for rows in (1, 2):
+            for f32_rows in (0, 1, 4):
+                got = kernels.linear_variant(X[:rows], p, v, f32_rows=f32_rows)[:, 0]
+                assert np.all(np.abs(got - want) <= 1e-6 * want), (v, rows, f32_rows, got)
+
+
 @pytest.mark.parametrize("fmt", ["FP8_PERCHANNEL", "FP8_BLOCK"])
 @pytest.mark.parametrize("scale", [1e-30, 1e-12, 1e-9, 3e-7])
 @pytest.mark.parametrize("m", [2, 5, 40])

@@ -49,6 +49,15 @@ def test_non_finite_weights_are_refused(fmt, bad):
         kernels.pack(W, fmt)
 
 
+def test_finite_weights_beyond_bf16s_range_are_refused_as_such():
+    W = np.ones((3, 8), np.float32)
+    W[2, 5] = -3.4e38  # finite in float32, infinite once rounded to bf16
+    with pytest.raises(ValueError, match=r"weight row 2 holds -3.4e\+38, which rounds to infinity in bf16"):
+        kernels.pack(W, "BF16")
+    W[2, 5] = -3.3895e38  # bf16's largest magnitude: kept
+    assert kernels.pack(W, "BF16").dequantize()[2, 5] == -3.3895313892515355e38
+
+
 @pytest.mark.parametrize("fmt", ["INT8", "INT4", "BF16", "FP8_PERCHANNEL", "FP8_BLOCK"])
 def test_zero_row_gives_zero_output(fmt):
     rng = np.random.default_rng(2)

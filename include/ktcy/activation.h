@@ -3,9 +3,9 @@
  * output is quantized next).  exp(x) = 2^n * 2^f with n = rint(x log2 e), |f| <= 1/2, and a
  * degree-6 polynomial for 2^f evaluated with fused multiply-adds (fmaf in C, vfmadd in
  * vectors: both round once).  x is clamped to [-80, 80] first, so 2^n is a normal power of two
- * and the product exact; outside that range 1 + exp(-g) is either 1 (g > 80) or so large that
- * silu(g) is ~1e-33 instead of ~0.  NaN passes through the clamps (min/max keep the NaN
- * operand) and stays NaN. */
+ * and the product exact; outside that range 1 + exp(-g) is either 1 (g > 80) or e^80, so that
+ * silu(g) is g e^-80 (1.8e-35 |g|: -1.8e-5 at g = -1e30) where it is ~0.  NaN passes through
+ * the clamps (min/max keep the NaN operand) and stays NaN. */
 #ifndef KTCY_ACTIVATION_H
 #define KTCY_ACTIVATION_H
 

@@ -254,14 +254,14 @@ KT_AI void KT_(f32_tile)(const int MB, const int NP, int64_t p0, ktcy_span cont,
                          int64_t ldy, const float *x, int64_t xs, const float *f, int to_l2) {
     const int64_t nkb = w->k_pad / 32;
     const __m512i keep = _mm512_set1_epi32((int)0x87F00000u);
-    __m512 acc[4][4][2], sub[4][4][2], facc[4][4][2];
+    __m512 acc[4][4][2], sub[4][4][2], facc[4][4]; /* facc: block-scaled sums, channel order */
     const uint8_t *panel[4];
     _Pragma("GCC unroll 4")
     for (int p = 0; p < NP; ++p) {
         panel[p] = w->data + (p0 + p) * nkb * 512;
         _Pragma("GCC unroll 4")
         for (int m = 0; m < MB; ++m)
-            acc[m][p][0] = acc[m][p][1] = sub[m][p][0] = sub[m][p][1] = facc[m][p][0] = facc[m][p][1] = _mm512_setzero_ps();
+            acc[m][p][0] = acc[m][p][1] = sub[m][p][0] = sub[m][p][1] = facc[m][p] = _mm512_setzero_ps();
     }
     for (int64_t kb = 0; kb < nkb; ++kb) {
         uintptr_t fetch[4];
@@ -301,21 +301,22 @@ KT_AI void KT_(f32_tile)(const int MB, const int NP, int64_t p0, ktcy_span cont,
             }
         }
         /* The sums times the row factor f first (a power of two of at least 1: exact, and the
-         * true sums of rows below 2^15 cannot overflow), then the scale: no output passes
-         * through subnormals where the true one would not, and a scale near the float maximum
-         * does not overflow times f. */
+         * true sums of rows below 2^15 cannot overflow), the K halves folded, then the scale: no
+         * output passes through subnormals where the true one would not, a scale near the float
+         * maximum does not overflow times f, and halves that cancel are not scaled apart (each
+         * could overflow where the block's sum does not). */
         if (KT_FP8_BLOCKWISE(w) && ((kb + 1) % 4 == 0 || kb + 1 == nkb)) {
             _Pragma("GCC unroll 4")
             for (int p = 0; p < NP; ++p) {
                 const __m512 s = _mm512_set1_ps(KT_FP8_BLOCK_SCALE(w, (p0 + p) * 16, kb / 4));
                 _Pragma("GCC unroll 4")
-                for (int m = 0; m < MB; ++m)
-                    _Pragma("GCC unroll 2")
-                    for (int h = 0; h < 2; ++h) {
-                        const __m512 sum = _mm512_fmadd_ps(sub[m][p][h], _mm512_set1_ps(0.125f), acc[m][p][h]);
-                        facc[m][p][h] = _mm512_fmadd_ps(_mm512_mul_ps(sum, _mm512_set1_ps(f[m])), s, facc[m][p][h]);
-                        acc[m][p][h] = sub[m][p][h] = _mm512_setzero_ps();
-                    }
+                for (int m = 0; m < MB; ++m) {
+                    const __m512 fv = _mm512_set1_ps(f[m]);
+                    const __m512 e = _mm512_fmadd_ps(sub[m][p][0], _mm512_set1_ps(0.125f), acc[m][p][0]);
+                    const __m512 o = _mm512_fmadd_ps(sub[m][p][1], _mm512_set1_ps(0.125f), acc[m][p][1]);
+                    facc[m][p] = _mm512_fmadd_ps(KT_(fold_halves)(_mm512_mul_ps(e, fv), _mm512_mul_ps(o, fv)), s, facc[m][p]);
+                    acc[m][p][0] = acc[m][p][1] = sub[m][p][0] = sub[m][p][1] = _mm512_setzero_ps();
+                }
             }
         }
     }
@@ -326,7 +327,7 @@ KT_AI void KT_(f32_tile)(const int MB, const int NP, int64_t p0, ktcy_span cont,
         for (int m = 0; m < MB; ++m) {
             __m512 out;
             if (KT_FP8_BLOCKWISE(w)) {
-                out = KT_(fold_halves)(facc[m][p][0], facc[m][p][1]);
+                out = facc[m][p];
             } else {
                 const __m512 e = _mm512_fmadd_ps(sub[m][p][0], _mm512_set1_ps(0.125f), acc[m][p][0]);
                 const __m512 o = _mm512_fmadd_ps(sub[m][p][1], _mm512_set1_ps(0.125f), acc[m][p][1]);
