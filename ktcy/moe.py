@@ -193,8 +193,8 @@ class MoE:
         """y [T, H] = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]).
 
         x [T, H] float32/float64/float16/bfloat16 (numpy, ml_dtypes) or a torch tensor (float32,
-        bfloat16, float16; any device: CPU tensors are read in place, others copied to the host and
-        back); topk_ids [T, top_k] integers in [0, E), or -1 for a slot handled elsewhere (it adds
+        bfloat16, float16; any device: CPU tensors are viewed in place, bfloat16/float16 widened to
+        one float32 copy, others copied to the host and back); topk_ids [T, top_k] integers in [0, E), or -1 for a slot handled elsewhere (it adds
         nothing; a repeated id counts twice); topk_weights [T, top_k] floats.  Returns float32
         numpy for numpy x, a tensor of x's dtype and device for torch x.  out, if given, receives
         the result: a writable C-contiguous float32 [T, H] numpy array, or a [T, H] float tensor.

@@ -63,7 +63,8 @@ class Router:
             group_score = np.sort(grouped, axis=2)[:, :, -2:].sum(axis=2)
             keep = np.zeros((T, self.n_group), bool)
             np.put_along_axis(keep, top_k_desc(group_score, self.topk_group), True, axis=1)
-            masked = np.where(np.repeat(keep, E // self.n_group, axis=1), choice, 0.0)
+            # experts of groups left out can never be chosen, even where scores + bias < 0
+            masked = np.where(np.repeat(keep, E // self.n_group, axis=1), choice, -np.inf)
             ids = top_k_desc(masked, k)
             w = np.take_along_axis(scores, ids, axis=1)
             if self.norm_topk_prob and k > 1:

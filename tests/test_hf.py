@@ -4,6 +4,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -199,6 +200,10 @@ def test_arguments_that_do_not_apply_are_refused(folders):
         ktcy.hf.from_pretrained(folders["olmoe"], trust_remote_code=True)
     with pytest.raises(ValueError, match="dtype"):
         ktcy.hf.from_pretrained(folders["olmoe"], dtype="int8")
+    with pytest.raises(ValueError, match=r"got 'bf16'"):  # the name given, not what it failed to become
+        ktcy.hf.from_pretrained(folders["olmoe"], dtype="bf16")
+    with pytest.raises(TypeError, match="attn_implementaton"):  # misspelt: stock refuses it too
+        ktcy.hf.from_pretrained(folders["olmoe"], attn_implementaton="eager")
     with pytest.raises(ktcy.RuleError):
         ktcy.hf.from_pretrained(folders["olmoe"], rules="- match: {name: '('}\n")
 
@@ -272,3 +277,51 @@ def test_a_config_transformers_refuses_is_one_checkpoint_error(folders, tmp_path
     (bad / "config.json").write_text(json.dumps(config))
     with pytest.raises(ktcy.CheckpointError, match=r"config.json: transformers could not make .* from it"):
         ktcy.hf.from_pretrained(bad)
+
+
+def test_a_backward_pass_through_the_experts_raises(folders):
+    """Training through ktcy's experts ran a backward pass that gave the routers no gradient."""
+    model = ktcy.hf.from_pretrained(folders["qwen3_moe"], dtype=torch.float32)
+    model.train()
+    loss = model(PROMPT, labels=PROMPT).loss  # the forward still runs with gradients enabled
+    assert torch.isfinite(loss)
+    with pytest.raises(RuntimeError, match="inference-only"):
+        loss.backward()
+    with torch.no_grad():
+        assert torch.equal(logits(model, PROMPT), logits(model, PROMPT))
+
+
+def test_a_stock_model_built_in_another_thread_during_a_load_gets_real_experts(folders):
+    """The experts class is patched to build on meta while ktcy loads: only for the loading thread."""
+    experts_type = type(stock(folders["qwen3_moe"]).model.layers[1].mlp.experts)
+    config = transformers.AutoConfig.from_pretrained(folders["qwen3_moe"])
+    built, stop = [], threading.Event()
+
+    def build():
+        while not stop.is_set():
+            built.append(next(experts_type(config).parameters()).device.type)
+
+    other = threading.Thread(target=build)
+    other.start()
+    try:
+        for _ in range(3):
+            ktcy.hf.from_pretrained(folders["qwen3_moe"], dtype=torch.float32)
+    finally:
+        stop.set()
+        other.join()
+    assert built and set(built) == {"cpu"}
+
+
+def test_loading_skips_random_initialisation_and_keeps_every_buffer(folders, monkeypatch):
+    """Every tensor of the torch part comes from the checkpoint: drawing random weights first
+    cost seconds per billion of them.  Buffers built in __init__ (rotary) stay as stock's."""
+    calls = []
+    real = torch.nn.init.normal_
+    monkeypatch.setattr(torch.nn.init, "normal_", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    model = ktcy.hf.from_pretrained(folders["deepseek_v3"], dtype=torch.float32)
+    assert calls == []
+    ref = stock(folders["deepseek_v3"])
+    mine = dict(model.named_buffers())
+    for name, buffer in ref.named_buffers():
+        if ".experts." not in name:
+            assert torch.equal(mine[name], buffer), name

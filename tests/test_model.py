@@ -38,7 +38,7 @@ FAMILIES = {
 }
 
 
-def build(path, family, seed=0):
+def build(path, family, seed=0, bias_offset=0.0):
     """A checkpoint of the family plus its routers and shared experts (in a second shard)."""
     spec = FAMILIES[family]
     truth = make_checkpoint(path, E=E, H=H, I=I, top_k=K, num_layers=4, dense_layers=(0,), seed=seed, **spec)
@@ -51,7 +51,7 @@ def build(path, family, seed=0):
         extra[f"{p}.gate.weight"] = router.astype(ml_dtypes.bfloat16)
         truth[L]["router"] = router.astype(ml_dtypes.bfloat16).astype(np.float64)
         if family == "deepseek":
-            bias = (rng.standard_normal(E) * 0.1).astype(np.float32)
+            bias = (rng.standard_normal(E) * 0.1 + bias_offset).astype(np.float32)
             extra[f"{p}.gate.e_score_correction_bias"] = bias
             truth[L]["bias"] = bias.astype(np.float64)
         shared_i = {"qwen2": 96, "deepseek": 2 * I}.get(family)
@@ -90,7 +90,7 @@ def ref_route(family, h, t):
     ids = np.empty((len(h), K), int)
     for r in range(len(h)):
         keep = np.argsort(-gscore[r])[:2]
-        masked = np.zeros(E)
+        masked = np.full(E, -np.inf)  # DeepSeek's and transformers' mask: left-out groups never win
         for g in keep:
             masked[g * (E // 4):(g + 1) * (E // 4)] = choice[r, g * (E // 4):(g + 1) * (E // 4)]
         ids[r] = np.argsort(-masked)[:K]
@@ -119,6 +119,18 @@ def ref_block(family, block, h, t):
             out *= 1 / (1 + np.exp(-(h.astype(np.float64) @ t["shared_gate"].T)))
         y += out
     return ids, w, y
+
+
+def test_deepseek_experts_of_groups_left_out_never_win_where_scores_plus_bias_are_negative(tmp_path):
+    """e_score_correction_bias below -1 makes every choice score negative: masking the groups
+    left out with 0 (not -inf) chose their experts over the kept groups'."""
+    truth = build(tmp_path, "deepseek", bias_offset=-1.5)
+    model = ktcy.MoEModel.from_pretrained(tmp_path)
+    h = np.random.default_rng(4).standard_normal((16, H)).astype(np.float32)
+    for block in model.blocks.values():
+        ids, _ = block.route(h)
+        rids, _ = ref_route("deepseek", h, truth[block.layer])
+        assert [set(r) for r in ids] == [set(r) for r in rids]
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

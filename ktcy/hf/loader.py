@@ -106,16 +106,19 @@ def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwar
     attn = hf_kwargs.pop("attn_implementation", None)
     hf_kwargs.setdefault("local_files_only", True)
     with _transformers_errors(config_file, "its configuration"):
-        config = transformers.AutoConfig.from_pretrained(path, **hf_kwargs)
-    if dtype is None:
-        dtype = config.dtype if isinstance(config.dtype, torch.dtype) and config.dtype.is_floating_point \
-            else torch.float32
+        config, unused = transformers.AutoConfig.from_pretrained(path, return_unused_kwargs=True, **hf_kwargs)
+    if unused:  # a misspelt keyword would otherwise be dropped without a word (stock raises too)
+        raise TypeError(f"ktcy.hf.from_pretrained got keyword arguments it does not use: {', '.join(sorted(unused))}")
+    if dtype is None:  # the config's, where the torch part can hold it (not float8 kinds)
+        dtype = config.dtype if config.dtype in _DTYPES else torch.float32
     # the torch part holds dequantized weights (the experts, GPT-OSS's MXFP4 included, are ktcy's):
     # transformers must not quantize it again, nor fetch hub kernels for a quantization method
     if getattr(config, "quantization_config", None) is not None:
         del config.quantization_config
     experts_type = arch.experts_type()
-    with _experts_on_meta(experts_type), _transformers_errors(config_file, "the model"):
+    # every tensor of the torch part is then loaded from the checkpoint (_load_dense_weights
+    # refuses a missing one): random initialisation first cost seconds per billion weights
+    with _experts_on_meta(experts_type), _no_init_weights(), _transformers_errors(config_file, "the model"):
         extra = {"attn_implementation": attn} if attn is not None else {}
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, **extra)
     model.eval()
@@ -156,26 +159,42 @@ def _save_pretrained(model, *args, **kwargs):
                               "`ktcy convert` to save the packed experts (load them back with experts_path=)")
 
 
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # float8 kinds have no storage
+
+
 def _dtype(kwargs):
-    dtype = kwargs.pop("dtype", None)
+    given = kwargs.pop("dtype", None)
     legacy = kwargs.pop("torch_dtype", None)
-    dtype = dtype if dtype is not None else legacy
-    if dtype is None or dtype == "auto":
+    given = given if given is not None else legacy
+    if given is None or given == "auto":
         return None
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype, None)
-    if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):  # float8 kinds have no storage
-        raise ValueError(f"dtype must be torch.float32, torch.bfloat16, torch.float16 or torch.float64, got {dtype!r}")
+    dtype = getattr(torch, given, None) if isinstance(given, str) else given
+    if dtype not in _DTYPES:
+        raise ValueError("dtype must be torch.float32, torch.bfloat16, torch.float16 or torch.float64 (or their "
+                         f"names: 'float32', ...), got {given!r}")
     return dtype
+
+
+def _no_init_weights():
+    """transformers' switch that skips the random initialisation of a model about to be loaded."""
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # where it lived before
+        from transformers.modeling_utils import no_init_weights
+    return no_init_weights()
 
 
 @contextlib.contextmanager
 def _experts_on_meta(experts_type):
     """Builds experts modules with their parameters on the meta device: their weights come from
-    ktcy, so torch never allocates them."""
-    original = experts_type.__init__
+    ktcy, so torch never allocates them.  Only in the loading thread: the class is patched for
+    the whole process while the model is built, and another thread building that class (a stock
+    model from a config) must get real parameters."""
+    original, loader = experts_type.__init__, threading.get_ident()
 
     def init(self, *args, **kwargs):
+        if threading.get_ident() != loader:
+            return original(self, *args, **kwargs)
         with torch.device("meta"):
             original(self, *args, **kwargs)
 
