@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import weakref
 import zlib
 from typing import Callable, Mapping, Optional
@@ -60,6 +61,7 @@ class ExpertParallelMoE:
         self.config, self.placement, self.reduce, self.check_inputs = config, placement, reduce, bool(check_inputs)
         self.local = local
         self.local_experts = placement.local_experts(self._group.rank)
+        self._lock = threading.Lock()  # one call's collectives at a time: see forward
 
     # ---- constructors -------------------------------------------------------------------------
 
@@ -198,7 +200,13 @@ class ExpertParallelMoE:
         the same inputs: with check_inputs (default) the ranks first compare shapes, dtypes and
         checksums of their inputs (an all_gather of a few integers) and all raise ValueError on
         a difference.  Raises DistributedError when a peer exits or stops answering within the
-        process group's timeout, or failed in its own experts."""
+        process group's timeout, or failed in its own experts.  Calls from several threads of a
+        rank run one at a time: their collectives interleaved would pair one call's exchange with
+        another's on the other ranks."""
+        with self._lock:
+            return self._forward(x, topk_ids, topk_weights, out)
+
+    def _forward(self, x, topk_ids, topk_weights, out):
         problem, inputs = None, None
         try:
             inputs = self._checked(x, topk_ids, topk_weights, out)
@@ -212,8 +220,6 @@ class ExpertParallelMoE:
         if problem is not None:
             raise problem
         buffer, failure = self._compute(inputs)
-        if problem is not None:
-            raise problem
         xs, ids, w, T, y, target = inputs
         k, H = self.config.top_k, self.config.hidden_size
         self._group.all_reduce_sum(buffer, f"all_reduce of the expert outputs ({self.reduce})")
