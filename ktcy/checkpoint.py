@@ -76,6 +76,11 @@ def config_bool(cfg, where, key, default=False):
     return value
 
 
+# first_k_dense_replace where config.json leaves it out: transformers' config class default
+# (DeepseekV3Config: 3), so that ktcy and transformers see the same layers as MoE
+_FIRST_DENSE_DEFAULT = {"deepseek_v3": 3}
+
+
 @dataclass(frozen=True)
 class MoEArchitecture:
     num_experts: int
@@ -112,7 +117,8 @@ class MoEArchitecture:
                                   f"got {dense!r:.60}")
         dense = set(dense)
         step = config_int(cfg, where, "decoder_sparse_step", default=1)
-        first_dense = config_int(cfg, where, "first_k_dense_replace", minimum=0, default=0)
+        first_dense = config_int(cfg, where, "first_k_dense_replace", minimum=0,
+                                 default=_FIRST_DENSE_DEFAULT.get(str(cfg.get("model_type", "")).lower(), 0))
         freq = config_int(cfg, where, "moe_layer_freq", default=1)
         moe = tuple(L for L in range(layers)
                     if L not in dense and (L + 1) % step == 0 and L >= first_dense and (L - first_dense) % freq == 0)

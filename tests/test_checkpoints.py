@@ -311,6 +311,9 @@ def test_moe_layer_selection_from_config():
     base = {"hidden_size": 8, "num_hidden_layers": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 4}
     assert MoEArchitecture.from_config(dict(base, num_experts=4, mlp_only_layers=[1], decoder_sparse_step=2)).moe_layers == (3, 5)
     assert MoEArchitecture.from_config(dict(base, n_routed_experts=4, first_k_dense_replace=3)).moe_layers == (3, 4, 5)
+    # left out: transformers' DeepseekV3Config default (3) for DeepSeek-V3, 0 for the others
+    assert MoEArchitecture.from_config(dict(base, n_routed_experts=4, model_type="deepseek_v3")).moe_layers == (3, 4, 5)
+    assert MoEArchitecture.from_config(dict(base, num_experts=4, model_type="qwen3_moe")).moe_layers == tuple(range(6))
     assert MoEArchitecture.from_config({"text_config": dict(base, num_local_experts=4)}).moe_layers == tuple(range(6))
     with pytest.raises(CheckpointError, match="num_experts_per_tok"):
         MoEArchitecture.from_config({k: v for k, v in dict(base, num_experts=4).items() if k != "num_experts_per_tok"})

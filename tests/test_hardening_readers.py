@@ -135,7 +135,7 @@ DEEPSEEK_ROUTER = {"scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_grou
     ({"model_type": "mixtral"}, True, r"model.layers.1.mlp.gate.e_score_correction_bias is present, but a mixtral"),
     ({"model_type": "qwen3_moe", "scoring_func": "sigmoid"}, False, r"scoring_func 'sigmoid' does not fit a softmax"),
     ({**DEEPSEEK_ROUTER, "topk_method": "group_limited_greedy"}, True, r"topk_method 'group_limited_greedy' is not"),
-    ({**DEEPSEEK_ROUTER, "model_type": "deepseek_v3", "routed_scaling_factor": None}, True,
+    ({**DEEPSEEK_ROUTER, "model_type": "deepseek_v3", "routed_scaling_factor": None, "first_k_dense_replace": 0}, True,
      r"a deepseek_v3 router needs routed_scaling_factor in config.json"),
     ({k: v for k, v in DEEPSEEK_ROUTER.items() if k not in ("n_group", "topk_group")}, True,
      r"a deepseek_v3 router needs n_group, topk_group in config.json"),
