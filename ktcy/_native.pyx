@@ -294,12 +294,19 @@ cdef bint _forked = False
 cdef int _threads_before_fork = 1
 cdef bint _fork_said = False  # the child's one warning given (or not needed: 1 thread asked for)
 
-def _after_fork_in_child():
+cdef extern from "<pthread.h>" nogil:
+    int pthread_atfork(void (*prepare)() noexcept nogil, void (*parent)() noexcept nogil,
+                       void (*child)() noexcept nogil)
+
+cdef void _after_fork_in_child() noexcept nogil:
     global _forked, _num_threads, _threads_before_fork, _fork_said
     _forked, _fork_said = True, False
     _threads_before_fork, _num_threads = _num_threads, 1
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+# at the C level, not os.register_at_fork: a fork from native code (a C library, ctypes) runs
+# no Python hooks, and its child hung in the first parallel region all the same
+if pthread_atfork(NULL, NULL, _after_fork_in_child) != 0:
+    raise ImportError("ktcy: pthread_atfork failed; without it a forked child would hang in OpenMP")
 
 cdef int _team(int n) except -1:
     """The OpenMP team for n requested threads: n, or 1 in a forked child, where the first

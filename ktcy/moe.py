@@ -22,7 +22,7 @@ from ktcy.config import MoeConfig
 from ktcy.errors import UnsupportedISAError, naming
 from ktcy.formats import has_groups, keeps_codes
 from ktcy.expert_arena import ExpertArena
-from ktcy.safetensors_io import CheckpointError
+from ktcy.safetensors_io import CheckpointError, file_state
 
 log = logging.getLogger("ktcy")
 
@@ -99,7 +99,7 @@ class MoE:
         self.config = config
         self.format = fmt
         self.gate, self.up, self.down = list(gate), list(up), list(down)
-        self._mapped = []  # (fd, size, path) of files the weights are mapped from, see watch_file
+        self._mapped = []  # (fd, state, path) of files the weights are mapped from, see watch_file
         big_isa, big, small_isa, small = choose_kernels(fmt, config)
         self.isa, self.variant, self.decode_isa, self.decode_variant = big_isa, big, small_isa, small
         self.bias = _checked_bias(bias, E, H, I)  # read-only: the engine reads these very arrays
@@ -170,17 +170,22 @@ class MoE:
         return (f"MoE({self.format}{group}, {c.num_experts} experts, top-{c.top_k}, H={c.hidden_size}, "
                 f"I={c.intermediate_size}, {self.nbytes / 2**30:.2f} GiB, kernel: {self.kernel})")
 
-    def watch_file(self, fd, size, path):
-        """The weights are memory-mapped from the open file fd of `size` bytes: before each
-        forward an fstat checks it still has that size, since reading a mapping past a file that
-        another program truncated kills the process with SIGBUS."""
-        self._mapped.append((fd, size, path))
+    def watch_file(self, fd, state, path):
+        """The weights are memory-mapped from the open file fd, whose safetensors_io.file_state
+        was `state` when it was mapped and checked: before each forward an fstat checks it is
+        unchanged, since reading a mapping past a file that another program truncated kills the
+        process with SIGBUS, and bytes rewritten in place were never checked (an MXFP4 exponent
+        of 255 gives other numbers on each ISA)."""
+        self._mapped.append((fd, state, path))
 
     def _check_mapped(self):
-        for fd, size, path in self._mapped:
-            now = os.fstat(fd).st_size
-            if now != size:
-                raise CheckpointError(f"{path} changed size on disk ({size} -> {now} bytes) while mapped; "
+        for fd, state, path in self._mapped:
+            now = file_state(os.fstat(fd))
+            if now[0] != state[0]:
+                raise CheckpointError(f"{path} changed size on disk ({state[0]} -> {now[0]} bytes) while mapped; "
+                                      f"reload the layer")
+            if now != state:
+                raise CheckpointError(f"{path} was rewritten on disk while mapped (its modification time moved); "
                                       f"reload the layer")
 
     def __reduce_ex__(self, protocol):

@@ -99,9 +99,10 @@ def _activation_settings(path, m):
     return settings
 
 
-def read_metadata(path):
-    """The validated metadata of a packed layer file (CheckpointError if foreign or corrupt)."""
-    f = SafetensorsFile(path)
+def read_metadata(path, fd=None):
+    """The validated metadata of a packed layer file (CheckpointError if foreign or corrupt);
+    fd: the file already open (see SafetensorsFile)."""
+    f = SafetensorsFile(path, fd)
     m = f.metadata
     if m.get("format") != FILE_FORMAT:
         raise CheckpointError(f"{path}: not a ktcy packed-experts file (format {m.get('format')!r})")
@@ -172,18 +173,18 @@ def _group_array(f, path, name, dtype, experts, shape, layout_1, wanted):
 class MappedLayer:
     """A packed layer file mapped and checked: the layer's config, its packed weights per
     projection (None for experts not asked for) and biases ([E, ...]), and the open file `fd`
-    of `size` bytes the weights are mapped from (the caller keeps it open for the weights' life
-    and watches it: see MoE.watch_file)."""
+    the weights are mapped from, in `state` (safetensors_io.file_state) when it was mapped (the
+    caller keeps it open for the weights' life and watches it: see MoE.watch_file)."""
     path: str
     fd: int
-    size: int
+    state: tuple
     config: MoeConfig
     weights: dict
     bias: Optional[dict]
 
     def watched_by(self, moe):
         """Hands the open file to `moe`: fstat before each forward, closed with it."""
-        moe.watch_file(self.fd, self.size, self.path)
+        moe.watch_file(self.fd, self.state, self.path)
         weakref.finalize(moe, os.close, self.fd)
         return moe
 
@@ -195,8 +196,7 @@ def map_layer(path, isa=None, experts=None) -> MappedLayer:
     so a rank that keeps a few experts reads only those pages."""
     fd = open_regular_file(path)
     try:
-        size = os.fstat(fd).st_size
-        f, m, d = read_metadata(path)
+        f, m, d = read_metadata(path, fd)  # the very file watched is the one mapped
         fmt = m["weight_format"]
         code = FORMATS.index(fmt)
         E, H, I, group = d["num_experts"], d["hidden_size"], d["intermediate_size"], d["group_size"]
@@ -238,7 +238,7 @@ def map_layer(path, isa=None, experts=None) -> MappedLayer:
             config = MoeConfig(E, d["top_k"], H, I, quant, isa=isa, **_activation_settings(path, m))
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"{path}: {e}") from None
-        return MappedLayer(path, fd, size, config, weights, bias)
+        return MappedLayer(path, fd, f.state, config, weights, bias)
     except BaseException:
         os.close(fd)
         raise

@@ -152,14 +152,23 @@ def _check_tiling(path, ranges, data_len):
         raise CheckpointError(f"{path}: bytes {position}-{data_len} at the end of the file belong to no tensor")
 
 
-class SafetensorsFile:
-    """Tensors of one file as read-only numpy views of a memory map."""
+def file_state(st):
+    """What tells a mapped file was changed on disk since: its size (a truncated mapping is
+    SIGBUS) and modification time (bytes rewritten in place would pass every load check unseen)."""
+    return st.st_size, st.st_mtime_ns
 
-    def __init__(self, path):
+
+class SafetensorsFile:
+    """Tensors of one file as read-only numpy views of a memory map.  fd: the file already
+    open (the caller's, left open: what it watches is then what is mapped), else path is opened."""
+
+    def __init__(self, path, fd=None):
         self.path = os.fspath(path)
-        fd = open_regular_file(self.path)
+        own = self._checks_itself = fd is None  # else the caller watches fd (MoE.watch_file)
+        fd = open_regular_file(self.path) if own else fd
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            size, self.state, self._inode = st.st_size, file_state(st), (st.st_dev, st.st_ino)
             if size < 8:
                 raise CheckpointError(f"{self.path}: {size} bytes is too short for a safetensors file (truncated?)")
             (header_len,) = struct.unpack("<Q", os.pread(fd, 8, 0))
@@ -175,7 +184,8 @@ class SafetensorsFile:
             self._map = (np.frombuffer(mmap.mmap(fd, size, access=mmap.ACCESS_READ), np.uint8)
                          if size > self._data_start else None)
         finally:
-            os.close(fd)
+            if own:
+                os.close(fd)
 
     def keys(self):
         return self._entries.keys()
@@ -190,15 +200,29 @@ class SafetensorsFile:
         return self._entries[name][0]
 
     def get(self, name):
-        """The tensor as a read-only view of the mapped file (no copy)."""
+        """The tensor as a read-only view of the mapped file (no copy).  The file is first checked
+        unchanged since it was mapped: a checkpoint kept open (MoEModel, ktcy.hf) is read again
+        when a block changes backend, and a shard truncated meanwhile would be SIGBUS there."""
         if name not in self._entries:
             raise CheckpointError(f"{self.path}: no tensor {name!r}")
+        if self._checks_itself:
+            self._check_unchanged()
         dtype, shape, begin = self._entries[name]
         count = math.prod(shape)
         if count == 0:
             return np.zeros(shape, dtype)
         start = self._data_start + begin
         return self._map[start:start + count * dtype.itemsize].view(dtype).reshape(shape)
+
+
+    def _check_unchanged(self):
+        try:
+            st = os.stat(self.path)
+        except OSError as e:
+            raise CheckpointError(f"{self.path} is gone from disk since it was opened ({e.strerror}); "
+                                  "load the checkpoint again") from None
+        if (st.st_dev, st.st_ino) != self._inode or file_state(st) != self.state:
+            raise CheckpointError(f"{self.path} changed on disk since it was opened; load the checkpoint again")
 
 
 def write(path, tensors, metadata=None):

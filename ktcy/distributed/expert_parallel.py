@@ -349,9 +349,9 @@ def _keep_watching(moe, local):
     """A memory-mapped MoE fstat-s its files before each forward (a truncated file would kill the
     process with SIGBUS); the local MoE watches its own duplicates of those descriptors, which
     stay open after the full MoE is dropped."""
-    for fd, size, path in getattr(moe, "_mapped", ()):
+    for fd, state, path in getattr(moe, "_mapped", ()):
         mine = os.dup(fd)
-        local.watch_file(mine, size, path)
+        local.watch_file(mine, state, path)
         weakref.finalize(local, os.close, mine)
 
 
