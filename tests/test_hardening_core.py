@@ -564,3 +564,104 @@ def test_openmp_binding_does_not_cut_the_thread_count_to_one(env):
                        env=dict(os.environ, KTCY_NUM_THREADS="2", **env))
     assert r.returncode == 0 and r.stdout.split() == ["2", str(_native.usable_cpus())], (r.stdout, r.stderr)
     assert "exceeds" not in r.stderr
+
+
+_NATIVE_FORK = """
+import ctypes, os, signal, numpy as np, ktcy
+E, H, I = 8, 256, 128
+rng = np.random.default_rng(0)
+g, u = rng.standard_normal((2, E, I, H)).astype(np.float32) * 0.05
+d = rng.standard_normal((E, H, I)).astype(np.float32) * 0.05
+moe = ktcy.MoE.from_weights(ktcy.MoeConfig(E, 2, H, I, ktcy.QuantConfig("INT8")), g, u, d)
+x = rng.standard_normal((6, H)).astype(np.float32)
+ids = np.array([[0, 1], [2, 3], [4, 5], [6, 7], [1, 6], [3, 4]], np.int64)
+w = np.full((6, 2), 0.5, np.float32)
+expected = moe.forward(x, ids, w)  # the parent's team of threads exists now
+pid = ctypes.CDLL(None).fork()  # fork() from native code: no Python at-fork hooks run
+if pid == 0:
+    signal.alarm(60)  # a hang in OpenMP ends as SIGALRM, not as a stuck test
+    os._exit(0 if np.array_equal(moe.forward(x, ids, w), expected) else 2)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(_native.usable_cpus() < 2, reason="a forked child hangs only with a team of 2 or more threads")
+def test_a_child_forked_from_native_code_runs_on_one_thread_instead_of_hanging():
+    r = subprocess.run([sys.executable, "-c", _NATIVE_FORK], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "0", (r.stdout, r.stderr[-2000:])
+
+
+# ---- the sixtieth session's review of resources on success and error paths ----
+
+def test_a_mapped_file_rewritten_in_place_at_its_size_is_refused(tmp_path):
+    """Bytes rewritten in place (`cp other layer` over it) keep the size: the watch compared only
+    sizes, and the layer ran on bytes no load check had seen."""
+    from ktcy.packed_io import load_layer
+    path = write_packed(tmp_path / "layer.safetensors", "INT8")
+    layer = load_layer(str(path))
+    x, ids, w = np.ones((1, H), np.float32), np.array([[0, 1]]), np.ones((1, 2), np.float32)
+    layer.forward(x, ids, w)
+    other = write_packed(tmp_path / "other.safetensors", "INT8", seed=1)
+    assert os.path.getsize(other) == os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.write(open(other, "rb").read())
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # not within one clock tick of the load
+    with pytest.raises(CheckpointError, match="rewritten on disk while mapped"):
+        layer.forward(x, ids, w)
+
+
+_SWAPPED_BETWEEN_OPENS = """
+import os, numpy as np
+import ktcy.packed_io as packed_io
+from ktcy.safetensors_io import CheckpointError
+path, new = {path!r}, {new!r}
+real = packed_io.SafetensorsFile
+def swap_then_open(p, fd=None):  # a converter publishes the layer between the watch's open and the map's
+    os.replace(new, path)
+    return real(p, fd)
+packed_io.SafetensorsFile = swap_then_open
+layer = packed_io.load_layer(path)
+packed_io.SafetensorsFile = real
+x, ids, w = np.ones((1, {H}), np.float32), np.array([[0, 1]]), np.ones((1, 2), np.float32)
+layer.forward(x, ids, w)
+os.truncate(path, 4096)  # the file now at the path: not the one the layer opened first
+layer.forward(x, ids, w)
+print("ran")
+fd = layer._mapped[0][0]
+os.truncate("/proc/self/fd/%d" % fd, 4096)  # the file the watch holds: it must be the mapped one
+try:
+    layer.forward(x, ids, w)
+except CheckpointError as e:
+    print("refused:", e)
+"""
+
+
+def test_the_file_a_layer_watches_is_the_file_it_maps(tmp_path):
+    """map_layer opened the file twice (the descriptor it watches, and again to map it): a rename
+    in between left the watch on one file and the weights on another, and truncating the mapped
+    one killed the next forward with SIGBUS."""
+    path = write_packed(tmp_path / "layer.safetensors", "INT8")
+    new = write_packed(tmp_path / "new.safetensors", "INT8", seed=1)
+    code = _SWAPPED_BETWEEN_OPENS.format(path=str(path), new=str(new), H=H)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("ran") and "refused:" in r.stdout and "changed size" in r.stdout
+
+
+def test_a_checkpoint_shard_changed_after_loading_is_refused_when_read_again(tmp_path):
+    """MoEModel keeps the checkpoint's shards mapped to re-pack a block for another backend: a
+    shard truncated meanwhile was SIGBUS there, one rewritten at its size gave other weights."""
+    import ml_dtypes
+    from checkpoints import make_checkpoint
+    from ktcy.safetensors_io import write
+    make_checkpoint(tmp_path, num_layers=3, dense_layers=(0,))
+    write(tmp_path / "routers.safetensors", {f"model.layers.{L}.mlp.gate.weight": np.ones((4, 128), ml_dtypes.bfloat16)
+                                             for L in (1, 2)})
+    model = ktcy.MoEModel.from_pretrained(tmp_path, layers=[1])
+    shard = next(p for p in sorted(tmp_path.glob("*.safetensors")) if p.name != "routers.safetensors")
+    st = os.stat(shard)
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    with pytest.raises(CheckpointError, match="changed on disk since it was opened"):
+        model.inject_expert_backend(".*", "INT8")
