@@ -63,9 +63,16 @@ class OutputLock:
                 raise ConvertError(f"another converter (pid {holder}) is writing to {self.folder}; wait for it to "
                                    "finish or choose another output folder") from None
             raise ConvertError(f"cannot lock {self.folder} ({e.strerror})") from None
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
-        _remove_dead_temporaries(self.folder)
+        try:
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+            _remove_dead_temporaries(self.folder)
+        except BaseException as e:  # __exit__ will not run: the lock must not stay held
+            self.__exit__()
+            if isinstance(e, OSError):
+                raise ConvertError(f"cannot write the lock file {os.path.join(self.folder, LOCK_NAME)} "
+                                   f"({e.strerror or e})") from None
+            raise
         return self
 
     def __exit__(self, *exc):
@@ -96,16 +103,21 @@ def _open_lock_file(path):
     return fd
 
 
+_TEMPORARY_PREFIX = ".ktcy-tmp."
+
+
 def _temporary_name(final):
     folder, name = os.path.split(os.fspath(final))
-    return os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    return os.path.join(folder, f"{_TEMPORARY_PREFIX}{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
 
 
-# publish()'s temporaries (and write()'s .partial) of the files the converters write: a name
-# merely shaped like one (.notes.2024.deadbeef.tmp) is someone else's and stays
-_TEMPORARY = re.compile(r"\.(?:ktcy_layer_[0-9]{4,9}\.safetensors|ktcy_model\.json|ktcy_fp8_export\.json|config\.json"
-                        r"|model\.safetensors\.index\.json|model-fp8-layer[0-9]{4,9}\.safetensors"
-                        r"|model-rest-[0-9]{5}-of-[0-9]{5}\.safetensors)\.([0-9]{1,10})\.[0-9a-f]{8}\.tmp(?:\.partial)?")
+# publish()'s temporaries (and write()'s .partial): ktcy's prefix, whatever file they were to
+# become (the FP8 export copies tokenizer files too), or, as ktcy named them before that prefix,
+# a converter's own file names; a name merely shaped like one (.notes.2024.deadbeef.tmp) stays
+_TEMPORARY = re.compile(r"(?:\.ktcy-tmp\.[^/]+|\.(?:ktcy_layer_[0-9]{4,9}\.safetensors|ktcy_model\.json"
+                        r"|ktcy_fp8_export\.json|config\.json|model\.safetensors\.index\.json"
+                        r"|model-fp8-layer[0-9]{4,9}\.safetensors|model-rest-[0-9]{5}-of-[0-9]{5}\.safetensors))"
+                        r"\.([0-9]{1,10})\.[0-9a-f]{8}\.tmp(?:\.partial)?")
 
 
 def _remove_dead_temporaries(folder):

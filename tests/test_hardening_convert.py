@@ -2,6 +2,7 @@
 conventions): the output lock, --resume against a different request, writing into an input,
 failed writes, --layers abuse, --quant-config, kt-kernel command lines, and the complete
 Hugging Face FP8 per-channel checkpoint."""
+import errno
 import json
 import os
 import resource
@@ -709,3 +710,30 @@ def test_only_the_converters_own_dead_temporaries_are_removed(src, tmp_path):
     for _ in range(2):  # the lock is released both times
         convert_mod.convert(src, out, method="INT8", layers="1", progress=QUIET)
     assert not mine.exists() and theirs.read_text() == "mine" and folder.is_dir()
+
+
+def test_dead_temporaries_of_any_file_the_fp8_export_copies_are_removed(src, tmp_path):
+    """The FP8 export also publishes tokenizer files: their temporaries carry ktcy's prefix, so a
+    killed export's are found whatever file they were to become."""
+    out = tmp_path / "out"
+    out.mkdir()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = out / f".ktcy-tmp.tokenizer.json.{gone.pid}.deadbeef.tmp"
+    dead.write_text("{")
+    assert cli("--input-bf16-hf-path", src, "--output-fp8-hf-path", out).returncode == 0
+    assert not dead.exists() and leftovers(out) == []
+
+
+def test_a_failure_just_after_locking_releases_the_lock(src, tmp_path, monkeypatch):
+    from ktcy import output_guard
+
+    def disk_full(folder):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(output_guard, "_remove_dead_temporaries", disk_full)
+    out = tmp_path / "out"
+    with pytest.raises(ConvertError, match="cannot write the lock file .*No space left"):
+        convert_mod.convert(src, out, method="INT8", layers="1", progress=QUIET)
+    monkeypatch.undo()
+    convert_mod.convert(src, out, method="INT8", layers="1", progress=QUIET)  # not "another converter"
+    assert ktcy.load_experts(out, 1).format == "INT8"
