@@ -238,6 +238,13 @@ class Checkpoint:
     def __contains__(self, tensor):
         return tensor in self._where
 
+    def release_pages(self):
+        """SafetensorsFile.release_pages for every shard opened so far: called once a layer's
+        tensors were packed or copied, so that going through a checkpoint keeps about one layer
+        of it resident, not all of it."""
+        for f in self._files.values():
+            f.release_pages()
+
     def get(self, tensor):
         if tensor not in self._where:
             raise CheckpointError(f"{self.path}: tensor {tensor} is missing")

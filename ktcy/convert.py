@@ -3,7 +3,8 @@ the seeds' FP8 spelling, a complete Hugging Face FP8 per-channel checkpoint: ktc
 same code backs `ktcy convert` and tools/convert_cpu_weights.py.
 
 One layer is in memory at a time, packed expert by expert into buffers allocated once (peak:
-about one packed layer plus one expert's source tensors).  The output folder is locked for the
+about one packed layer plus one layer's source pages, which are dropped from the process's
+resident set once packed; they stay in the page cache).  The output folder is locked for the
 whole run; every file is written under a unique temporary name and renamed when complete.  Each
 layer file records its format, group size and a fingerprint of the source checkpoint, and
 --resume keeps only layers whose record matches what is asked."""
@@ -265,6 +266,7 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
             seconds = time.perf_counter() - t0
             progress.line(f"{label}: {os.path.getsize(final) / 2**20:.1f} MiB in {seconds:.1f} s "
                           f"({arch.num_experts / max(seconds, 1e-9):.1f} experts/s)")
+            ckpt.release_pages()  # the layer's source pages, read once: see the module docstring
             done.append(L)
         _write_manifest(output_path, input_path, fingerprint, asked, group, arch, wanted)
         copy_file(os.path.join(input_path, "config.json"), os.path.join(output_path, "config.json"))

@@ -219,12 +219,14 @@ def convert_to_hf_fp8(input_path, output_path, layers=None, resume=False, progre
             else:
                 write_safetensors(final, _quantized_layer(plan, progress, label), dict(meta, ktcy_layer=L))
                 progress.line(f"{label}: {os.path.getsize(final) / 2**20:.1f} MiB")
+            ckpt.release_pages()
             weight_map.update({n: plan.shard for n in plan.tensor_names()})
             total += _tensor_bytes(final)
         for shard, names in zip(rest_files, rest):
             final = os.path.join(output_path, shard)
             if not (resume and _shard_is_current(final, fingerprint, names)):
                 write_safetensors(final, {n: ckpt.get(n) for n in names}, meta)
+                ckpt.release_pages()
             weight_map.update({n: shard for n in names})
             total += _tensor_bytes(final)
         progress.line(f"carried over {sum(map(len, rest))} other tensors unchanged in {len(rest)} shard(s)")

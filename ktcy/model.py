@@ -239,6 +239,7 @@ class MoEModel:
         for L in chosen:
             block = model._build(L, None, repacked)
             model.blocks[block.name] = block
+            ckpt.release_pages()  # the checkpoint stays open for inject_expert_backend, not resident
         model._say_repacked(repacked, "the rules / backend ask")
         return model
 
@@ -352,6 +353,7 @@ class MoEModel:
         for name, block in list(self.blocks.items()):
             if pattern.match(name):
                 self.blocks[name] = self._build(block.layer, backend, repacked)
+                self.checkpoint.release_pages()
                 changed.append(name)
         self._say_repacked(repacked, "inject_expert_backend asks")
         log.info("%s -> %s for %d blocks", layer_regex, backend, len(changed))

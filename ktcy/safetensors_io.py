@@ -181,8 +181,8 @@ class SafetensorsFile:
             self._data_start = 8 + header_len
             self.metadata, self._entries = parse_header(self.path, raw, size - self._data_start)
             # map exactly the size validated above; a file that shrinks later is the caller's risk (SIGBUS)
-            self._map = (np.frombuffer(mmap.mmap(fd, size, access=mmap.ACCESS_READ), np.uint8)
-                         if size > self._data_start else None)
+            self._mmap = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size > self._data_start else None
+            self._map = np.frombuffer(self._mmap, np.uint8) if self._mmap is not None else None
         finally:
             if own:
                 os.close(fd)
@@ -214,6 +214,13 @@ class SafetensorsFile:
         start = self._data_start + begin
         return self._map[start:start + count * dtype.itemsize].view(dtype).reshape(shape)
 
+
+    def release_pages(self):
+        """Drops the file's pages from this process's resident set once they were read: they stay
+        in the page cache (a later read maps them again, same bytes), but no longer count against
+        the process (its RSS, a cgroup's limit) for the whole checkpoint it went through."""
+        if self._mmap is not None:
+            self._mmap.madvise(mmap.MADV_DONTNEED)
 
     def _check_unchanged(self):
         try:

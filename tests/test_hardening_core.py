@@ -665,3 +665,35 @@ def test_a_checkpoint_shard_changed_after_loading_is_refused_when_read_again(tmp
     os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     with pytest.raises(CheckpointError, match="changed on disk since it was opened"):
         model.inject_expert_backend(".*", "INT8")
+
+
+def _resident_kib_of(path):
+    """This process's resident KiB of its mappings of `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if line[0] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+                inside = line.rstrip("\n").endswith(" " + str(path))
+            elif inside and line.startswith("Rss:"):
+                total += int(line.split()[1])
+    return total
+
+
+def test_a_model_keeps_its_checkpoint_mapped_but_not_resident(tmp_path):
+    """The checkpoint stays open for inject_expert_backend; the pages its blocks were packed from
+    are dropped from the resident set (RSS and cgroup limits counted the whole checkpoint)."""
+    import ml_dtypes
+    from checkpoints import make_checkpoint
+    from ktcy.safetensors_io import write
+    make_checkpoint(tmp_path, num_layers=3, dense_layers=(0,), E=8, H=256, I=128)
+    write(tmp_path / "routers.safetensors", {f"model.layers.{L}.mlp.gate.weight": np.ones((8, 256), ml_dtypes.bfloat16)
+                                             for L in (1, 2)})
+    shard = next(p for p in sorted(tmp_path.glob("*.safetensors")) if p.name != "routers.safetensors")
+    model = ktcy.MoEModel.from_pretrained(tmp_path, backend="INT8")
+    assert any(line.rstrip().endswith(str(shard)) for line in open("/proc/self/maps"))  # still mapped
+    assert _resident_kib_of(shard) == 0
+    model.inject_expert_backend(".*", "BF16")
+    assert _resident_kib_of(shard) == 0
+    x = np.random.default_rng(0).standard_normal((3, 256)).astype(np.float32)
+    for block in model.blocks.values():
+        assert block.experts.format == "BF16" and np.isfinite(block.forward(x)).all()

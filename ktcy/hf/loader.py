@@ -129,7 +129,9 @@ def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwar
                               f"describes {len(ckpt.arch.moe_layers)} MoE layers")
     for name in replaced:
         _replace(model, name, state.build(name))
+        ckpt.release_pages()  # the checkpoint stays open for inject_expert_backend, not resident
     _load_dense_weights(model, ckpt, arch, config)
+    ckpt.release_pages()
     _attach_generation_config(model, path)
     model._ktcy = state
     _warn_if_threads_spin()
@@ -258,6 +260,7 @@ def inject_expert_backend(model, layer_regex, backend):
     for name, module in list(ktcy_experts(model).items()):
         if pattern.match(name):
             _replace(model, name, model._ktcy.build(name, backend))
+            model._ktcy.checkpoint.release_pages()
             changed.append(name)
     log.info("%s -> %s for %d experts modules", layer_regex, backend, len(changed))
     return changed
