@@ -84,11 +84,11 @@ def check_group_size(group_size, fmt):
 
 class Progress:
     """On a terminal a tqdm bar per layer (experts done, rate, ETA); elsewhere one line per
-    layer, written when the layer is done."""
+    layer, written when the layer is done; nothing at all when quiet."""
 
-    def __init__(self, stream=None):
-        self.stream = stream or sys.stderr
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+    def __init__(self, stream=None, quiet=False):
+        self.stream, self.quiet = stream or sys.stderr, quiet
+        self.tty = not quiet and hasattr(self.stream, "isatty") and self.stream.isatty()
         self._bar, self._label = None, None
 
     def bar(self, label, done, total):
@@ -120,6 +120,8 @@ class Progress:
 
     def line(self, text):
         self.close()
+        if self.quiet:
+            return
         self.stream.write(text + "\n")
         self.stream.flush()
 
@@ -262,7 +264,7 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
             publish(final, lambda tmp: write_layer(tmp, arrays, fmt, g, arch.num_experts, arch.top_k,
                                                     arch.hidden_size, arch.intermediate_size, L, source=source,
                                                     bias=bias, activation=activation))
-            del arrays
+            arrays = None  # the packed layer is on disk: its buffers go before the next layer's
             seconds = time.perf_counter() - t0
             progress.line(f"{label}: {os.path.getsize(final) / 2**20:.1f} MiB in {seconds:.1f} s "
                           f"({arch.num_experts / max(seconds, 1e-9):.1f} experts/s)")

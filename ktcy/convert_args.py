@@ -195,7 +195,7 @@ def _run(args):
         if getattr(args, flag):
             setattr(args, flag, os.path.expanduser(getattr(args, flag)))
     from ktcy.convert import Progress, convert
-    progress = Progress(open(os.devnull, "w") if args.quiet else None)
+    progress = Progress(quiet=args.quiet)
     if args.verbose:
         logging.basicConfig(format="%(name)s: %(levelname)s: %(message)s")
         logging.getLogger("ktcy").setLevel(logging.DEBUG if args.verbose >= 2 else logging.INFO)

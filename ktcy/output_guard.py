@@ -89,7 +89,8 @@ def _open_lock_file(path):
     rewritten, so a foreign file of that name would be destroyed).  A hard-linked pid file (a
     folder copied with `cp -al`) is still a lock file: its other names lock with it."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        # 0o666 less the umask, as files are made: a group sharing the folder (umask 002) can lock it too
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
     except OSError as e:
         why = "it is a symlink" if e.errno == errno.ELOOP else e.strerror
         raise ConvertError(f"cannot open the lock file {path} ({why}); ktcy writes only a lock file it can own - "

@@ -181,7 +181,10 @@ class SafetensorsFile:
             self._data_start = 8 + header_len
             self.metadata, self._entries = parse_header(self.path, raw, size - self._data_start)
             # map exactly the size validated above; a file that shrinks later is the caller's risk (SIGBUS)
-            self._mmap = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size > self._data_start else None
+            try:
+                self._mmap = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size > self._data_start else None
+            except OSError as e:  # out of descriptors or address space: name the file
+                raise CheckpointError(f"{self.path}: cannot map it ({e.strerror or e})") from None
             self._map = np.frombuffer(self._mmap, np.uint8) if self._mmap is not None else None
         finally:
             if own:

@@ -18,7 +18,7 @@ from ktcy import convert as convert_mod
 from ktcy.packed_io import layer_file_name, map_layer, read_metadata
 from ktcy.safetensors_io import CheckpointError
 
-QUIET = convert_mod.Progress(open(os.devnull, "w"))
+QUIET = convert_mod.Progress(quiet=True)
 
 
 def inputs(H, T=5, E=4, k=2, seed=1):

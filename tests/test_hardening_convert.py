@@ -24,7 +24,7 @@ from ktcy.packed_io import layer_file_name, read_metadata
 from ktcy.safetensors_io import CheckpointError, SafetensorsFile, write
 from test_model import build as build_family
 
-QUIET = convert_mod.Progress(open(os.devnull, "w"))
+QUIET = convert_mod.Progress(quiet=True)
 KTCY = [sys.executable, "-m", "ktcy", "convert"]
 
 

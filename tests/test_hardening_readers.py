@@ -16,7 +16,7 @@ from ktcy import convert as convert_mod
 from ktcy.checkpoint import Checkpoint, MoEArchitecture
 from ktcy.safetensors_io import CheckpointError, SafetensorsFile, write
 
-QUIET = convert_mod.Progress(open(os.devnull, "w"))
+QUIET = convert_mod.Progress(quiet=True)
 
 
 def inputs(H=128, T=5, E=4, k=2, seed=1):
