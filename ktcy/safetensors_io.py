@@ -226,12 +226,18 @@ class SafetensorsFile:
             self._mmap.madvise(mmap.MADV_DONTNEED)
 
     def _check_unchanged(self):
+        """Reading a mapping past the end of a file truncated since is SIGBUS: the mapped file's
+        own size is checked (mmap's descriptor, whatever the path names now), and where the path
+        still names that file, its modification time (bytes rewritten in place).  A file deleted
+        or replaced by a rename leaves the mapped one intact: its bytes are still what was loaded."""
+        if self._mmap is not None and self._mmap.size() != self.state[0]:
+            raise CheckpointError(f"{self.path} changed size on disk since it was opened ({self.state[0]} -> "
+                                  f"{self._mmap.size()} bytes); load the checkpoint again")
         try:
             st = os.stat(self.path)
-        except OSError as e:
-            raise CheckpointError(f"{self.path} is gone from disk since it was opened ({e.strerror}); "
-                                  "load the checkpoint again") from None
-        if (st.st_dev, st.st_ino) != self._inode or file_state(st) != self.state:
+        except OSError:
+            return
+        if (st.st_dev, st.st_ino) == self._inode and file_state(st) != self.state:
             raise CheckpointError(f"{self.path} changed on disk since it was opened; load the checkpoint again")
 
 

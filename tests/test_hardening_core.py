@@ -697,3 +697,28 @@ def test_a_model_keeps_its_checkpoint_mapped_but_not_resident(tmp_path):
     x = np.random.default_rng(0).standard_normal((3, 256)).astype(np.float32)
     for block in model.blocks.values():
         assert block.experts.format == "BF16" and np.isfinite(block.forward(x)).all()
+
+
+def test_a_checkpoint_shard_truncated_after_loading_is_refused_not_sigbus(tmp_path):
+    code = """
+import os, sys, numpy as np, ml_dtypes
+sys.path.insert(0, {tests!r})
+import ktcy
+from checkpoints import make_checkpoint
+from ktcy.safetensors_io import CheckpointError, write
+path = {path!r}
+make_checkpoint(path, num_layers=3, dense_layers=(0,))
+write(os.path.join(path, "routers.safetensors"),
+      {{f"model.layers.{{L}}.mlp.gate.weight": np.ones((4, 128), ml_dtypes.bfloat16) for L in (1, 2)}})
+model = ktcy.MoEModel.from_pretrained(path, layers=[1])
+shard = sorted(n for n in os.listdir(path) if n.endswith(".safetensors") and n != "routers.safetensors")[0]
+os.truncate(os.path.join(path, shard), 4096)
+try:
+    model.inject_expert_backend(".*", "INT8")
+except CheckpointError as e:
+    print("refused:", e)
+"""
+    r = subprocess.run([sys.executable, "-c", code.format(tests=os.path.dirname(__file__), path=str(tmp_path))],
+                       capture_output=True, text=True, cwd="/", timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "refused:" in r.stdout and "changed size" in r.stdout
