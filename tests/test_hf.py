@@ -67,6 +67,12 @@ def test_deepseek_v3_fp8_as_stored(tmp_path):
     # dense first layer stays a torch MLP
     assert not model.ktcy_experts().keys() & {"model.layers.0.mlp.experts"}
     assert rel_l2(logits(model, PROMPT), logits(stock(ref), PROMPT)) < 0.01
+    # a config.json naming its storage type float8 as dtype: the torch part cannot hold that
+    config = json.loads((tmp_path / "fp8" / "config.json").read_text())
+    (tmp_path / "fp8" / "config.json").write_text(json.dumps(dict(config, dtype="float8_e4m3fn")))
+    model = ktcy.hf.from_pretrained(fp8)
+    assert model.dtype == torch.float32
+    assert rel_l2(logits(model, PROMPT), logits(stock(ref), PROMPT)) < 0.01
 
 
 def test_bf16_model_takes_bf16_directly(folders):
