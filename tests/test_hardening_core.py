@@ -525,13 +525,17 @@ def test_topk_ids_changed_during_a_call_give_the_routing_that_was_checked():
     assert r.returncode == 0 and r.stdout.strip() == "True", (r.returncode, r.stdout, r.stderr[-2000:])
 
 
-_FORK_DURING_A_CALL = """
-import os, sys, threading, numpy as np, ktcy
+_SMALL_INT8_LAYER = """
+import numpy as np, ktcy
 E, H, I = 8, 256, 128
 rng = np.random.default_rng(0)
 g, u = rng.standard_normal((2, E, I, H)).astype(np.float32) * 0.05
 d = rng.standard_normal((E, H, I)).astype(np.float32) * 0.05
 moe = ktcy.MoE.from_weights(ktcy.MoeConfig(E, 2, H, I, ktcy.QuantConfig("INT8")), g, u, d)
+"""
+
+_FORK_DURING_A_CALL = _SMALL_INT8_LAYER + """
+import os, threading
 x = rng.standard_normal((4, H)).astype(np.float32)
 ids = np.array([[0, 1], [2, 3], [4, 5], [6, 7]], np.int64)
 w = np.full((4, 2), 0.5, np.float32)
@@ -566,13 +570,8 @@ def test_openmp_binding_does_not_cut_the_thread_count_to_one(env):
     assert "exceeds" not in r.stderr
 
 
-_NATIVE_FORK = """
-import ctypes, os, signal, numpy as np, ktcy
-E, H, I = 8, 256, 128
-rng = np.random.default_rng(0)
-g, u = rng.standard_normal((2, E, I, H)).astype(np.float32) * 0.05
-d = rng.standard_normal((E, H, I)).astype(np.float32) * 0.05
-moe = ktcy.MoE.from_weights(ktcy.MoeConfig(E, 2, H, I, ktcy.QuantConfig("INT8")), g, u, d)
+_NATIVE_FORK = _SMALL_INT8_LAYER + """
+import ctypes, os, signal
 x = rng.standard_normal((6, H)).astype(np.float32)
 ids = np.array([[0, 1], [2, 3], [4, 5], [6, 7], [1, 6], [3, 4]], np.int64)
 w = np.full((6, 2), 0.5, np.float32)
