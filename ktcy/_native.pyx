@@ -523,7 +523,7 @@ def layout(int fmt, codes, int64_t n, int64_t k, int group=0, block_scales=None)
     cdef int64_t ld = codes.shape[1]
     if codes.shape[0] < n or ld < k:
         raise ValueError(f"codes of shape {codes.shape} do not cover {n} x {k}")
-    cdef const uint8_t[:, ::1] raw = np.ascontiguousarray(codes).view(np.uint8)
+    cdef const uint8_t[:, ::1] raw = np.require(codes, None, ["C", "A"]).view(np.uint8)  # 16-bit codes read as such
     data = np.empty(shapes["data"], np.uint8)
     colsum = np.zeros(n_pad, np.int32) if shapes["colsum"] else None
     cdef uint8_t[::1] dv = data
@@ -758,6 +758,8 @@ def _checked(a, dtype, shape, what):
         raise ValueError(f"{what} has shape {a.shape}; the format needs {tuple(shape)}")
     if not a.flags.c_contiguous:
         raise ValueError(f"{what} must be C-contiguous")
+    if not a.flags.aligned:  # C reads it through typed pointers
+        raise ValueError(f"{what} must be aligned (its address a multiple of {a.dtype.alignment} bytes)")
     return a.reshape(-1)
 
 # INT8 sums (q_x + 128) * q_w in int32 on VNNI (then subtracts 128 * column sum): 255 * 127 * K

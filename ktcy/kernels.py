@@ -39,7 +39,14 @@ def as_float32_matrix(a, what):
     native = a.dtype.newbyteorder("=")  # a byte-swapped float is still that float
     if native != np.float32 and not any(native == t for t in _FLOAT_INPUTS):
         raise TypeError(f"{what} must be float32, float64, float16 or bfloat16, got {a.dtype}")
-    return np.ascontiguousarray(a, dtype=np.float32)
+    return c_array(a, np.float32)
+
+
+def c_array(a, dtype=None):
+    """a as a C-contiguous, aligned array of dtype (a copy where it is not one): C code reads
+    these through typed pointers, and a view at an odd offset (of a file, of a byte buffer) is
+    undefined behaviour there."""
+    return np.require(a, dtype, ["C", "A"])
 
 
 # Integer sums of the int8-activation formats reach 2^31 in size; times a weight scale up to
@@ -393,7 +400,7 @@ def pack_quantized(codes: np.ndarray, scale: Optional[np.ndarray], format: str, 
             raise ValueError(f"{fmt} has no zero points; got some")
     else:
         grid = (-(-n // 128), -(-k // 128))
-        scale = np.ascontiguousarray(scale, np.float32)
+        scale = c_array(scale, np.float32)
         if scale.shape != grid:
             raise ValueError(f"{fmt} block scale_inv must be {grid} for a {n}x{k} weight, got {scale.shape}")
     data, colsum = _native.layout(_CODE[fmt], np.ascontiguousarray(codes), n, k, group, block_scales)
@@ -495,12 +502,13 @@ def linear_variant(X, packed, variant, out=None, **tiles):
     if out is None:
         out = np.empty((m, n), np.float32)
     elif not isinstance(out, np.ndarray) or out.shape != (m, n) or out.dtype != np.float32 \
-            or not out.flags.c_contiguous or not out.flags.writeable:
+            or not out.flags.c_contiguous or not out.flags.aligned or not out.flags.writeable:
         got = type(out).__name__
         if isinstance(out, np.ndarray):
             got += f" {out.dtype} {out.shape}" + ("" if out.flags.c_contiguous else ", not C-contiguous") \
-                + ("" if out.flags.writeable else ", read-only")
-        raise ValueError(f"out must be a writable C-contiguous float32 numpy array of shape {(m, n)}, got {got}")
+                + ("" if out.flags.aligned else ", not aligned") + ("" if out.flags.writeable else ", read-only")
+        raise ValueError(f"out must be a writable, aligned, C-contiguous float32 numpy array of shape {(m, n)}, "
+                         f"got {got}")
     if m and n:
         _native.gemm(packed.format, variant, act, weight, out, **tiles)
     return out

@@ -257,13 +257,14 @@ class MoE:
         elif torch_bridge.is_tensor(out):
             result, target = torch_bridge.output_buffer(out, shape)
         elif not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != np.float32 \
-                or not out.flags.c_contiguous or not out.flags.writeable:
-            raise ValueError(f"out must be a writable C-contiguous float32 array of shape {shape} or a float tensor")
+                or not out.flags.c_contiguous or not out.flags.aligned or not out.flags.writeable:
+            raise ValueError(f"out must be a writable, aligned, C-contiguous float32 array of shape {shape} or a "
+                             "float tensor")
         else:
             result = out
         if T:
-            ids = np.ascontiguousarray(ids, np.int64)
-            w = np.ascontiguousarray(w, np.float32)
+            ids = kernels.c_array(ids, np.int64)
+            w = kernels.c_array(w, np.float32)
             # the engine writes out while it still reads the routing (x it gathers first)
             if np.may_share_memory(result, w):
                 w = w.copy()
@@ -337,7 +338,8 @@ def _engine_ready(x, ids, w, width, top_k):
     return (type(x) is np.ndarray and type(ids) is np.ndarray and type(w) is np.ndarray
             and x.dtype == _F32 and ids.dtype == _I64 and w.dtype == _F32 and x.ndim == 2 and x.shape[1] == width
             and ids.shape == (x.shape[0], top_k) and w.shape == ids.shape
-            and x.flags.c_contiguous and ids.flags.c_contiguous and w.flags.c_contiguous)
+            and x.flags.c_contiguous and ids.flags.c_contiguous and w.flags.c_contiguous
+            and x.flags.aligned and ids.flags.aligned and w.flags.aligned)
 
 
 def _as_rows(a, what, width):

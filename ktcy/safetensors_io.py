@@ -215,7 +215,11 @@ class SafetensorsFile:
         if count == 0:
             return np.zeros(shape, dtype)
         start = self._data_start + begin
-        return self._map[start:start + count * dtype.itemsize].view(dtype).reshape(shape)
+        view = self._map[start:start + count * dtype.itemsize]
+        if start % dtype.alignment:  # the format allows any offset; C code reads only aligned arrays
+            view = view.copy()
+            view.flags.writeable = False  # as the mapped views are
+        return view.view(dtype).reshape(shape)
 
 
     def release_pages(self):

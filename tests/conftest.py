@@ -158,3 +158,14 @@ def long_run(request):
     expr = request.config.getoption("markexpr") or ""
     if "fuzz" not in expr or "not fuzz" in expr:
         pytest.skip("long fuzz run: select it with -m fuzz")
+
+
+def i16_bound(xb, wd):
+    """What the 16-bit path may add to the bf16 path's error, per output, from the bf16-rounded
+    activations xb and the dequantized weights wd: each value off by at most 2^-15 of its 32-value
+    block's largest |x| (README), times the weights' block sums of |w|."""
+    xa, wa = np.abs(xb), np.abs(wd)
+    bound = np.zeros((xa.shape[0], wa.shape[0]))
+    for b in range(0, xa.shape[1], 32):
+        bound += 2.0 ** -15 * xa[:, b:b + 32].max(axis=1, keepdims=True) * wa[:, b:b + 32].sum(axis=1)[None, :]
+    return bound

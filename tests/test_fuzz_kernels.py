@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import ktcy
-from conftest import I16_PATH_OFF, I16_PATH_ON, MXFP4_I16_PATHS, bf16_round, rel_err_rows, runnable_variants
+from conftest import I16_PATH_OFF, I16_PATH_ON, MXFP4_I16_PATHS, bf16_round, i16_bound, rel_err_rows, runnable_variants
 from ktcy import kernels
 
 INT_FORMATS = ("INT8", "INT4", "INT4_ZP", "MXFP4_A8")
@@ -52,17 +52,6 @@ def weights(rng, n, k):
     if k >= 64 and rng.random() < 0.3:  # all-zero blocks
         w[:, 32:64] = 0
     return w
-
-
-def i16_bound(xb, wd):
-    """What the 16-bit path may add to the bf16 path's error, per output, from the bf16-rounded
-    activations xb and the dequantized weights wd: each value off by at most 2^-15 of its 32-value
-    block's largest |x| (README), times the weights' block sums of |w|."""
-    xa, wa = np.abs(xb), np.abs(wd)
-    bound = np.zeros((xa.shape[0], wa.shape[0]))
-    for b in range(0, xa.shape[1], 32):
-        bound += 2.0 ** -15 * xa[:, b:b + 32].max(axis=1, keepdims=True) * wa[:, b:b + 32].sum(axis=1)[None, :]
-    return bound
 
 
 def case(seed):

@@ -6,6 +6,7 @@ import struct
 import subprocess
 import sys
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -721,3 +722,54 @@ except CheckpointError as e:
                        capture_output=True, text=True, cwd="/", timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "refused:" in r.stdout and "changed size" in r.stdout
+
+
+# ---- the sixtieth session's sanitizer run: arrays C reads through typed pointers are aligned ----
+
+def _unaligned(a):
+    """a's bytes at an odd address: C-contiguous, same dtype and values, flags.aligned False."""
+    raw = np.empty(a.nbytes + 1, np.uint8)
+    out = raw[1:].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    assert out.flags.c_contiguous and not out.flags.aligned
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["INT8", "BF16", "INT4", "MXFP4"])
+def test_unaligned_inputs_give_the_aligned_results(fmt):
+    """numpy keeps an array at an odd offset as it is (ascontiguousarray does not copy it); C
+    reading it through typed pointers is undefined behaviour (UBSan: misaligned load)."""
+    moe = small_layer(fmt)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((5, H)).astype(np.float32)
+    ids = np.array([[(e + j) % E for j in range(K_TOP)] for e in range(5)], np.int64)
+    w = rng.random((5, K_TOP)).astype(np.float32)
+    want = moe.forward(x, ids, w)
+    assert np.array_equal(moe.forward(_unaligned(x), _unaligned(ids), _unaligned(w)), want)
+    with pytest.raises(ValueError, match="aligned"):
+        moe.forward(x, ids, w, out=_unaligned(np.empty((5, H), np.float32)))
+    p = kernels.pack(rng.standard_normal((24, 40)).astype(np.float32), fmt)
+    assert np.array_equal(kernels.linear(_unaligned(x[:, :40]), p), kernels.linear(x[:, :40].copy(), p))
+
+
+def test_packed_arrays_that_are_not_aligned_are_refused_and_codes_are_copied():
+    rng = np.random.default_rng(2)
+    codes = rng.integers(-127, 128, (16, 64)).astype(np.int8)
+    scale = (rng.random(16) + 0.5).astype(np.float32)
+    p = kernels.pack_quantized(codes, _unaligned(scale), "INT8")
+    assert np.array_equal(p.dequantize(), kernels.pack_quantized(codes, scale, "INT8").dequantize())
+    bits = _unaligned(rng.standard_normal((16, 64)).astype(ml_dtypes.bfloat16).view(np.uint16))
+    assert np.array_equal(kernels.pack_quantized(bits, None, "BF16").codes(), bits)
+    with pytest.raises(ValueError, match="must be aligned"):
+        kernels.PackedWeight(p.format, p.shape, p.data, _unaligned(p.scale), p.colsum, 0, None).native()
+
+
+def test_a_safetensors_tensor_at_an_odd_offset_is_read_aligned(tmp_path):
+    """The format allows any data offset; such a tensor is copied (read-only, as the mapped ones)."""
+    from ktcy.safetensors_io import SafetensorsFile
+    header = json.dumps({"pad": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
+                         "w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [1, 25]}}).encode()
+    values = np.arange(6, dtype=np.float32)
+    (tmp_path / "odd.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\x07" + values.tobytes())
+    t = SafetensorsFile(str(tmp_path / "odd.safetensors")).get("w")
+    assert t.flags.aligned and not t.flags.writeable and np.array_equal(t, values.reshape(2, 3))
