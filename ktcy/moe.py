@@ -199,10 +199,11 @@ class MoE:
 
         x [T, H] float32/float64/float16/bfloat16 (numpy, ml_dtypes) or a torch tensor (float32,
         bfloat16, float16; any device: CPU tensors are viewed in place, bfloat16/float16 widened to
-        one float32 copy, others copied to the host and back); topk_ids [T, top_k] integers in [0, E), or -1 for a slot handled elsewhere (it adds
-        nothing; a repeated id counts twice); topk_weights [T, top_k] floats.  Returns float32
-        numpy for numpy x, a tensor of x's dtype and device for torch x.  out, if given, receives
-        the result: a writable C-contiguous float32 [T, H] numpy array, or a [T, H] float tensor.
+        one float32 copy, others copied to the host and back); topk_ids [T, top_k] integers in
+        [0, E), or -1 for a slot handled elsewhere (it adds nothing; a repeated id counts twice);
+        topk_weights [T, top_k] floats.  Returns float32 numpy for numpy x, a tensor of x's dtype
+        and device for torch x.  out, if given, receives the result: a writable, aligned,
+        C-contiguous float32 [T, H] numpy array, or a [T, H] float tensor.
         Raises ValueError/TypeError for shapes, dtypes or ids that do not fit, CheckpointError when
         a mapped file changed on disk, TileError for an emulated AMX fault.  Threaded; the GIL is
         released."""
