@@ -523,7 +523,8 @@ def layout(int fmt, codes, int64_t n, int64_t k, int group=0, block_scales=None)
     cdef int64_t ld = codes.shape[1]
     if codes.shape[0] < n or ld < k:
         raise ValueError(f"codes of shape {codes.shape} do not cover {n} x {k}")
-    cdef const uint8_t[:, ::1] raw = np.require(codes, None, ["C", "A"]).view(np.uint8)  # 16-bit codes read as such
+    # C-ordered and aligned (copied where not): ktcy_layout_panels reads 16-bit codes as uint16
+    cdef const uint8_t[:, ::1] raw = np.require(codes, None, ["C", "A"]).view(np.uint8)
     data = np.empty(shapes["data"], np.uint8)
     colsum = np.zeros(n_pad, np.int32) if shapes["colsum"] else None
     cdef uint8_t[::1] dv = data

@@ -403,7 +403,7 @@ def pack_quantized(codes: np.ndarray, scale: Optional[np.ndarray], format: str, 
         scale = c_array(scale, np.float32)
         if scale.shape != grid:
             raise ValueError(f"{fmt} block scale_inv must be {grid} for a {n}x{k} weight, got {scale.shape}")
-    data, colsum = _native.layout(_CODE[fmt], np.ascontiguousarray(codes), n, k, group, block_scales)
+    data, colsum = _native.layout(_CODE[fmt], codes, n, k, group, block_scales)  # it makes them C-ordered, aligned
     return PackedWeight(fmt, (n, k), data, scale, colsum, group, zero_points if d["zero_points"] else None)
 
 

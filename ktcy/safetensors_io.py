@@ -221,7 +221,6 @@ class SafetensorsFile:
             view.flags.writeable = False  # as the mapped views are
         return view.view(dtype).reshape(shape)
 
-
     def release_pages(self):
         """Drops the file's pages from this process's resident set once they were read: they stay
         in the page cache (a later read maps them again, same bytes), but no longer count against
