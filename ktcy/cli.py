@@ -309,7 +309,7 @@ def build_parser():
                 "states [T, H] read from an .npy file.")
     r.add_argument("path", help="Hugging Face checkpoint folder")
     r.add_argument("--layer", type=int, required=True, help="decoder layer of the MoE block")
-    r.add_argument("--input", required=True, help=".npy of hidden states [T, H] (float32 or bfloat16)")
+    r.add_argument("--input", required=True, help=".npy of hidden states [T, H] (float32, float64 or bfloat16)")
     r.add_argument("--output", required=True, help=".npy to write the block output [T, H] float32 to")
     r.add_argument("--backend", default=None, help="AMXINT8, AMXBF16, AMXINT4, INT8, INT4, BF16, FP8, ...")
     r.add_argument("--rules", default=None, help="optimize-rule YAML (KTransformers schema)")

@@ -2,19 +2,21 @@
 import math
 import numbers
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 
-from ktcy._native import INT8_MAX_K
+from ktcy._native import INT8_MAX_K, ISAS
 from ktcy.formats import AMX_BACKENDS, DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format, has_groups
 
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """How expert weights are stored: method BF16 | INT8 | INT4 | FP8 (KTransformers names work
-    too); per_channel picks FP8 per-channel scales (else 128x128 blocks); group_size is INT4's."""
+    """How expert weights are stored: method BF16 | INT8 | INT4 | INT4_ZP | FP8 | MXFP4 | MXFP4_A8
+    (KTransformers names work too); per_channel picks FP8 per-channel scales (else 128x128
+    blocks); group_size is INT4's and INT4_ZP's (other formats ignore it)."""
     method: str = "BF16"
-    per_channel: bool = None
+    per_channel: Optional[bool] = None
     group_size: int = DEFAULT_INT4_GROUP
 
     def __post_init__(self):
@@ -26,6 +28,19 @@ class QuantConfig:
             if not _is_integer(self.group_size) or self.group_size not in INT4_GROUP_SIZES:
                 raise ValueError(f"{fmt} group_size must be one of {INT4_GROUP_SIZES}, got {self.group_size!r}")
             object.__setattr__(self, "group_size", int(self.group_size))
+
+
+def checked_isa(isa: Optional[str]) -> Optional[str]:
+    """An isa= argument in lower case (None: the dispatcher chooses), refused before any work is
+    done: a misspelt name is the caller's error, not a fault of the checkpoint being loaded."""
+    if isa is None:
+        return None
+    if not isinstance(isa, str):
+        raise TypeError(f"isa must be a string or None, got {type(isa).__name__}")
+    name = isa.strip().lower()
+    if name not in ISAS:
+        raise ValueError(f"unknown ISA {isa!r}; choose one of {', '.join(ISAS)}")
+    return name
 
 
 def _is_integer(value):
@@ -49,9 +64,9 @@ class MoeConfig:
     hidden_size: int
     intermediate_size: int
     quant_config: QuantConfig = field(default_factory=QuantConfig)
-    backend: str = None
-    isa: str = None
-    num_threads: int = None
+    backend: Optional[str] = None
+    isa: Optional[str] = None
+    num_threads: Optional[int] = None
     activation: str = "silu"
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
@@ -64,14 +79,17 @@ class MoeConfig:
             if not _is_integer(value) or value < 1:
                 raise ValueError(f"MoeConfig.{name} must be a positive integer, got {value!r}")
             object.__setattr__(self, name, int(value))  # numpy integers as plain ints
+        object.__setattr__(self, "isa", checked_isa(self.isa))
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
         if self.activation not in ("silu", "gpt_oss"):
             raise ValueError(f"MoeConfig.activation must be 'silu' or 'gpt_oss', got {self.activation!r}")
         for name in ("swiglu_alpha", "swiglu_limit"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
+                    or value <= 0:
                 raise ValueError(f"MoeConfig.{name} must be a positive finite number, got {value!r}")
+            object.__setattr__(self, name, float(value))  # numpy floats as plain floats
         if not isinstance(self.quant_config, QuantConfig):
             raise TypeError("quant_config must be a ktcy.QuantConfig")
         if self.weight_format == "INT8" and max(self.hidden_size, self.intermediate_size) > INT8_MAX_K:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Tuple
 
 import ml_dtypes
 import numpy as np
@@ -119,15 +119,15 @@ class PackedWeight:
     """W[N][K] in a ktcy packed layout (the same bytes on every ISA).  The arrays are checked
     against the format descriptor when the C descriptor is first made (native())."""
     format: str
-    shape: tuple
-    data: np.ndarray          # uint8 blocks
-    scale: np.ndarray         # float32 as formats.descriptor(format)["scale"] says; None when "none"
-    #                           (group scales panel-major [N_pad/16][groups][16]: see group_scales())
-    colsum: np.ndarray = None  # formats whose descriptor keeps colsum (INT8)
-    group_size: int = 0       # formats with group scales (INT4, INT4_ZP)
-    zero: np.ndarray = None   # formats with zero points (INT4_ZP): uint8, laid out like the group scales
+    shape: Tuple[int, int]
+    data: np.ndarray                     # uint8 blocks
+    scale: Optional[np.ndarray]          # float32 as formats.descriptor(format)["scale"] says; None when
+    #                                      "none" (group scales panel-major [N_pad/16][groups][16]: see group_scales())
+    colsum: Optional[np.ndarray] = None  # formats whose descriptor keeps colsum (INT8)
+    group_size: int = 0                  # formats with group scales (INT4, INT4_ZP)
+    zero: Optional[np.ndarray] = None    # formats with zero points (INT4_ZP): uint8, laid out like the group scales
     _view: object = field(default=None, init=False, repr=False)  # the C descriptor, and what it was
-    _made_from: tuple = field(default=None, init=False, repr=False)  # made from (native())
+    _made_from: Optional[tuple] = field(default=None, init=False, repr=False)  # made from (native())
 
     def __repr__(self):
         group = f", group {self.group_size}" if self.group_size else ""
@@ -482,7 +482,7 @@ def prepare_activations(X, packed):
 def linear(X: np.ndarray, packed: PackedWeight, isa: Optional[str] = None,
            out: Optional[np.ndarray] = None) -> np.ndarray:
     """Y[M, N] = X[M, K] @ W.T in float32 with the packed weight, on the chosen or given ISA
-    (ktcy.available_isas(), plus "amx_emu").  Raises UnsupportedISAError for an ISA this CPU cannot
+    (one of ktcy.available_isas()).  Raises UnsupportedISAError for an ISA this CPU cannot
     run, ValueError/TypeError for shapes or arrays that do not fit."""
     if not isinstance(packed, PackedWeight):
         raise TypeError("packed must come from ktcy.kernels.pack")

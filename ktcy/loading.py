@@ -7,7 +7,7 @@ import os
 from typing import Callable, Optional, Union
 
 from ktcy.checkpoint import Checkpoint, dequantize, layer_number
-from ktcy.config import MoeConfig, QuantConfig
+from ktcy.config import MoeConfig, QuantConfig, checked_isa
 from ktcy.errors import naming
 from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format, has_groups, keeps_codes
 from ktcy.log import warn_once
@@ -54,7 +54,7 @@ def load_experts(path: PathLike, layer: int, method: Optional[str] = None, isa: 
         be loaded in it.
       isa: force one instruction set ("amx", "amx_emu", "avx512", "avx2", "ref"); None picks the
         best this CPU runs.  An ISA the CPU cannot run raises UnsupportedISAError.
-      group_size: INT4 only, 32, 64 (default; a released INT4 checkpoint's own) or 128 values per
+      group_size: INT4 and INT4_ZP only, 32, 64 (default; a released INT4 checkpoint's own) or 128 values per
         scale along K.  For a converted folder it must equal the group size the file was packed with.
       progress: called as progress(experts_done, num_experts) while packing.
 
@@ -62,7 +62,8 @@ def load_experts(path: PathLike, layer: int, method: Optional[str] = None, isa: 
 
     Raises CheckpointError (a ValueError) for a missing, malformed or inconsistent checkpoint or
     converted folder, naming the file; ValueError for an unknown method or a group_size that
-    does not apply; TypeError for a path or layer of the wrong type."""
+    does not apply or an unknown ISA; TypeError for a path or layer of the wrong type."""
+    isa = checked_isa(isa)
     path = resolve_model_path(path)
     layer = layer_number(layer)
     if group_size is not None:

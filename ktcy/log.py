@@ -5,12 +5,13 @@ gives it a stderr handler that writes "ktcy: warning: text" (a leading "ktcy: " 
 repeated) and shows each distinct message once per process."""
 import logging
 import sys
+from typing import Optional, Set, Union
 
 logger = logging.getLogger("ktcy")
 
 DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
 _NAMES = {"debug": DEBUG, "info": INFO, "warning": WARNING, "error": ERROR}
-_handler = None
+_handler: Optional[logging.Handler] = None
 
 
 class _OncePerMessage(logging.Filter):
@@ -49,7 +50,7 @@ def _level(level):
     return level
 
 
-def set_verbosity(level):
+def set_verbosity(level: Union[int, str]) -> None:
     """Show ktcy's messages at `level` and above on stderr: logging.DEBUG/INFO/WARNING/ERROR or
     "debug"/"info"/"warning"/"error"."""
     global _handler
@@ -62,7 +63,7 @@ def set_verbosity(level):
         logger.propagate = False  # one line per message, not a second one from the root logger
 
 
-def get_verbosity():
+def get_verbosity() -> int:
     """The "ktcy" logger's effective level."""
     return logger.getEffectiveLevel()
 
@@ -72,7 +73,7 @@ def quiet():
     return logger.getEffectiveLevel() > WARNING
 
 
-_warned = set()
+_warned: Set[str] = set()
 
 
 def warn_once(message):

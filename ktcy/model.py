@@ -7,13 +7,13 @@ Contract (used from outside the repo): ``MoEModel.from_pretrained``, ``model.blo
 import logging
 import os
 import re
-from typing import Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 
 from ktcy import torch_bridge
 from ktcy.checkpoint import Checkpoint, config_int, layer_number
-from ktcy.config import MoeConfig, QuantConfig
+from ktcy.config import MoeConfig, QuantConfig, checked_isa
 from ktcy.converted import ConvertedFolder
 from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format
 from ktcy.gpt_oss import read_router
@@ -132,12 +132,12 @@ class MoEBlock:
         #: where the routed experts were read: the checkpoint folder, or a converted layer file
         self.rule, self.backend, self.experts_from = rule, backend, experts_from
 
-    def route(self, h):
+    def route(self, h: Any) -> Tuple[np.ndarray, np.ndarray]:
         """(topk_ids [T, k] int64, topk_weights [T, k] float32) from the router, in float32."""
         h = self._hidden(h)
         return self.router(h)
 
-    def forward(self, h):
+    def forward(self, h: Any) -> np.ndarray:
         """The block's output for hidden states h [T, H] (numpy or a torch tensor, float32, float64,
         float16 or bfloat16), routed experts plus shared experts, as float32 numpy: the block is
         the numpy API (ktcy.hf runs blocks inside torch models)."""
@@ -166,7 +166,7 @@ class MoEBlock:
                              f"{self.experts.config.hidden_size}")
         return h
 
-    def describe(self):
+    def describe(self) -> Dict[str, Any]:
         row = {"name": self.name, "layer": self.layer, "format": self.experts.format, "isa": self.experts.isa,
                "kernel": self.experts.kernel, "bytes": self.experts.nbytes, "router": self.router.kind,
                "shared_experts": self.shared is not None, "backend": self.backend,
@@ -189,9 +189,10 @@ class MoEModel:
         self.converted = converted
 
     @classmethod
-    def from_pretrained(cls, path: PathLike, rules=None, backend: Optional[str] = None,
-                        layers: Optional[Iterable[int]] = None, isa: Optional[str] = None,
-                        experts_path: Optional[PathLike] = None, group=None) -> "MoEModel":
+    def from_pretrained(cls, path: PathLike, rules: Union[PathLike, List[Dict[str, Any]], None] = None,
+                        backend: Optional[str] = None, layers: Optional[Iterable[int]] = None,
+                        isa: Optional[str] = None, experts_path: Optional[PathLike] = None,
+                        group: Any = None) -> "MoEModel":
         """Every MoE block of a Hugging Face checkpoint.
 
         Parameters
@@ -221,7 +222,9 @@ class MoEModel:
         Raises CheckpointError for a missing/malformed checkpoint, a layer that is not an MoE
         layer, or a converted folder that lacks a layer or does not fit the checkpoint (naming
         the folder, the layer and what differs); RuleError for unusable rules; ValueError for an
-        unknown backend; TypeError for a path or layers of the wrong type."""
+        unknown backend or ISA; UnsupportedISAError for an ISA this CPU cannot run; TypeError for
+        a path or layers of the wrong type."""
+        isa = checked_isa(isa)
         path = original_checkpoint(path, "MoEModel", "routers, shared experts")
         if backend is not None:
             canonical_format(backend)
@@ -235,7 +238,7 @@ class MoEModel:
             converted = ConvertedFolder(experts_path, ckpt)
             converted.require([L for L in chosen if L in ckpt.arch.moe_layers])  # others fail in _build, as without it
         model = cls(ckpt, {}, parsed, backend, isa, converted, group)
-        repacked = []
+        repacked: List[tuple] = []
         for L in chosen:
             block = model._build(L, None, repacked)
             model.blocks[block.name] = block
@@ -349,7 +352,8 @@ class MoEModel:
         except re.error as e:
             raise RuleError(f"layer_regex {layer_regex!r} is not a valid regex ({e})") from None
         canonical_format(backend)
-        changed, repacked = [], []
+        changed: List[str] = []
+        repacked: List[tuple] = []
         for name, block in list(self.blocks.items()):
             if pattern.match(name):
                 self.blocks[name] = self._build(block.layer, backend, repacked)
@@ -359,5 +363,5 @@ class MoEModel:
         log.info("%s -> %s for %d blocks", layer_regex, backend, len(changed))
         return changed
 
-    def describe(self):
+    def describe(self) -> List[Dict[str, Any]]:
         return [b.describe() for b in self.blocks.values()]

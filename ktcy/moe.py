@@ -10,10 +10,11 @@ import os
 import threading
 import types
 import weakref
-from typing import Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, overload
 
 import ml_dtypes
 import numpy as np
+import numpy.typing as npt
 
 from ktcy import _native, kernels, torch_bridge
 from ktcy import progress as _progress
@@ -23,6 +24,9 @@ from ktcy.errors import UnsupportedISAError, naming
 from ktcy.formats import has_groups, keeps_codes
 from ktcy.expert_arena import ExpertArena
 from ktcy.safetensors_io import CheckpointError, file_state
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("ktcy")
 
@@ -71,7 +75,9 @@ def choose_kernels(fmt, config):
 
 
 class MoE:
-    """The routed experts of one MoE layer: y = sum_j w[t,j] * down_e(silu(gate_e x) * up_e x)."""
+    """The routed experts of one MoE layer: y = sum_j w[t,j] * down_e(act(gate_e x, up_e x)), with
+    act SwiGLU (silu(g) * u) or GPT-OSS's clamped form (MoeConfig.activation) and, where given,
+    each projection's bias added to its output."""
 
     def __init__(self, config: MoeConfig, gate: Sequence[kernels.PackedWeight], up: Sequence[kernels.PackedWeight],
                  down: Sequence[kernels.PackedWeight], bias: Optional[Mapping[str, np.ndarray]] = None):
@@ -99,7 +105,7 @@ class MoE:
         self.config = config
         self.format = fmt
         self.gate, self.up, self.down = list(gate), list(up), list(down)
-        self._mapped = []  # (fd, state, path) of files the weights are mapped from, see watch_file
+        self._mapped: list = []  # (fd, state, path) of files the weights are mapped from, see watch_file
         big_isa, big, small_isa, small = choose_kernels(fmt, config)
         self.isa, self.variant, self.decode_isa, self.decode_variant = big_isa, big, small_isa, small
         self.bias = _checked_bias(bias, E, H, I)  # read-only: the engine reads these very arrays
@@ -148,7 +154,7 @@ class MoE:
         return cls(config, packed["gate"], packed["up"], packed["down"], bias)
 
     @property
-    def kernel(self):
+    def kernel(self) -> str:
         """The format and kernels in use, e.g. 'INT8 on avx512 (int8_avx512_vnni)'."""
         text = f"{self.format} on {self.isa} ({self.variant})"
         if self.decode_variant != self.variant:
@@ -156,11 +162,11 @@ class MoE:
         return text
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         return sum(w.nbytes for ws in (self.gate, self.up, self.down) for w in ws)
 
     @property
-    def num_threads(self):
+    def num_threads(self) -> int:
         """Threads of this layer's forward: MoeConfig.num_threads, else ktcy's current count."""
         return self.config.num_threads or _native.get_num_threads()
 
@@ -194,6 +200,12 @@ class MoE:
         raise TypeError("a ktcy.MoE cannot be pickled or copied: its experts are packed native buffers (or a mapped "
                         "file); build it again in the other process (MoE.from_weights, ktcy.load_experts)")
 
+    @overload
+    def forward(self, x: np.ndarray, topk_ids: npt.ArrayLike, topk_weights: npt.ArrayLike,
+                out: Optional[np.ndarray] = None) -> np.ndarray: ...
+    @overload
+    def forward(self, x: torch.Tensor, topk_ids: Any, topk_weights: Any, out: Any = None) -> torch.Tensor: ...
+
     def forward(self, x, topk_ids, topk_weights, out=None):
         """y [T, H] = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]).
 
@@ -208,6 +220,12 @@ class MoE:
         a mapped file changed on disk, TileError for an emulated AMX fault.  Threaded; the GIL is
         released."""
         return self._run(x, topk_ids, topk_weights, out, per_slot=False)
+
+    @overload
+    def forward_slots(self, x: np.ndarray, topk_ids: npt.ArrayLike, topk_weights: npt.ArrayLike,
+                      out: Optional[np.ndarray] = None) -> np.ndarray: ...
+    @overload
+    def forward_slots(self, x: torch.Tensor, topk_ids: Any, topk_weights: Any, out: Any = None) -> torch.Tensor: ...
 
     def forward_slots(self, x, topk_ids, topk_weights, out=None):
         """The addends of forward one by one: s [T, k, H] float32 with s[t, j] =

@@ -10,7 +10,7 @@ import os
 import re
 import weakref
 from dataclasses import dataclass
-from typing import Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -204,12 +204,12 @@ def map_layer(path, isa=None, experts=None) -> MappedLayer:
         if any(not 0 <= int(e) < E for e in wanted):
             raise CheckpointError(f"{path}: holds experts 0..{E - 1}; asked for {sorted(wanted)}")
         shapes = {"gate": (I, H), "up": (I, H), "down": (H, I)}
-        weights = {}
+        weights: Dict[str, List[Optional[PackedWeight]]] = {}  # None: an expert not asked for
         for proj in PROJECTIONS:
             try:
                 want = _native.packed_shapes(code, *shapes[proj], group)
-            except ValueError as e:
-                raise CheckpointError(f"{path}: {proj}: {e}") from None
+            except ValueError as err:
+                raise CheckpointError(f"{path}: {proj}: {err}") from None
             data = _stacked(f, path, f"{proj}.data", np.uint8, E, want["data"])
             layout_1 = m["layout_version"] == "1" and DESCRIPTORS[fmt]["scale"] == "group"
             scale = _group_array(f, path, f"{proj}.scale", np.float32, E, want["scale"], layout_1, wanted)

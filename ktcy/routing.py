@@ -10,6 +10,7 @@ deepseek_v3  sigmoid scores; choice on scores + e_score_correction_bias restrict
              released model uses, MoEModel and ktcy.hf differ), times routed_scaling_factor
 """
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -29,7 +30,7 @@ class Router:
     weight: np.ndarray            # [E, H] float32
     top_k: int
     norm_topk_prob: bool = False
-    bias: np.ndarray = None       # deepseek_v3: e_score_correction_bias [E]
+    bias: Optional[np.ndarray] = None  # deepseek_v3: e_score_correction_bias [E]
     n_group: int = 1
     topk_group: int = 1
     routed_scaling_factor: float = 1.0

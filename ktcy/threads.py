@@ -6,14 +6,15 @@ KTCY_NUM_THREADS does not fail `import ktcy` (the CLI's info/convert must still 
 logged once and the default is used; `ktcy.threads.ENV_PROBLEMS` keeps the message."""
 import logging
 import os
+from typing import List
 
 from ktcy import _native
 
 log = logging.getLogger("ktcy")
-ENV_PROBLEMS = []
+ENV_PROBLEMS: List[str] = []
 
 
-def default_num_threads():
+def default_num_threads() -> int:
     cpus = _native.usable_cpus()
     env = os.environ.get("KTCY_NUM_THREADS", "").strip()
     if not env:
@@ -29,17 +30,18 @@ def default_num_threads():
     return n
 
 
-def _env_problem(message, fallback):
+def _env_problem(message: str, fallback: int) -> int:
     ENV_PROBLEMS.append(message)
     log.warning(message)
     return fallback
 
 
-def set_num_threads(n):
-    """Threads used by every kernel from now on (the calling thread is one of them); an integer
-    between 1 and the CPUs this process may use, else ValueError."""
+def set_num_threads(n: int) -> None:
+    """Threads used by every kernel from now on (the calling thread is one of them): an integer
+    (TypeError otherwise, bools included) between 1 and the CPUs this process may use (else
+    ValueError)."""
     _native.set_num_threads(n)
 
 
-def get_num_threads():
+def get_num_threads() -> int:
     return _native.get_num_threads()

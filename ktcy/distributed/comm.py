@@ -1,5 +1,5 @@
-"""The torch.distributed calls of an expert-parallel layer: which group, a small all_gather of a
-few integers (ranks agreeing on inputs and placement), the all_reduce; a failed collective (a
+"""The torch.distributed calls of an expert-parallel layer: which group, a small exchange of a
+few integers (ranks agreeing on inputs and placement, gather_ints), the all_reduce; a failed collective (a
 peer that exited, or did not answer within the group's timeout) becomes one DistributedError."""
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Set
 
 from ktcy.ranges import ranges_text as cpulist_text  # (0, 1, 2, 5) -> "0-2,5"
 
@@ -43,7 +43,7 @@ class Binding:
 
 def parse_cpulist(text: str, where: str) -> tuple:
     """"0-3,8,10-11" (the kernel's list format) -> (0, 1, 2, 3, 8, 10, 11); ValueError naming `where`."""
-    cpus = set()
+    cpus: Set[int] = set()
     text = text.strip()
     for part in filter(None, text.split(",")):
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
@@ -97,8 +97,8 @@ def plan(nodes: Sequence[Node], nproc: Optional[int] = None, chosen: Optional[Se
     """One rank per chosen node (default: every node with CPUs this process may use), or nproc
     ranks: the first nproc nodes when fewer, else the ranks in consecutive blocks per node with
     each node's CPUs split between its ranks, so no two ranks share a CPU."""
-    allowed = set(os.sched_getaffinity(0) if allowed is None else allowed)
-    usable = {n.id: tuple(c for c in n.cpus if c in allowed) for n in nodes}
+    allowed_cpus = set(os.sched_getaffinity(0) if allowed is None else allowed)
+    usable = {n.id: tuple(c for c in n.cpus if c in allowed_cpus) for n in nodes}
     by_id = {n.id: n for n in nodes}
     if chosen is None:
         chosen = [n.id for n in nodes if usable[n.id]]

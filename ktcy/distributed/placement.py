@@ -4,7 +4,7 @@ same way on every rank, and `route` decides, for each (token, slot), the one ran
 from __future__ import annotations
 
 import hashlib
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -22,18 +22,17 @@ class Placement:
     replica at position (t * k + j) mod n: every rank derives the same answer from the same ids,
     so each slot's contribution is nonzero on one rank only."""
 
-    def __init__(self, owners: Sequence[Sequence[int]], world_size: int):
+    def __init__(self, owners: Sequence[Union[int, Sequence[int]]], world_size: int):
         self.world_size = _count(world_size, "world_size")
         if isinstance(owners, (str, bytes)) or not hasattr(owners, "__len__") or len(owners) == 0:
             raise ValueError("owners must list, for every expert, the ranks that hold it")
-        clean = []
-        for e, ranks in enumerate(owners):
-            if isinstance(ranks, (int, np.integer)):
-                ranks = (ranks,)
+        clean: List[Tuple[int, ...]] = []
+        for e, given in enumerate(owners):
+            listed = (given,) if isinstance(given, (int, np.integer)) else given
             try:
-                ranks = tuple(sorted({_rank(r, self.world_size, e) for r in ranks}))
+                ranks = tuple(sorted({_rank(r, self.world_size, e) for r in listed}))
             except TypeError:
-                raise ValueError(f"owners[{e}] must be a rank or a list of ranks, got {ranks!r}") from None
+                raise ValueError(f"owners[{e}] must be a rank or a list of ranks, got {given!r}") from None
             if not ranks:
                 raise ValueError(f"expert {e} is owned by no rank")
             clean.append(ranks)
@@ -73,7 +72,7 @@ class Placement:
             raise ValueError(f"replicate={replicate} exceeds the {E} experts")
         order = sorted(range(E), key=lambda e: (-f[e], e))
         hot, rest = order[:replicate], order[replicate:]
-        owners = [None] * E
+        owners: List[Tuple[int, ...]] = [()] * E  # every expert is hot or in rest: all filled below
         load = np.full(W, f[hot].sum() / W if hot else 0.0)
         held = np.zeros(W, np.int64)
         capacity = -(-len(rest) // W)

@@ -9,8 +9,14 @@ experts_path=None, **hf_kwargs)`` returning a transformers model with
 ``inject_expert_backend(layer_regex, backend)``.
 """
 import importlib
+from typing import TYPE_CHECKING
 
 from ktcy.hf._deps import require_torch_transformers
+
+if TYPE_CHECKING:  # what type checkers see; at run time the names load on first use
+    from ktcy.hf.architectures import SUPPORTED, UnsupportedArchitectureError  # noqa: F401
+    from ktcy.hf.experts_module import KtcyExperts  # noqa: F401
+    from ktcy.hf.loader import from_pretrained  # noqa: F401
 
 _PUBLIC = {"from_pretrained": "ktcy.hf.loader", "KtcyExperts": "ktcy.hf.experts_module",
            "SUPPORTED": "ktcy.hf.architectures", "UnsupportedArchitectureError": "ktcy.hf.architectures"}
@@ -25,3 +31,7 @@ def __getattr__(name):
     value = getattr(importlib.import_module(_PUBLIC[name]), name)
     globals()[name] = value
     return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_PUBLIC))

@@ -12,18 +12,20 @@ import re
 import threading
 import types
 import warnings
+from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 import torch
 import transformers
 
 from ktcy.checkpoint import Checkpoint, check_fp8_tensor, dequantize
+from ktcy.config import checked_isa
 from ktcy.formats import canonical_format
 from ktcy.hf.architectures import ROUTED_EXPERT_TENSOR, architecture, layer_of
 from ktcy.hf.experts_module import KtcyExperts
 from ktcy.log import warn_once
 from ktcy.converted import ConvertedFolder
-from ktcy.loading import experts_from_checkpoint, original_checkpoint
+from ktcy.loading import PathLike, experts_from_checkpoint, original_checkpoint
 from ktcy.model import RuleError, load_rules
 from ktcy.paths import MAX_CONFIG_BYTES, read_json, require_folder
 from ktcy.safetensors_io import CheckpointError
@@ -44,7 +46,9 @@ _EXPERT_SETTINGS = ("num_experts", "num_local_experts", "n_routed_experts", "num
                     "moe_layer_freq", "swiglu_alpha", "swiglu_limit", "hidden_act")
 
 
-def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwargs):
+def from_pretrained(path: PathLike, rules: Union[PathLike, List[Dict[str, Any]], None] = None,
+                    backend: Optional[str] = None, experts_path: Optional[PathLike] = None,
+                    **hf_kwargs: Any) -> "transformers.PreTrainedModel":
     """A transformers causal LM (eval mode, CPU) whose MoE experts modules run on ktcy.
 
     Parameters
@@ -100,7 +104,7 @@ def from_pretrained(path, rules=None, backend=None, experts_path=None, **hf_kwar
     converted = ConvertedFolder(experts_path, ckpt) if experts_path is not None else None
     if converted is not None:
         converted.require(ckpt.arch.moe_layers)
-    isa = hf_kwargs.pop("isa", None)
+    isa = checked_isa(hf_kwargs.pop("isa", None))
     group = hf_kwargs.pop("group", None)
     dtype = _dtype(hf_kwargs)
     attn = hf_kwargs.pop("attn_implementation", None)
