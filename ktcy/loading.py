@@ -69,7 +69,7 @@ def load_experts(path: PathLike, layer: int, method: Optional[str] = None, isa: 
     if group_size is not None:
         group_size = layer_number(group_size, "group_size")
         if group_size not in INT4_GROUP_SIZES:
-            raise ValueError(f"group_size must be one of {INT4_GROUP_SIZES} (INT4 only), got {group_size!r}")
+            raise ValueError(f"group_size must be one of {INT4_GROUP_SIZES} (INT4, INT4_ZP only), got {group_size!r}")
     if is_converted(path):
         return _load_converted(path, layer, method, isa, group_size)
     return experts_from_checkpoint(Checkpoint(path), layer, method, isa, group_size, progress)

@@ -41,6 +41,13 @@ def test_isa_argument_errors_are_the_callers(checkpoint, tmp_path, bad, error):
             assert "unknown ISA" in str(info.value) and "avx2" in str(info.value)
 
 
+@pytest.mark.parametrize("kwargs", [dict(method="bogus"), dict(group_size=48), dict(method="INT8", group_size=64)])
+def test_format_argument_errors_are_the_callers(checkpoint, kwargs):
+    with pytest.raises(ValueError) as info:
+        ktcy.load_experts(checkpoint, 1, **kwargs)
+    assert not isinstance(info.value, ktcy.CheckpointError), info.value
+
+
 def test_isa_names_are_canonical():
     assert checked_isa(None) is None
     assert checked_isa(" AVX2 ") == "avx2"
