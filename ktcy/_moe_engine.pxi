@@ -124,6 +124,7 @@ cdef class MoEEngine:
     cdef ktcy_bf16_act_fn bf16_act
     cdef ktcy_glu_clamped_fn glu_clamped
     cdef int activation
+    cdef bint busy  # a forward is running (see forward)
     cdef float alpha, limit
     cdef const float *bias_gate
     cdef const float *bias_up
@@ -288,8 +289,22 @@ cdef class MoEEngine:
 
     def forward(self, const float[:, ::1] x, const int64_t[:, ::1] ids, const float[:, ::1] rw, float[:, ::1] out,
                 int nthreads, float[:, :, ::1] slots=None):
+        """One call at a time: every call reuses the engine's buffers and arena (and may replace
+        the arena) while its threads run without the GIL, so a second caller would free or
+        rewrite memory under the first.  ktcy.MoE holds a lock; this refuses what gets past one."""
         if not self.ready:
             raise RuntimeError("MoEEngine.forward before __init__")
+        if self.busy:
+            raise RuntimeError("MoEEngine.forward is already running on another thread (one call per engine at a "
+                               "time; ktcy.MoE serializes its calls)")
+        self.busy = True  # checked and set with the GIL held: no other thread runs in between
+        try:
+            self._forward(x, ids, rw, out, nthreads, slots)
+        finally:
+            self.busy = False
+
+    cdef _forward(self, const float[:, ::1] x, const int64_t[:, ::1] ids, const float[:, ::1] rw,
+                  float[:, ::1] out, int nthreads, float[:, :, ::1] slots):
         cdef int64_t T = ids.shape[0], k = ids.shape[1], S = T * k
         cdef int E = self.num_experts, e
         cdef int64_t t, j, r, s, i, c, rows = 0, n_items1, n_items2, eid

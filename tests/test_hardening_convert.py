@@ -171,6 +171,9 @@ def test_resume_layer_keeps_lower_layers_and_converts_the_rest(src, tmp_path):
     assert r.returncode == 0, r.stderr
     assert os.path.getmtime(out / layer_file_name(1)) == mtime
     assert json.load(open(out / "ktcy_model.json"))["layers"] == [1, 2, 3]
+    # the layer below is reported as kept (not as "no usable file"), and counted in what convert returns
+    assert convert_mod.convert(src, out, method="INT8", resume_layer=2, progress=QUIET) == [1, 2, 3]
+    assert os.path.getmtime(out / layer_file_name(1)) == mtime
 
 
 # -- item 9: never write into an input -----------------------------------------------------------

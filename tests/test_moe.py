@@ -399,3 +399,49 @@ def test_forward_releases_the_gil():
     inside = sum(1 for t in counts for a, b in calls if a + margin < t < b - margin)
     assert all(b - a > 4 * margin for a, b in calls), calls
     assert inside > 100, f"{inside} counts during {len(calls)} calls of {[round(b - a, 3) for a, b in calls]} s"
+
+
+def test_an_engine_refuses_a_second_caller_while_it_runs():
+    """The engine reuses its buffers and may replace its arena on every call while its threads run
+    without the GIL: a second call from another thread (past MoE's lock: the engine used
+    directly) must be refused, not free or rewrite memory under the first."""
+    rng = np.random.default_rng(1)
+    E, H, I = 8, 512, 256
+    g, u = (rng.standard_normal((E, I, H)).astype(np.float32) * 0.05 for _ in range(2))
+    d = rng.standard_normal((E, H, I)).astype(np.float32) * 0.05
+    moe = ktcy.MoE.from_weights(ktcy.MoeConfig(E, 2, H, I, ktcy.QuantConfig("BF16"), isa="ref", num_threads=1),
+                                g, u, d)  # the portable kernels: about 0.1 s a call
+    x = rng.standard_normal((128, H)).astype(np.float32)
+    ids = np.ascontiguousarray(np.argsort(rng.random((128, E)), axis=1)[:, :2])  # the engine's own input form
+    w = np.full((128, 2), 0.5, np.float32)
+    want = moe.forward(x, ids, w)
+    outs, started, done = [], threading.Event(), threading.Event()
+
+    def compute():
+        started.set()
+        try:
+            for _ in range(3):
+                out = np.empty_like(want)
+                try:
+                    moe._engine.forward(x, ids, w, out, 1)
+                    outs.append(out)
+                except RuntimeError:
+                    pass  # the other thread got in first
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=compute)
+    worker.start()
+    started.wait()
+    refused, small, give_up = 0, np.empty((1, H), np.float32), time.monotonic() + 60
+    while not done.is_set() and time.monotonic() < give_up:
+        try:
+            moe._engine.forward(x[:1], ids[:1], w[:1], small, 1)
+            assert np.array_equal(small, want[:1])
+        except RuntimeError as e:
+            assert "already running" in str(e)
+            refused += 1
+    worker.join()
+    assert refused > 0 and outs
+    assert all(np.array_equal(o, want) for o in outs)
+    assert np.array_equal(moe.forward(x, ids, w), want)  # the engine is free again

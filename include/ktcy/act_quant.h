@@ -24,37 +24,10 @@ typedef void (*ktcy_quant_act_fn)(const float *x, int64_t ldx, int64_t k, int64_
 typedef void (*ktcy_bf16_act_fn)(const float *x, int64_t ldx, int64_t k, int64_t k_pad, int64_t m0, int64_t m1,
                                  uint16_t *out);
 
-/* Round half to even for |v| < 2^22 by adding and removing 1.5 * 2^23 (exact in the default
- * rounding mode; without -ffast-math the compiler may not fold it away): unlike nearbyintf it
- * vectorises with the baseline SSE2 the package is built for. */
-static inline float ktcy_rint_small(float v) {
-    const float magic = 12582912.0f;
-    return (v + magic) - magic;
-}
-
 static inline float ktcy_clamp127(float v) { return v < -127.0f ? -127.0f : v > 127.0f ? 127.0f : v; }
 
 /* One activation's code: x * inv rounded half to even, clamped (the vector versions' order too). */
 static inline int8_t ktcy_act_code(float x, float inv) { return (int8_t)ktcy_clamp127(ktcy_rint_small(x * inv)); }
-
-static inline int ktcy_row_finite(const float *x, int64_t k) {
-    int finite = 1;
-    for (int64_t i = 0; i < k; ++i) finite &= isfinite(x[i]) != 0;
-    return finite;
-}
-
-/* The largest |x[i]|, for finite rows (every caller checks them, and ignores this otherwise).
- * Taken on the bits: |x| of a finite float orders as its bit pattern does, and an integer max
- * vectorizes where a float one (fmaxf's NaN rule, or a compare whose signed zeros the
- * compiler must respect) does not. */
-static inline float ktcy_row_amax(const float *x, int64_t k) {
-    int32_t amax = 0;
-    for (int64_t i = 0; i < k; ++i) {
-        const int32_t a = (int32_t)(ktcy_f32_bits(x[i]) & 0x7FFFFFFFu);
-        amax = a > amax ? a : amax;
-    }
-    return ktcy_bits_f32((uint32_t)amax);
-}
 
 #define KTCY_ABS_BITS_INF 0x7F800000u /* |x| bit patterns at or above this: infinity or NaN */
 /* Rows whose largest |x| lies below 2^-120 quantize to zero codes and a zero scale: there 127/amax

@@ -14,7 +14,6 @@
 #include <stdint.h>
 
 #include "numeric.h"
-#include "quantize.h"
 
 #define KTCY_EXP_CLAMP 80.0f
 #define KTCY_LOG2E 1.44269504f
@@ -74,7 +73,7 @@ __attribute__((target("avx2,fma"))) static inline __m256 ktcy_exp_avx2(__m256 x)
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
-__attribute__((target("avx2,fma"))) static void ktcy_swiglu_avx2(float *g, const float *u, int64_t n) {
+__attribute__((target("avx2,fma"))) static inline void ktcy_swiglu_avx2(float *g, const float *u, int64_t n) {
     const __m256 one = _mm256_set1_ps(1.0f);
     const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (int64_t i = 0; i < n; i += 8) {
@@ -85,7 +84,7 @@ __attribute__((target("avx2,fma"))) static void ktcy_swiglu_avx2(float *g, const
     }
 }
 
-__attribute__((target("avx2,fma"))) static void ktcy_glu_clamped_avx2(float *g, const float *u, int64_t n, float alpha,
+__attribute__((target("avx2,fma"))) static inline void ktcy_glu_clamped_avx2(float *g, const float *u, int64_t n, float alpha,
                                                                       float limit) {
     const __m256 one = _mm256_set1_ps(1.0f), lim = _mm256_set1_ps(limit), nlim = _mm256_set1_ps(-limit);
     const __m256 a = _mm256_set1_ps(alpha), zero = _mm256_setzero_ps();
@@ -115,7 +114,7 @@ __attribute__((target("avx512f"))) static inline __m512 ktcy_exp_avx512(__m512 x
     return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
 }
 
-__attribute__((target("avx512f"))) static void ktcy_swiglu_avx512(float *g, const float *u, int64_t n) {
+__attribute__((target("avx512f"))) static inline void ktcy_swiglu_avx512(float *g, const float *u, int64_t n) {
     const __m512 one = _mm512_set1_ps(1.0f);
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
@@ -125,7 +124,7 @@ __attribute__((target("avx512f"))) static void ktcy_swiglu_avx512(float *g, cons
     }
 }
 
-__attribute__((target("avx512f"))) static void ktcy_glu_clamped_avx512(float *g, const float *u, int64_t n, float alpha,
+__attribute__((target("avx512f"))) static inline void ktcy_glu_clamped_avx512(float *g, const float *u, int64_t n, float alpha,
                                                                       float limit) {
     const __m512 one = _mm512_set1_ps(1.0f), lim = _mm512_set1_ps(limit), nlim = _mm512_set1_ps(-limit);
     const __m512 a = _mm512_set1_ps(alpha), zero = _mm512_setzero_ps();

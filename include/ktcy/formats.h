@@ -54,12 +54,10 @@
 /* Every format, in enum order (the numbers are part of the packed-file metadata: append only). */
 #define KTCY_FORMAT_LIST(X) X(BF16) X(INT8) X(INT4) X(FP8_PERCHANNEL) X(FP8_BLOCK) X(INT4_ZP) X(MXFP4) X(MXFP4_A8)
 
-/* One column of a row, usable in #if: KTCY_ROW_COL(BLOCK_K, KTCY_ROW_INT8) -> 64. */
-#define KTCY_COL_CODE(c, bk, bb, act, scale, groups, zp, cs) c
-#define KTCY_COL_BLOCK_K(c, bk, bb, act, scale, groups, zp, cs) bk
+/* One column of a row, usable in #if: KTCY_ROW_COL(BLOCK_BYTES, KTCY_ROW_INT8) -> 1024 (the
+ * columns the skeletons read; add an accessor when another is needed). */
 #define KTCY_COL_BLOCK_BYTES(c, bk, bb, act, scale, groups, zp, cs) bb
 #define KTCY_COL_ACT(c, bk, bb, act, scale, groups, zp, cs) act
-#define KTCY_COL_SCALE(c, bk, bb, act, scale, groups, zp, cs) scale
 #define KTCY_ROW_COL_(col, ...) KTCY_COL_##col(__VA_ARGS__)
 #define KTCY_ROW_COL(col, row) KTCY_ROW_COL_(col, row)
 

@@ -281,7 +281,6 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const ktcy_act 
     const uint8_t *arow[4];
     __m256i acc[KT_ONE_ROW_PANELS][4][2], acc16[KT_ONE_ROW_PANELS][4][2];
     __m256 facc[KT_ONE_ROW_PANELS][4][2];
-    (void)decoded;
     _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m) {
         arow[m] = x + (m0 + m) * a->k_pad * KT_XSIZE;

@@ -155,6 +155,7 @@ KT_AI void KT_(merge_split)(KT_(acc_t) acc[6][4], const int NP) {
 KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const int KEEP, const int STREAM, const KT_(ctx) *c,
                       const ktcy_act *a, const ktcy_weight *w, int64_t m0, int64_t p0, float *y, int64_t ldy,
                       uint8_t *decoded, ktcy_ahead ahead, ktcy_span cont) {
+    (void)KEEP; (void)c; /* unread in the variants that always predecode */
     const int64_t nkb = w->k_pad / KT_BK;
     const int64_t block_bytes = PRE ? 1024 : KT_BB;
     const int groups = KT_(has_groups)(w) && !(PRE && KT_PRE_SCALED);

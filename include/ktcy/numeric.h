@@ -1,6 +1,7 @@
 /* Scalar number formats: bfloat16 and float8 E4M3 (the "fn" variant: no infinities,
- * 0x7F/0xFF are NaN, subnormals kept).  These are the bit-exact definitions that every
- * vector path must reproduce. */
+ * 0x7F/0xFF are NaN, subnormals kept), and the rounding and row scans that weight and
+ * activation quantization share.  These are the bit-exact definitions that every vector path
+ * must reproduce. */
 #ifndef KTCY_NUMERIC_H
 #define KTCY_NUMERIC_H
 
@@ -10,6 +11,33 @@
 
 static inline uint32_t ktcy_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float ktcy_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* Round half to even for |v| < 2^22 by adding and removing 1.5 * 2^23 (exact in the default
+ * rounding mode; without -ffast-math the compiler may not fold it away): unlike nearbyintf it
+ * vectorises with the baseline SSE2 the package is built for. */
+static inline float ktcy_rint_small(float v) {
+    const float magic = 12582912.0f;
+    return (v + magic) - magic;
+}
+
+static inline int ktcy_row_finite(const float *x, int64_t k) {
+    int finite = 1;
+    for (int64_t i = 0; i < k; ++i) finite &= isfinite(x[i]) != 0;
+    return finite;
+}
+
+/* The largest |x[i]|, for finite rows (every caller checks them, and ignores this otherwise).
+ * Taken on the bits: |x| of a finite float orders as its bit pattern does, and an integer max
+ * vectorizes where a float one (fmaxf's NaN rule, or a compare whose signed zeros the
+ * compiler must respect) does not. */
+static inline float ktcy_row_amax(const float *x, int64_t k) {
+    int32_t amax = 0;
+    for (int64_t i = 0; i < k; ++i) {
+        const int32_t a = (int32_t)(ktcy_f32_bits(x[i]) & 0x7FFFFFFFu);
+        amax = a > amax ? a : amax;
+    }
+    return ktcy_bits_f32((uint32_t)amax);
+}
 
 /* 2^e as a float, for e in [-126, 127] (a normal number: exponent field e + 127). */
 static inline float ktcy_pow2(int e) { return ktcy_bits_f32((uint32_t)(e + 127) << 23); }
@@ -72,6 +100,10 @@ static inline int32_t ktcy_e4m3_any_nan(const uint8_t *codes, int64_t n) {
 static const uint16_t KTCY_E2M1_TO_BF16[16] = {
     0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0,
     0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0};
+
+/* 2 x E2M1 value + 12 of codes 0..15, in [0, 24] (2 x 0.5 = 1, ..., 2 x -6 = -12): MXFP4's codes
+ * as the unsigned bytes of integer dot products (the + 12 folds into the activations' block sums). */
+#define KTCY_E2M1_TWICE_BIASED 12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0
 
 /* E8M0 exponents e (value 2^(e-127)) for which every E2M1 value times the scale is a normal
  * bf16, so decoding = adding (e - 127) to the bf16 exponent field is exact (0.5 * 2^(e-127)

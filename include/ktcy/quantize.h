@@ -8,7 +8,6 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "act_quant.h"
 #include "formats.h"
 #include "numeric.h"
 

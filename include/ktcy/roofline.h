@@ -10,8 +10,6 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "kernels.h"
-
 /* Streaming reads: XOR of every byte in 8/32/64-byte words (cheap enough to stay load bound). */
 static inline uint64_t ktcy_read_ref(const uint8_t *p, int64_t n) {
     uint64_t acc = 0;
@@ -22,7 +20,7 @@ static inline uint64_t ktcy_read_ref(const uint8_t *p, int64_t n) {
 /* Four streams a quarter of the range apart, as in ktcy_read_avx512: the GEMMs read several
  * weight panels side by side, and one stream alone keeps too few cache-line misses in flight to
  * show what the memory system can deliver (the bench's GB/s then exceeded the "peak"). */
-__attribute__((target("avx2"))) static uint64_t ktcy_read_avx2(const uint8_t *p, int64_t n) {
+__attribute__((target("avx2"))) static inline uint64_t ktcy_read_avx2(const uint8_t *p, int64_t n) {
     __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
     const int64_t quarter = n / 4 / 64 * 64;
     const uint8_t *s0 = p, *s1 = p + quarter, *s2 = p + 2 * quarter, *s3 = p + 3 * quarter;
@@ -46,7 +44,7 @@ static inline int64_t ktcy_read_avx512_bytes(int64_t n) { return n / 4 / 128 * 1
 
 /* Four streams at once, a quarter of the range apart: like the GEMMs, which read several weight
  * panels side by side, this keeps more cache-line misses in flight than one stream can. */
-__attribute__((target("avx512f"))) static uint64_t ktcy_read_avx512(const uint8_t *p, int64_t n) {
+__attribute__((target("avx512f"))) static inline uint64_t ktcy_read_avx512(const uint8_t *p, int64_t n) {
     __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
     const int64_t quarter = n / 4 / 128 * 128;
     const uint8_t *s0 = p, *s1 = p + quarter, *s2 = p + 2 * quarter, *s3 = p + 3 * quarter;
@@ -64,7 +62,7 @@ __attribute__((target("avx512f"))) static uint64_t ktcy_read_avx512(const uint8_
  * (a multiply and an add per element product); AMX TDPBSSD 32768, TDPBF16PS 16384. */
 #define KTCY_CHAINS 16
 
-__attribute__((target("avx2,fma"))) static float ktcy_peak_fma256(int64_t iters, float seed) {
+__attribute__((target("avx2,fma"))) static inline float ktcy_peak_fma256(int64_t iters, float seed) {
     __m256 acc[12], a = _mm256_set1_ps(seed), b = _mm256_set1_ps(1.0f - seed);
     for (int j = 0; j < 12; ++j) acc[j] = _mm256_set1_ps((float)j);
     for (int64_t i = 0; i < iters; ++i)
@@ -76,7 +74,7 @@ __attribute__((target("avx2,fma"))) static float ktcy_peak_fma256(int64_t iters,
 
 /* The AVX2 INT8/INT4 kernels' inner step: vpmaddubsw (u8 x s8 pairs -> s16), vpmaddwd by ones
  * (-> s32), vpaddd.  Three dependent instructions per 32 int8 multiply-adds (64 ops). */
-__attribute__((target("avx2"))) static float ktcy_peak_int8_256(int64_t iters, float seed) {
+__attribute__((target("avx2"))) static inline float ktcy_peak_int8_256(int64_t iters, float seed) {
     __m256i acc[12], a = _mm256_set1_epi8((char)(1 + (int)seed)), b = _mm256_set1_epi8(1);
     const __m256i ones = _mm256_set1_epi16(1);
     for (int j = 0; j < 12; ++j) acc[j] = _mm256_set1_epi32(j);
@@ -92,7 +90,7 @@ __attribute__((target("avx2"))) static float ktcy_peak_int8_256(int64_t iters, f
     return (float)_mm256_extract_epi32(s, 0);
 }
 
-__attribute__((target("avx512f"))) static float ktcy_peak_fma512(int64_t iters, float seed) {
+__attribute__((target("avx512f"))) static inline float ktcy_peak_fma512(int64_t iters, float seed) {
     __m512 acc[KTCY_CHAINS], a = _mm512_set1_ps(seed), b = _mm512_set1_ps(1.0f - seed);
     for (int j = 0; j < KTCY_CHAINS; ++j) acc[j] = _mm512_set1_ps((float)j);
     for (int64_t i = 0; i < iters; ++i)
@@ -103,7 +101,7 @@ __attribute__((target("avx512f"))) static float ktcy_peak_fma512(int64_t iters, 
 }
 
 #if KTCY_ENABLE_AVX512_BF16
-__attribute__((target("avx512f,avx512bf16"))) static float ktcy_peak_dpbf16(int64_t iters, float seed) {
+__attribute__((target("avx512f,avx512bf16"))) static inline float ktcy_peak_dpbf16(int64_t iters, float seed) {
     __m512 acc[KTCY_CHAINS];
     __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(seed), _mm512_set1_ps(seed));
     for (int j = 0; j < KTCY_CHAINS; ++j) acc[j] = _mm512_set1_ps((float)j);
@@ -114,10 +112,10 @@ __attribute__((target("avx512f,avx512bf16"))) static float ktcy_peak_dpbf16(int6
     return _mm512_reduce_add_ps(s);
 }
 #else
-static float ktcy_peak_dpbf16(int64_t iters, float seed) { (void)iters; (void)seed; return NAN; } /* not built */
+static inline float ktcy_peak_dpbf16(int64_t iters, float seed) { (void)iters; (void)seed; return NAN; } /* not built */
 #endif
 
-__attribute__((target("avx512f,avx512vnni"))) static float ktcy_peak_dpbusd(int64_t iters, float seed) {
+__attribute__((target("avx512f,avx512vnni"))) static inline float ktcy_peak_dpbusd(int64_t iters, float seed) {
     __m512i acc[KTCY_CHAINS], a = _mm512_set1_epi8((char)(1 + (int)seed)), b = _mm512_set1_epi8(1);
     for (int j = 0; j < KTCY_CHAINS; ++j) acc[j] = _mm512_set1_epi32(j);
     for (int64_t i = 0; i < iters; ++i)
@@ -129,7 +127,7 @@ __attribute__((target("avx512f,avx512vnni"))) static float ktcy_peak_dpbusd(int6
 
 #if KTCY_ENABLE_AMX
 /* Four C tiles fed by two A and two B tiles, as the GEMM kernels block them. */
-__attribute__((target("amx-tile,amx-int8,amx-bf16"))) static float ktcy_peak_amx(int64_t iters, int bf16) {
+__attribute__((target("amx-tile,amx-int8,amx-bf16"))) static inline float ktcy_peak_amx(int64_t iters, int bf16) {
     uint8_t cfg[64] __attribute__((aligned(64)));
     uint8_t data[1024] __attribute__((aligned(64)));
     float out[256] __attribute__((aligned(64)));
@@ -152,7 +150,7 @@ __attribute__((target("amx-tile,amx-int8,amx-bf16"))) static float ktcy_peak_amx
     return out[0];
 }
 #else
-static float ktcy_peak_amx(int64_t iters, int bf16) { (void)iters; (void)bf16; return NAN; } /* not built */
+static inline float ktcy_peak_amx(int64_t iters, int bf16) { (void)iters; (void)bf16; return NAN; } /* not built */
 #endif
 
 #endif
