@@ -364,19 +364,25 @@ def test_down_items_wait_for_their_experts_rows_only(fmt):
             assert np.all(np.isfinite(serial[3])) and np.abs(serial[3]).max() > 0
 
 
-def test_forward_releases_the_gil():
-    """README: forward runs with the GIL released.  A second Python thread counts while forward
-    computes on one thread: every count it makes strictly inside a call proves the call did not
-    hold the GIL (one that held it would leave no Python bytecode running until it returned)."""
-    rng = np.random.default_rng(0)
+def slow_layer(seed):
+    """A BF16 layer on the portable kernels and one thread (about 0.1 s a call of its 128
+    tokens), with those tokens' inputs in the engine's own form (C-contiguous int64 ids)."""
+    rng = np.random.default_rng(seed)
     E, H, I = 8, 512, 256
     g, u = (rng.standard_normal((E, I, H)).astype(np.float32) * 0.05 for _ in range(2))
     d = rng.standard_normal((E, H, I)).astype(np.float32) * 0.05
     moe = ktcy.MoE.from_weights(ktcy.MoeConfig(E, 2, H, I, ktcy.QuantConfig("BF16"), isa="ref", num_threads=1),
-                                g, u, d)  # the portable kernels: about 0.1 s a call
+                                g, u, d)
     x = rng.standard_normal((128, H)).astype(np.float32)
-    ids = np.argsort(rng.random((128, E)), axis=1)[:, :2]
-    w = np.full((128, 2), 0.5, np.float32)
+    ids = np.ascontiguousarray(np.argsort(rng.random((128, E)), axis=1)[:, :2])
+    return moe, x, ids, np.full((128, 2), 0.5, np.float32)
+
+
+def test_forward_releases_the_gil():
+    """README: forward runs with the GIL released.  A second Python thread counts while forward
+    computes on one thread: every count it makes strictly inside a call proves the call did not
+    hold the GIL (one that held it would leave no Python bytecode running until it returned)."""
+    moe, x, ids, w = slow_layer(0)
     calls, done = [], threading.Event()
 
     def compute():
@@ -405,15 +411,8 @@ def test_an_engine_refuses_a_second_caller_while_it_runs():
     """The engine reuses its buffers and may replace its arena on every call while its threads run
     without the GIL: a second call from another thread (past MoE's lock: the engine used
     directly) must be refused, not free or rewrite memory under the first."""
-    rng = np.random.default_rng(1)
-    E, H, I = 8, 512, 256
-    g, u = (rng.standard_normal((E, I, H)).astype(np.float32) * 0.05 for _ in range(2))
-    d = rng.standard_normal((E, H, I)).astype(np.float32) * 0.05
-    moe = ktcy.MoE.from_weights(ktcy.MoeConfig(E, 2, H, I, ktcy.QuantConfig("BF16"), isa="ref", num_threads=1),
-                                g, u, d)  # the portable kernels: about 0.1 s a call
-    x = rng.standard_normal((128, H)).astype(np.float32)
-    ids = np.ascontiguousarray(np.argsort(rng.random((128, E)), axis=1)[:, :2])  # the engine's own input form
-    w = np.full((128, 2), 0.5, np.float32)
+    moe, x, ids, w = slow_layer(1)
+    H = x.shape[1]
     want = moe.forward(x, ids, w)
     outs, started, done = [], threading.Event(), threading.Event()
 
