@@ -1,7 +1,9 @@
 """Behaviour that mutation testing found unpinned (a plausible one-line bug in the code under
 test left every other test passing): edge values of the readers' and packers' range checks,
-router rules on paths the fixture checkpoints never take, and the aligned copy of a tensor at an
-odd file offset.  Each test here fails under the mutant it was written for."""
+router rules on paths the fixture checkpoints never take, the aligned copy of a tensor at an odd
+file offset; in the C kernels, AVX2 FP8's wide-row decode of weights holding NaN codes, the
+threshold of that decode, and the engine's down bias on a hidden size that is not a multiple of
+16.  Each test here fails under the mutant it was written for."""
 import numpy as np
 import pytest
 
@@ -160,3 +162,93 @@ def test_tensor_at_an_odd_offset_is_handed_out_aligned(tmp_path):
     t = SafetensorsFile(path).get("b")
     assert t.flags.aligned and not t.flags.writeable
     np.testing.assert_array_equal(t, np.arange(4, dtype=np.float32))
+
+
+# ---- C kernels (a build per mutant) ----
+
+def _fp8_codes(rng, n, k):
+    codes = rng.integers(0, 256, size=(n, k)).astype(np.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x38  # no NaN codes but the ones placed below
+    return codes
+
+
+@pytest.mark.skipif("avx2" not in ktcy.available_isas(), reason="needs AVX2")
+@pytest.mark.parametrize("fmt", ["FP8_PERCHANNEL", "FP8_BLOCK"])
+def test_fp8_avx2_wide_row_call_with_nan_codes_matches_ref(fmt):
+    """fmt_fp8.h wrow_wide: a block row holding a NaN code is decoded through the table into the
+    lane-split order.  Only a call that holds a row of 2^15 or more (the wide decode) AND a weight
+    with NaN codes goes there: every channel of that block row must keep its place."""
+    rng = np.random.default_rng(7)
+    n, k = 32, 128
+    codes = _fp8_codes(rng, n, k)
+    codes[3, 5], codes[20, 70] = 0x7F, 0xFF
+    scale = np.full(n, 0.01, np.float32) if fmt == "FP8_PERCHANNEL" else np.full((1, 1), 0.01, np.float32)
+    p = kernels.pack_quantized(codes, scale, fmt)
+    X = rng.standard_normal((3, k)).astype(np.float32)
+    X[1, 9] = 40000.0  # a wide row (>= 2^15): the whole call takes wrow_wide
+    want = kernels.linear(X, p, isa="ref")
+    got = kernels.linear(X, p, isa="avx2")
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert sorted(set(np.nonzero(np.isnan(got))[1])) == [3, 20]
+    fin = ~np.isnan(want)
+    np.testing.assert_allclose(got[fin], want[fin], rtol=1e-5, atol=1e-3)
+
+
+def _bf16_round(a):
+    u = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return u.astype(np.uint32).view(np.float32)
+
+
+@pytest.mark.parametrize("isa", ["ref", "avx2", "avx512", "amx_emu"])
+def test_down_bias_with_hidden_size_not_a_multiple_of_16(isa):
+    """_moe_engine.pxi down phase: the bias loop over the last panel must stop at H.  All the
+    suite's biased layers have H % 16 == 0; here H = 40, and one expert holds several tokens
+    (the bias of row r's padding columns would land on row r + 1)."""
+    if isa not in ktcy.available_isas():
+        pytest.skip(f"this CPU cannot run {isa}")
+    E, K, H, I = 3, 2, 40, 32
+    rng = np.random.default_rng(5)
+    gate, up = (rng.standard_normal((E, I, H), np.float32) * 0.1 for _ in range(2))
+    down = rng.standard_normal((E, H, I), np.float32) * 0.1
+    bias = {"gate": rng.standard_normal((E, I), np.float32), "up": rng.standard_normal((E, I), np.float32),
+            "down": rng.standard_normal((E, H), np.float32)}
+    T = 6
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    ids = np.array([[0, 1], [1, 0], [2, 1], [1, 2], [0, 2], [2, 0]])
+    w = rng.random((T, K)).astype(np.float32)
+    cfg = ktcy.MoeConfig(E, K, H, I, ktcy.QuantConfig("BF16"), isa=isa)
+    layer = ktcy.MoE.from_weights(cfg, gate, up, down, bias=bias)
+    y = layer.forward(x, ids, w)
+    dq = {n: [getattr(layer, n)[e].dequantize() for e in range(E)] for n in ("gate", "up", "down")}
+    xb = _bf16_round(x).astype(np.float64)
+    exact = np.zeros((T, H))
+    for t in range(T):
+        for j, e in enumerate(ids[t]):
+            g = xb[t] @ dq["gate"][e].T + bias["gate"][e]
+            u = xb[t] @ dq["up"][e].T + bias["up"][e]
+            h = _bf16_round((g / (1 + np.exp(-g)) * u).astype(np.float32)).astype(np.float64)
+            exact[t] += w[t, j] * (h @ dq["down"][e].T + bias["down"][e])
+    np.testing.assert_allclose(y, exact, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("isa", ["avx2"])  # AVX-512's bf16 path flushes a product this small (vdpbf16ps)
+@pytest.mark.parametrize("big", [2.0 ** 15, 40000.0, 65000.0])
+def test_fp8_rows_from_2_15_keep_tiny_products_exact(isa, big):
+    """numeric.h KTCY_E4M3_WIDE_FIELD: rows from 2^15 on take the wide decode (AVX2).  A row of
+    [2^15, 2^16) whose only product meeting a non-zero weight is a full-mantissa activation near
+    2^-126 times a subnormal code must come out as float64 has it (the bit-move decode with
+    k = 110 would round that product to 8 bits).  AVX-512's bf16 path gives 0 here: vdpbf16ps
+    flushes a product below float's normal range (README, Range)."""
+    if isa not in ktcy.available_isas():
+        pytest.skip(f"this CPU cannot run {isa}")
+    codes = np.full((16, 64), 0x07, np.uint8)  # 7 * 2^-9, subnormal
+    codes[:, 0] = 0
+    X = np.zeros((1, 64), np.float32)
+    X[0, 0] = big
+    X[0, 1] = np.float32(1.9921875 * 2.0 ** -126)  # bf16-exact, 8 significant bits
+    scale = np.full(16, 2.0 ** 20, np.float32)
+    p = kernels.pack_quantized(codes, scale, "FP8_PERCHANNEL")
+    want = float(X[0, 1]) * 7 * 2.0 ** -9 * 2.0 ** 20
+    got = kernels.linear(X, p, isa=isa)[0]
+    assert np.all(np.abs(got - want) <= 1e-6 * want), (got[:4], want)
