@@ -3,6 +3,7 @@ a checkpoint), options checked before any work, numpy scalars accepted where Pyt
 the lazily loaded modules listing their names, and the annotations (the package ships py.typed)
 clean under mypy for the package itself and for user code written against the README."""
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -132,12 +133,15 @@ def mypy():
     pytest.importorskip("mypy", reason="mypy comes with the test extra")
 
 
-def test_the_package_type_checks(mypy):
+def test_the_package_type_checks(mypy, tmp_path):
     """What py.typed promises: the installed package's own annotations hold, and it ships the stub
-    of its compiled part (without it every name from ktcy._native is Any to a checker)."""
+    of its compiled part (without it every name from ktcy._native is Any to a checker).  Checked
+    on a copy of its sources: mypy given a folder inside site-packages takes site-packages for a
+    source root, where other packages' modules shadow the standard ones."""
     package = os.path.dirname(os.path.abspath(ktcy.__file__))
     assert os.path.isfile(os.path.join(package, "py.typed")) and os.path.isfile(os.path.join(package, "_native.pyi"))
-    result = run_mypy("--ignore-missing-imports", package)
+    shutil.copytree(package, tmp_path / "ktcy", ignore=shutil.ignore_patterns("*.so", "*.c", "__pycache__"))
+    result = run_mypy("--ignore-missing-imports", "ktcy", cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
 
 
