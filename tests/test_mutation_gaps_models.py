@@ -53,32 +53,23 @@ def test_reconverted_check_compares_scales_and_the_last_expert(tmp_path):
         ktcy.MoEModel.from_pretrained(last, experts_path=tmp_path / "conv", layers=[1])
 
 
-def test_a_folder_of_another_top_k_is_refused(tmp_path):
-    """top_k is part of the shape a converted folder must share with the checkpoint."""
+@pytest.mark.parametrize("key, value, match", [
+    # top_k is part of the shape a converted folder must share with the checkpoint
+    ("num_experts_per_tok", 4, r"converted from another model \(top_k 2 there, 4 in"),
+    # the copied config.json's architectures are compared, not only model_type
+    ("architectures", ["OtherForCausalLM"],
+     r"converted from another model \(architectures \['Test'\] there, \['OtherForCausalLM'\] in"),
+])
+def test_a_folder_converted_from_another_config_is_refused(tmp_path, key, value, match):
     ckpt = tmp_path / "ckpt"
     build(ckpt, "qwen3")
     quiet_convert(ckpt, tmp_path / "conv", "INT8", layers="1")
     with open(ckpt / "config.json") as f:
         config = json.load(f)
-    config["num_experts_per_tok"] = 4
+    config[key] = value
     with open(ckpt / "config.json", "w") as f:
         json.dump(config, f)
-    with pytest.raises(CheckpointError, match=r"converted from another model \(top_k 2 there, 4 in"):
-        ktcy.MoEModel.from_pretrained(ckpt, experts_path=tmp_path / "conv", layers=[1])
-
-
-def test_a_folder_of_another_architecture_is_refused(tmp_path):
-    """The copied config.json's architectures are compared, not only model_type."""
-    ckpt = tmp_path / "ckpt"
-    build(ckpt, "qwen3")
-    quiet_convert(ckpt, tmp_path / "conv", "INT8", layers="1")
-    with open(ckpt / "config.json") as f:
-        config = json.load(f)
-    config["architectures"] = ["OtherForCausalLM"]
-    with open(ckpt / "config.json", "w") as f:
-        json.dump(config, f)
-    with pytest.raises(CheckpointError, match=r"converted from another model \(architectures \['Test'\] there, "
-                                              r"\['OtherForCausalLM'\] in"):
+    with pytest.raises(CheckpointError, match=match):
         ktcy.MoEModel.from_pretrained(ckpt, experts_path=tmp_path / "conv", layers=[1])
 
 
