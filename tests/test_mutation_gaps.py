@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 import ktcy
+from checkpoints import nibbles_to_int32
+from conftest import bf16_round, isa_params
 from ktcy import kernels
 from ktcy.quant_readers import (QuantScheme, mxfp4_released, read_compressed_tensors, read_gptq,
                                 scheme_from_config)
@@ -29,14 +31,6 @@ class FakeCkpt:
 
     def __contains__(self, name):
         return name in self.t
-
-
-def pack_along(q, axis):
-    """uint nibbles -> int32 words, 8 per word along axis (bits 4i at position i)."""
-    q = np.moveaxis(np.asarray(q, np.uint32), axis, 0)
-    q = q.reshape(q.shape[0] // 8, 8, *q.shape[1:])
-    w = sum(q[:, i] << (4 * i) for i in range(8)).astype(np.uint32)
-    return np.moveaxis(w, 0, axis).view(np.int32)
 
 
 # R3: routing.py `norm_topk_prob and k > 1`
@@ -74,7 +68,7 @@ def test_group_size_zero_is_refused(q):
 def test_ct_int8_zero_point_8_is_refused():
     n, k, g = 16, 64, 32
     q = np.zeros((n, k), np.uint8)
-    t = {"w.weight_packed": pack_along(q, 1), "w.weight_shape": np.array([n, k], np.int64),
+    t = {"w.weight_packed": nibbles_to_int32(q, 1), "w.weight_shape": np.array([n, k], np.int64),
          "w.weight_scale": np.ones((n, k // g), np.float32),
          "w.weight_zero_point": np.full((n, k // g), 8, np.int8)}
     with pytest.raises(CheckpointError, match="outside"):
@@ -83,7 +77,7 @@ def test_ct_int8_zero_point_8_is_refused():
 
 def gptq_tensors(n, k, g):
     groups = k // g
-    return {"w.qweight": pack_along(np.zeros((k, n)), 0), "w.qzeros": pack_along(np.full((groups, n), 7), 1),
+    return {"w.qweight": nibbles_to_int32(np.zeros((k, n)), 0), "w.qzeros": nibbles_to_int32(np.full((groups, n), 7), 1),
             "w.scales": np.ones((groups, n), np.float16)}
 
 
@@ -101,7 +95,7 @@ def test_gptq_g_idx_equal_to_the_group_count_is_refused():
 # Q8: GPTQ N not a multiple of 8
 def test_gptq_n_not_a_multiple_of_8_is_refused():
     n, k, g = 12, 64, 32
-    t = {"w.qweight": pack_along(np.zeros((k, 16)), 0)[:, :n], "w.qzeros": np.zeros((k // g, 1), np.int32),
+    t = {"w.qweight": nibbles_to_int32(np.zeros((k, 16)), 0)[:, :n], "w.qzeros": np.zeros((k // g, 1), np.int32),
          "w.scales": np.ones((k // g, n), np.float16)}
     with pytest.raises(CheckpointError, match="multiples of 8"):
         read_gptq(FakeCkpt(t), "w", n, k, QuantScheme("gptq", g, True, 1))
@@ -194,19 +188,11 @@ def test_fp8_avx2_wide_row_call_with_nan_codes_matches_ref(fmt):
     np.testing.assert_allclose(got[fin], want[fin], rtol=1e-5, atol=1e-3)
 
 
-def _bf16_round(a):
-    u = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
-    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
-    return u.astype(np.uint32).view(np.float32)
-
-
-@pytest.mark.parametrize("isa", ["ref", "avx2", "avx512", "amx_emu"])
+@pytest.mark.parametrize("isa", isa_params())
 def test_down_bias_with_hidden_size_not_a_multiple_of_16(isa):
     """_moe_engine.pxi down phase: the bias loop over the last panel must stop at H.  All the
     suite's biased layers have H % 16 == 0; here H = 40, and one expert holds several tokens
     (the bias of row r's padding columns would land on row r + 1)."""
-    if isa not in ktcy.available_isas():
-        pytest.skip(f"this CPU cannot run {isa}")
     E, K, H, I = 3, 2, 40, 32
     rng = np.random.default_rng(5)
     gate, up = (rng.standard_normal((E, I, H), np.float32) * 0.1 for _ in range(2))
@@ -221,13 +207,13 @@ def test_down_bias_with_hidden_size_not_a_multiple_of_16(isa):
     layer = ktcy.MoE.from_weights(cfg, gate, up, down, bias=bias)
     y = layer.forward(x, ids, w)
     dq = {n: [getattr(layer, n)[e].dequantize() for e in range(E)] for n in ("gate", "up", "down")}
-    xb = _bf16_round(x).astype(np.float64)
+    xb = bf16_round(x)
     exact = np.zeros((T, H))
     for t in range(T):
         for j, e in enumerate(ids[t]):
             g = xb[t] @ dq["gate"][e].T + bias["gate"][e]
             u = xb[t] @ dq["up"][e].T + bias["up"][e]
-            h = _bf16_round((g / (1 + np.exp(-g)) * u).astype(np.float32)).astype(np.float64)
+            h = bf16_round(g / (1 + np.exp(-g)) * u)
             exact[t] += w[t, j] * (h @ dq["down"][e].T + bias["down"][e])
     np.testing.assert_allclose(y, exact, rtol=1e-3, atol=1e-3)
 

@@ -46,14 +46,14 @@ _HEADER = ("rejected", "T", "k", "hidden size", "topk_ids", "topk_weights", "x",
 
 
 def _checked_options(options):
-    """The from_* constructors' options, refused before any expert is read or packed."""
+    """The from_* constructors' options, refused before any expert is read or packed (from_weights
+    and from_checkpoint reach it through from_experts)."""
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise TypeError(f"ExpertParallelMoE got unexpected option(s) {', '.join(unknown)}; "
                         f"it takes {', '.join(OPTIONS)}")
     if options.get("reduce", "slots") not in REDUCE_MODES:
         raise ValueError(f"reduce must be one of {REDUCE_MODES}, got {options['reduce']!r}")
-    return options
 
 
 class ExpertParallelMoE:
@@ -84,7 +84,8 @@ class ExpertParallelMoE:
         """Packs only this rank's experts: expert(e) (global id e) -> {"gate"|"up"|"down": (weight,
         scale)} as MoE.from_experts takes it, called for the local experts only.  bias as
         MoE.from_experts (full [E, ...] arrays; each rank keeps its rows)."""
-        g = group if isinstance(group, Group) else Group(group, _checked_options(options).get("spin_wait", True))
+        _checked_options(options)
+        g = group if isinstance(group, Group) else Group(group, options.get("spin_wait", True))
         placement = placement or Placement.contiguous(config.num_experts, g.world_size)
         _check_placement(placement, config, g)
         local_ids = placement.local_experts(g.rank)
@@ -98,7 +99,6 @@ class ExpertParallelMoE:
         """Every rank passes the whole layer (as MoE.from_weights takes it: gate/up [E, I, H],
         down [E, H, I], FP8 codes with their scales); each quantizes and packs only its experts.
         options: reduce="slots" (bit-identical to MoE.forward, default) or "sum", check_inputs=True."""
-        _checked_options(options)
         expert = stacked_experts(config, gate, up, down, gate_scale, up_scale, down_scale)
         return cls.from_experts(config, expert, group, placement, bias=bias, **options)
 
@@ -108,7 +108,8 @@ class ExpertParallelMoE:
         packed weights (no copy) and drops its references to the rest."""
         if not isinstance(moe, MoE):
             raise TypeError(f"moe must be a ktcy.MoE, got {type(moe).__name__}")
-        g = group if isinstance(group, Group) else Group(group, _checked_options(options).get("spin_wait", True))
+        _checked_options(options)
+        g = group if isinstance(group, Group) else Group(group, options.get("spin_wait", True))
         config = moe.config
         placement = placement or Placement.contiguous(config.num_experts, g.world_size)
         _check_placement(placement, config, g)
@@ -129,7 +130,8 @@ class ExpertParallelMoE:
         folder = resolve_model_path(path)
         if not is_converted(folder):
             raise CheckpointError(f"{folder}: not a folder written by ktcy convert (no ktcy_model.json)")
-        g = group if isinstance(group, Group) else Group(group, _checked_options(options).get("spin_wait", True))
+        _checked_options(options)
+        g = group if isinstance(group, Group) else Group(group, options.get("spin_wait", True))
         mapped = map_layer(converted_layer_file(folder, layer_number(layer)), isa=isa, experts=[])
         config = mapped.config
         os.close(mapped.fd)
@@ -156,7 +158,6 @@ class ExpertParallelMoE:
         """Layer `layer` of a Hugging Face checkpoint (a folder, hub id in the local cache, or an
         open ktcy Checkpoint), each rank reading and packing only its own experts, so no rank
         ever holds the whole layer.  method as ktcy.load_experts (None keeps the stored precision)."""
-        _checked_options(options)
         ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(resolve_model_path(checkpoint))
         experts = ckpt.layer(layer_number(layer))
         a = ckpt.arch
