@@ -120,6 +120,14 @@ scale = p.scale
 if scale is not None:
     print(scale.shape)
 out: np.ndarray = kernels.linear(np.ones((2, 32), np.float32), p)
+model = ktcy.MoEModel.from_pretrained("path/to/checkpoint", backend="INT8", layers=[3])
+print(model.describe(), model.inject_expert_backend(r"model\\.layers\\.[0-9]\\.", "INT4"))
+
+
+def whole_model() -> None:  # checked, not run
+    import ktcy.hf
+    lm = ktcy.hf.from_pretrained("path/to/checkpoint", backend="AMXINT8")
+    lm.inject_expert_backend(r"model\\.layers\\.(4[0-7])\\.", "INT4")
 """
 
 

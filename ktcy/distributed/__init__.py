@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING
 from ktcy.distributed.placement import Placement
 
 if TYPE_CHECKING:  # what type checkers see; at run time the names load (and import torch) on first use
-    from ktcy.distributed.comm import DistributedError, init_process_group
-    from ktcy.distributed.expert_parallel import ExpertParallelMoE
+    from ktcy.distributed.comm import DistributedError as DistributedError
+    from ktcy.distributed.comm import init_process_group as init_process_group
+    from ktcy.distributed.expert_parallel import ExpertParallelMoE as ExpertParallelMoE
 
 _LAZY = {"ExpertParallelMoE": "ktcy.distributed.expert_parallel",
          "DistributedError": "ktcy.distributed.comm",

@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING
 
 from ktcy.hf._deps import require_torch_transformers
 
-if TYPE_CHECKING:  # what type checkers see; at run time the names load on first use
-    from ktcy.hf.architectures import SUPPORTED, UnsupportedArchitectureError  # noqa: F401
-    from ktcy.hf.experts_module import KtcyExperts  # noqa: F401
-    from ktcy.hf.loader import from_pretrained  # noqa: F401
+if TYPE_CHECKING:  # what type checkers see (re-exported, "as" each); at run time the names load on first use
+    from ktcy.hf.architectures import SUPPORTED as SUPPORTED
+    from ktcy.hf.architectures import UnsupportedArchitectureError as UnsupportedArchitectureError
+    from ktcy.hf.experts_module import KtcyExperts as KtcyExperts
+    from ktcy.hf.loader import from_pretrained as from_pretrained
 
 _PUBLIC = {"from_pretrained": "ktcy.hf.loader", "KtcyExperts": "ktcy.hf.experts_module",
            "SUPPORTED": "ktcy.hf.architectures", "UnsupportedArchitectureError": "ktcy.hf.architectures"}
