@@ -77,8 +77,8 @@ def config_bool(cfg, where, key, default=False):
 
 
 # first_k_dense_replace where config.json leaves it out: transformers' config class default
-# (DeepseekV3Config: 3), so that ktcy and transformers see the same layers as MoE
-_FIRST_DENSE_DEFAULT = {"deepseek_v3": 3}
+# (DeepseekV3Config: 3, Glm4MoeConfig: 1), so that ktcy and transformers see the same layers as MoE
+_FIRST_DENSE_DEFAULT = {"deepseek_v3": 3, "glm4_moe": 1}
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,14 @@ class MoEArchitecture:
         freq = config_int(cfg, where, "moe_layer_freq", default=1)
         moe = tuple(L for L in range(layers)
                     if L not in dense and (L + 1) % step == 0 and L >= first_dense and (L - first_dense) % freq == 0)
+        kinds = cfg.get("mlp_layer_types")
+        if kinds is None and str(cfg.get("model_type", "")).lower() == "glm4_moe_lite":
+            kinds = ["dense"] + ["sparse"] * (layers - 1)  # Glm4MoeLiteConfig's default; it has no first_k_dense_replace
+        if kinds is not None:  # GLM-4.7-Flash: one "dense" or "sparse" per layer, which transformers follows alone
+            if not isinstance(kinds, list) or len(kinds) != layers or not all(k in ("dense", "sparse") for k in kinds):
+                raise CheckpointError(f"{where}: mlp_layer_types must list 'dense' or 'sparse' for each of the "
+                                      f"{layers} layers, got {kinds!r:.60}")
+            moe = tuple(L for L, k in enumerate(kinds) if k == "sparse")
         return cls(experts, top_k, hidden, inter, layers, moe, cfg, where)
 
     @property

@@ -22,7 +22,7 @@ from ktcy.loading import PathLike, experts_from_checkpoint, original_checkpoint,
 from ktcy.moe import MoE
 from ktcy.paths import MAX_CONFIG_BYTES, read_small_text
 from ktcy.ranges import ranges_text
-from ktcy.routing import Router, router_kind
+from ktcy.routing import Router, kind_settings, router_kind
 from ktcy.safetensors_io import CheckpointError
 
 log = logging.getLogger("ktcy")
@@ -299,15 +299,20 @@ class MoEModel:
         if arch.gpt_oss:
             router = read_router(ckpt, layer.mlp_prefix, arch.num_experts, arch.hidden_size, arch.top_k)
             return MoEBlock(name, L, router, experts, None, rule, backend, origin)
-        bias_name = f"{layer.mlp_prefix}.gate.e_score_correction_bias"
-        settings = arch.router_settings()  # each value type- and range-checked first
+        # DeepSeek and GLM keep the bias in the router (gate), MiniMax-M2 beside it
+        bias_name = next((name for name in (f"{layer.mlp_prefix}.gate.e_score_correction_bias",
+                                            f"{layer.mlp_prefix}.e_score_correction_bias") if name in ckpt), None)
+        kind = router_kind(arch.raw, layer.mlp_prefix, arch.source, bias_name is not None)
+        settings = kind_settings(kind, arch.raw, arch.router_settings())  # each value type- and range-checked first
         router = Router(  # float_tensor: the shape config.json implies, a float dtype, finite
-            kind=router_kind(arch.raw, layer.mlp_prefix, arch.source, bias_name in ckpt),
-            weight=ckpt.float_tensor(f"{layer.mlp_prefix}.gate.weight", (arch.num_experts, arch.hidden_size)),
-            top_k=arch.top_k, bias=ckpt.float_tensor(bias_name, (arch.num_experts,)) if bias_name in ckpt else None,
+            kind=kind, weight=ckpt.float_tensor(f"{layer.mlp_prefix}.gate.weight", (arch.num_experts, arch.hidden_size)),
+            top_k=arch.top_k, bias=ckpt.float_tensor(bias_name, (arch.num_experts,)) if bias_name else None,
             **settings)
-        if router.kind == "deepseek_v3" and arch.num_experts % router.n_group:
+        if arch.num_experts % router.n_group:
             raise CheckpointError(f"{arch.source}: n_group {router.n_group} does not divide {arch.num_experts} experts")
+        if router.topk_group * (arch.num_experts // router.n_group) < arch.top_k:
+            raise CheckpointError(f"{arch.source}: {router.topk_group} of {router.n_group} groups hold fewer than the "
+                                  f"{arch.top_k} experts a token takes")
         shared = self._shared(layer, experts.format, backend)
         return MoEBlock(name, L, router, experts, shared, rule, backend, origin)
 

@@ -7,7 +7,13 @@ deepseek_v3  sigmoid scores; choice on scores + e_score_correction_bias restrict
              topk_group best of n_group groups (a group scores the sum of its top 2); weights are
              the unbiased scores, normalised when norm_topk_prob and k > 1 (as DeepSeek's own code;
              transformers' module also normalises a single weight to 1, so at top_k = 1, which no
-             released model uses, MoEModel and ktcy.hf differ), times routed_scaling_factor
+             released model uses, MoEModel and ktcy.hf differ), times routed_scaling_factor;
+             GLM-4.5 (glm4_moe, glm4_moe_lite) routes the same way
+minimax_m2   sigmoid scores; choice on scores + e_score_correction_bias over all experts; weights
+             the unbiased scores of the chosen, always normalised (MiniMax-M2)
+deepseek_v2  softmax probabilities; top-k of them ("greedy"), or of the topk_group best of n_group
+             groups ("group_limited_greedy": a group scores its largest probability); weights the
+             probabilities, not renormalised, times routed_scaling_factor (DeepSeek-V2)
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -56,33 +62,48 @@ class Router:
             if self.norm_topk_prob:
                 w = w / w.sum(axis=1, keepdims=True)
             return ids, w.astype(np.float32)
-        if self.kind == "deepseek_v3":
+        if self.kind == "deepseek_v2":
+            e = np.exp(logits - logits.max(axis=1, keepdims=True))
+            probs = e / e.sum(axis=1, keepdims=True)
+            ids = top_k_desc(self._in_kept_groups(probs, lambda g: g.max(axis=2)), k)
+            return ids, (np.take_along_axis(probs, ids, axis=1) * self.routed_scaling_factor).astype(np.float32)
+        if self.kind in ("deepseek_v3", "minimax_m2"):
             scores = 1.0 / (1.0 + np.exp(-logits))
             choice = scores + (self.bias if self.bias is not None else 0.0)
-            T, E = choice.shape
-            grouped = choice.reshape(T, self.n_group, E // self.n_group)
-            group_score = np.sort(grouped, axis=2)[:, :, -2:].sum(axis=2)
-            keep = np.zeros((T, self.n_group), bool)
-            np.put_along_axis(keep, top_k_desc(group_score, self.topk_group), True, axis=1)
-            # experts of groups left out can never be chosen, even where scores + bias < 0
-            masked = np.where(np.repeat(keep, E // self.n_group, axis=1), choice, -np.inf)
-            ids = top_k_desc(masked, k)
+            ids = top_k_desc(self._in_kept_groups(choice, lambda g: np.sort(g, axis=2)[:, :, -2:].sum(axis=2)), k)
             w = np.take_along_axis(scores, ids, axis=1)
             if self.norm_topk_prob and k > 1:
                 w = w / (w.sum(axis=1, keepdims=True) + 1e-20)
             return ids, (w * self.routed_scaling_factor).astype(np.float32)
         raise ValueError(f"unknown router kind {self.kind!r}")
 
+    def _in_kept_groups(self, choice, group_score):
+        """choice with the experts outside the topk_group best of n_group groups (as group_score
+        rates a [T, n_group, E / n_group] view) at -inf: they can never be chosen, even where
+        every kept value is negative."""
+        if self.n_group == 1:
+            return choice
+        T, E = choice.shape
+        keep = np.zeros((T, self.n_group), bool)
+        np.put_along_axis(keep, top_k_desc(group_score(choice.reshape(T, self.n_group, E // self.n_group)),
+                                           self.topk_group), True, axis=1)
+        return np.where(np.repeat(keep, E // self.n_group, axis=1), choice, -np.inf)
+
 
 # The families whose routers MoEModel computes, by config.json's model_type (GPT-OSS's router is
 # read apart, gpt_oss.py).  Another model_type is refused: a family with a router of its own
-# (GLM-4.5's sigmoid scores, DeepSeek-V2's group-limited greedy choice, MiniMax-M2's bias under
-# another name) would otherwise get a softmax router and silently other experts and weights.
-ROUTER_FAMILIES = {"qwen3_moe": "softmax", "qwen2_moe": "softmax", "olmoe": "softmax", "mixtral": "mixtral",
-                   "deepseek_v3": "deepseek_v3", "kimi_k2": "deepseek_v3"}
+# (Llama 4's sigmoid of the top-1 logit, ERNIE's bias under another name) would otherwise get a
+# softmax router and silently other experts and weights.
+ROUTER_FAMILIES = {"qwen3_moe": "softmax", "qwen2_moe": "softmax", "qwen3_next": "softmax", "olmoe": "softmax",
+                   "mixtral": "mixtral", "deepseek_v3": "deepseek_v3", "kimi_k2": "deepseek_v3",
+                   "glm4_moe": "deepseek_v3", "glm4_moe_lite": "deepseek_v3", "minimax_m2": "minimax_m2",
+                   "deepseek_v2": "deepseek_v2"}
 # what a deepseek_v3 router reads from config.json, without a default: transformers' defaults
 # (8 groups, 4 kept, renormalised, times 2.5) are not the plain ones, so a config must say
 _DEEPSEEK_KEYS = ("n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor")
+# each kind's scoring_func and topk_method as config.json may spell them (None: no such key)
+_SCORING = {"deepseek_v3": "sigmoid", "minimax_m2": "sigmoid"}
+_TOPK_METHODS = {"deepseek_v3": ("noaux_tc",), "deepseek_v2": ("greedy", "group_limited_greedy")}
 
 
 def router_kind(config, mlp_prefix, where, has_bias=False):
@@ -98,21 +119,39 @@ def router_kind(config, mlp_prefix, where, has_bias=False):
     if kind is None:  # no model_type: the conventions the config shows
         sigmoid = config.get("scoring_func") == "sigmoid" or config.get("topk_method") == "noaux_tc"
         kind = "deepseek_v3" if sigmoid else "mixtral" if mlp_prefix.endswith("block_sparse_moe") else "softmax"
-    scoring, choice = ("sigmoid", "noaux_tc") if kind == "deepseek_v3" else ("softmax", None)
-    if config.get("scoring_func", scoring) != scoring:
+    if config.get("scoring_func", _SCORING.get(kind, "softmax")) != _SCORING.get(kind, "softmax"):
         raise CheckpointError(f"{where}: scoring_func {config.get('scoring_func')!r:.40} does not fit a {kind} router")
-    if config.get("topk_method", choice) != choice:
+    methods = _TOPK_METHODS.get(kind, (None,))
+    if config.get("topk_method", methods[0]) not in methods:
         raise CheckpointError(f"{where}: topk_method {config.get('topk_method')!r:.40} is not a choice ktcy's "
                               f"{kind} router makes")
     if kind == "deepseek_v3":
         missing = [key for key in _DEEPSEEK_KEYS if key not in config]
         if missing:
             raise CheckpointError(f"{where}: a deepseek_v3 router needs {', '.join(missing)} in config.json")
-    else:
-        if has_bias:
-            raise CheckpointError(f"{where}: {mlp_prefix}.gate.e_score_correction_bias is present, but a {kind} "
-                                  "router has no use for it")
-        if config.get("routed_scaling_factor", 1.0) != 1.0:
-            raise CheckpointError(f"{where}: routed_scaling_factor {config['routed_scaling_factor']!r:.40} does not "
-                                  f"fit a {kind} router (its weights are not scaled)")
+    elif kind == "deepseek_v2":
+        # transformers' DeepSeek-V2 router never renormalises, DeepSeek's own code does when this is
+        # true: no released model sets it, and ktcy would have to pick one of the two
+        if config.get("norm_topk_prob"):
+            raise CheckpointError(f"{where}: norm_topk_prob true in a deepseek_v2 router (transformers ignores it, "
+                                  "DeepSeek's code renormalises): ktcy does not guess which is meant")
+    if kind not in ("deepseek_v3", "minimax_m2") and has_bias:
+        raise CheckpointError(f"{where}: {mlp_prefix} has an e_score_correction_bias, but a {kind} router has no "
+                              "use for it")
+    if kind not in ("deepseek_v3", "deepseek_v2") and config.get("routed_scaling_factor", 1.0) != 1.0:
+        raise CheckpointError(f"{where}: routed_scaling_factor {config['routed_scaling_factor']!r:.40} does not "
+                              f"fit a {kind} router (its weights are not scaled)")
     return kind
+
+
+def kind_settings(kind, config, settings):
+    """The router settings (checkpoint.MoEArchitecture.router_settings) as a `kind` router uses
+    them: groups only where the kind chooses by groups (DeepSeek-V2's greedy choice is the
+    group-limited one over a single group); MiniMax-M2 always renormalises."""
+    grouped = kind == "deepseek_v3" or (kind == "deepseek_v2" and config.get("topk_method") == "group_limited_greedy")
+    settings = settings if grouped else {**settings, "n_group": 1, "topk_group": 1}
+    if kind == "minimax_m2":
+        return {**settings, "norm_topk_prob": True}
+    if kind == "deepseek_v2":
+        return {**settings, "norm_topk_prob": False}
+    return settings

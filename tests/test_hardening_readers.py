@@ -126,13 +126,18 @@ DEEPSEEK_ROUTER = {"scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_grou
 
 
 @pytest.mark.parametrize("extra,bias,match", [
-    ({"model_type": "glm4_moe"}, True, r"model_type 'glm4_moe' is not a family whose router ktcy computes"),
-    ({"model_type": "deepseek_v2", "topk_method": "group_limited_greedy", "routed_scaling_factor": 16.0}, False,
-     r"model_type 'deepseek_v2' is not a family"),
-    ({"model_type": "minimax_m2", "scoring_func": "sigmoid"}, False, r"model_type 'minimax_m2' is not a family"),
+    ({"model_type": "llama4"}, False, r"model_type 'llama4' is not a family whose router ktcy computes"),
+    ({"model_type": "ernie4_5_moe"}, True, r"model_type 'ernie4_5_moe' is not a family"),
+    ({"model_type": "deepseek_v2", "norm_topk_prob": True}, False, r"norm_topk_prob true in a deepseek_v2 router"),
+    ({"model_type": "deepseek_v2", "topk_method": "noaux_tc"}, False, r"topk_method 'noaux_tc' is not a choice"),
+    ({"model_type": "deepseek_v2"}, True, r"model.layers.1.mlp has an e_score_correction_bias, but a deepseek_v2 "
+                                        r"router has no use"),
+    ({"model_type": "minimax_m2", "routed_scaling_factor": 2.0}, True, r"routed_scaling_factor 2.0 does not fit a "
+                                                                          r"minimax_m2 router"),
+    ({"model_type": "minimax_m2", "scoring_func": "softmax"}, True, r"scoring_func 'softmax' does not fit a minimax_m2"),
     ({"routed_scaling_factor": 2.5}, False, r"routed_scaling_factor 2.5 does not fit a softmax router"),
-    ({}, True, r"model.layers.1.mlp.gate.e_score_correction_bias is present, but a softmax router has no use"),
-    ({"model_type": "mixtral"}, True, r"model.layers.1.mlp.gate.e_score_correction_bias is present, but a mixtral"),
+    ({}, True, r"model.layers.1.mlp has an e_score_correction_bias, but a softmax router has no use"),
+    ({"model_type": "mixtral"}, True, r"model.layers.1.mlp has an e_score_correction_bias, but a mixtral"),
     ({"model_type": "qwen3_moe", "scoring_func": "sigmoid"}, False, r"scoring_func 'sigmoid' does not fit a softmax"),
     ({**DEEPSEEK_ROUTER, "topk_method": "group_limited_greedy"}, True, r"topk_method 'group_limited_greedy' is not"),
     ({**DEEPSEEK_ROUTER, "model_type": "deepseek_v3", "routed_scaling_factor": None, "first_k_dense_replace": 0}, True,
@@ -699,3 +704,26 @@ def test_a_float_weight_with_nan_names_layer_expert_and_projection(tmp_path):
     for method in (None, "INT8"):
         with pytest.raises(CheckpointError, match=r"layer 0: down\[1\]: weight row 3 holds NaN"):
             ktcy.load_experts(tmp_path, 0, method=method)
+
+
+BASE_CONFIG = {"num_experts": 4, "num_experts_per_tok": 2, "hidden_size": 8, "moe_intermediate_size": 4,
+               "num_hidden_layers": 3}
+
+
+@pytest.mark.parametrize("kinds", [["dense", "sparse"], ["dense", "sparse", "moe"], "sparse", ["sparse"] * 4])
+def test_mlp_layer_types_that_do_not_list_each_layer_are_refused(kinds):
+    with pytest.raises(CheckpointError, match=r"cfg: mlp_layer_types must list 'dense' or 'sparse' for each of the 3"):
+        MoEArchitecture.from_config({**BASE_CONFIG, "mlp_layer_types": kinds}, "cfg")
+
+
+@pytest.mark.parametrize("extra,moe", [
+    ({"mlp_layer_types": ["sparse", "dense", "sparse"]}, (0, 2)),
+    # mlp_layer_types is the whole rule where it is given (transformers' GLM-4.7-Flash follows it alone)
+    ({"mlp_layer_types": ["sparse", "sparse", "dense"], "first_k_dense_replace": 1}, (0, 1)),
+    ({"model_type": "glm4_moe_lite"}, (1, 2)),       # its config class's default: the first layer dense
+    ({"model_type": "glm4_moe_lite", "first_k_dense_replace": 2}, (1, 2)),  # a key that class does not read
+    ({"model_type": "glm4_moe"}, (1, 2)),            # Glm4MoeConfig's first_k_dense_replace default
+    ({"model_type": "deepseek_v2"}, (0, 1, 2)),      # DeepseekV2Config's: 0
+])
+def test_moe_layers_follow_each_familys_rule(extra, moe):
+    assert MoEArchitecture.from_config({**BASE_CONFIG, **extra}, "cfg").moe_layers == moe

@@ -57,8 +57,35 @@ def test_greedy_generation_equals_stock(folders, arch):
     assert_same_greedy(ref, model, PROMPT, NEW_TOKENS)
 
 
+@pytest.mark.parametrize("arch", ckpts.ARCHITECTURES)
+@pytest.mark.parametrize("tokens", [1, 9])
+def test_moe_model_blocks_equal_the_stock_blocks(folders, arch, tokens):
+    """MoEModel computes the routers itself (numpy, ktcy/routing.py): each family's block (router,
+    routed experts, shared experts and their gate) against transformers' own module on the same
+    hidden states.  A router that chose other experts, or weighted them otherwise, would be off
+    by tens of percent; the BF16 rounding of the activations leaves well under one."""
+    ref = stock(folders[arch])
+    model = ktcy.MoEModel.from_pretrained(folders[arch])
+    assert model.blocks
+    h = torch.randn(1, tokens, ref.config.hidden_size, generator=torch.Generator().manual_seed(tokens))
+    for block in model.blocks.values():
+        with torch.no_grad():
+            want = ref.model.layers[block.layer].mlp(h)[0]
+        got = torch.from_numpy(block.forward(h[0].numpy()))
+        assert rel_l2(got, want) < 0.01, (block.name, rel_l2(got, want))
+
+
+def test_an_architecture_the_installed_transformers_lacks_is_refused(folders, monkeypatch):
+    from ktcy.hf import architectures
+    gone = architectures.Architecture("mixtral", "transformers.models.no_such_model.modeling", "NoSuchExperts")
+    monkeypatch.setitem(architectures._TABLE, "mixtral", gone)
+    with pytest.raises(ktcy.hf.UnsupportedArchitectureError, match=r"model_type 'mixtral' needs a transformers with "
+                                                                   r"transformers\.models\.no_such_model"):
+        ktcy.hf.from_pretrained(folders["mixtral"])
+
+
 def test_deepseek_v3_fp8_as_stored(tmp_path):
-    fp8, ref = ckpts.build_deepseek_fp8(str(tmp_path / "fp8"), str(tmp_path / "ref"))
+    fp8, ref = ckpts.build_block_fp8("deepseek_v3", str(tmp_path / "fp8"), str(tmp_path / "ref"))
     model = ktcy.hf.from_pretrained(fp8, dtype=torch.float32)
     assert [m.kernel.split(" ")[0] for m in model.ktcy_experts().values()] == ["FP8_BLOCK", "FP8_BLOCK"]
     # the non-expert FP8 weights were dequantized for torch
@@ -73,6 +100,18 @@ def test_deepseek_v3_fp8_as_stored(tmp_path):
     model = ktcy.hf.from_pretrained(fp8)
     assert model.dtype == torch.float32
     assert rel_l2(logits(model, PROMPT), logits(stock(ref), PROMPT)) < 0.01
+
+
+@pytest.mark.parametrize("arch", ["glm4_moe", "minimax_m2"])
+def test_block_fp8_releases_as_stored(tmp_path, arch):
+    """GLM-4.5-FP8 and MiniMax-M2 ship DeepSeek-V3's FP8 format: the routed experts run FP8 as
+    stored, everything else is dequantized for torch."""
+    fp8, ref = ckpts.build_block_fp8(arch, str(tmp_path / "fp8"), str(tmp_path / "ref"))
+    model = ktcy.hf.from_pretrained(fp8, dtype=torch.float32)
+    assert model.ktcy_experts() and all(m.kernel.startswith("FP8_BLOCK on ") for m in model.ktcy_experts().values())
+    assert rel_l2(logits(model, PROMPT), logits(stock(ref), PROMPT)) < 0.01
+    blocks = ktcy.MoEModel.from_pretrained(fp8).describe()
+    assert blocks and all(b["format"] == "FP8_BLOCK" for b in blocks)
 
 
 def test_bf16_model_takes_bf16_directly(folders):

@@ -25,7 +25,15 @@ class Architecture:
     renames: tuple = ()         # (checkpoint substring, model substring)
 
     def experts_type(self):
-        return getattr(importlib.import_module(self.module), self.experts_class)
+        """The transformers class; UnsupportedArchitectureError where the installed transformers
+        predates the architecture."""
+        try:
+            return getattr(importlib.import_module(self.module), self.experts_class)
+        except (ImportError, AttributeError):
+            import transformers
+            raise UnsupportedArchitectureError(
+                f"model_type {self.model_type!r} needs a transformers with {self.module}.{self.experts_class} "
+                f"(installed: {transformers.__version__}); upgrade transformers") from None
 
     def model_name(self, checkpoint_name):
         for old, new in self.renames:
@@ -37,10 +45,18 @@ _TABLE = {a.model_type: a for a in (
     Architecture("qwen3_moe", "transformers.models.qwen3_moe.modeling_qwen3_moe", "Qwen3MoeExperts"),
     # shared expert and its sigmoid gate stay torch modules of the block
     Architecture("qwen2_moe", "transformers.models.qwen2_moe.modeling_qwen2_moe", "Qwen2MoeExperts"),
+    # Qwen3-Next: linear-attention layers, shared expert and its gate stay in torch
+    Architecture("qwen3_next", "transformers.models.qwen3_next.modeling_qwen3_next", "Qwen3NextExperts"),
     Architecture("mixtral", "transformers.models.mixtral.modeling_mixtral", "MixtralExperts",
                  renames=((".block_sparse_moe.", ".mlp."),)),
-    # grouped sigmoid router, shared experts and the dense first layers stay in torch
+    # MiniMax-M2 stores its experts as Mixtral does; its sigmoid router and bias stay in torch
+    Architecture("minimax_m2", "transformers.models.minimax_m2.modeling_minimax_m2", "MiniMaxM2Experts",
+                 renames=((".block_sparse_moe.", ".mlp."),)),
+    # grouped routers, shared experts and the dense first layers stay in torch
     Architecture("deepseek_v3", "transformers.models.deepseek_v3.modeling_deepseek_v3", "DeepseekV3Experts"),
+    Architecture("deepseek_v2", "transformers.models.deepseek_v2.modeling_deepseek_v2", "DeepseekV2Experts"),
+    Architecture("glm4_moe", "transformers.models.glm4_moe.modeling_glm4_moe", "Glm4MoeExperts"),
+    Architecture("glm4_moe_lite", "transformers.models.glm4_moe_lite.modeling_glm4_moe_lite", "Glm4MoeLiteExperts"),
     Architecture("olmoe", "transformers.models.olmoe.modeling_olmoe", "OlmoeExperts"),
     # router with bias (softmax over the chosen top-k) and attention with sinks and sliding
     # windows stay in torch; the experts' biases and clamped SwiGLU run in ktcy
