@@ -77,8 +77,9 @@ def config_bool(cfg, where, key, default=False):
 
 
 # first_k_dense_replace where config.json leaves it out: transformers' config class default
-# (DeepseekV3Config: 3, Glm4MoeConfig: 1), so that ktcy and transformers see the same layers as MoE
-_FIRST_DENSE_DEFAULT = {"deepseek_v3": 3, "glm4_moe": 1}
+# (DeepseekV3Config: 3, also for Kimi-K2, which ktcy.hf runs through it; Glm4MoeConfig: 1), so
+# that ktcy and transformers see the same layers as MoE
+_FIRST_DENSE_DEFAULT = {"deepseek_v3": 3, "kimi_k2": 3, "glm4_moe": 1}
 
 
 @dataclass(frozen=True)

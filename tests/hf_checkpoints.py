@@ -187,6 +187,51 @@ def build_block_fp8(arch, folder_fp8, folder_ref, seed=0):
     return str(folder_fp8), str(folder_ref)
 
 
+KIMI_K2_CONFIG = {"model_type": "kimi_k2", "architectures": ["DeepseekV3ForCausalLM"],
+                  "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config",
+                               "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"}}
+
+
+def as_kimi_k2(folder_deepseek, folder_kimi, int4_group=None):
+    """Kimi-K2 as Moonshot releases it, from a tiny DeepSeek-V3 folder: the same tensors under
+    model_type kimi_k2 (DeepSeek-V3's architecture, as remote code).  With int4_group, the routed
+    experts become Kimi-K2-Thinking's compressed-tensors pack-quantized INT4 (symmetric, one bf16
+    scale per int4_group values), and folder_deepseek's experts are overwritten with exactly the
+    values those codes mean, so that it stays the stock reference."""
+    from safetensors.numpy import load_file, save_file
+    from checkpoints import RELEASED_CONFIG, nibbles_to_int32
+    shutil.copytree(folder_deepseek, folder_kimi)
+    with open(os.path.join(folder_kimi, "config.json")) as f:
+        cfg = json.load(f)
+    cfg.update(KIMI_K2_CONFIG)
+    if int4_group is not None:
+        tensors = load_file(os.path.join(folder_deepseek, "model.safetensors"))
+        kimi, ref = {}, {}
+        for name, t in tensors.items():
+            if ".mlp.experts." not in name:
+                kimi[name] = ref[name] = t
+                continue
+            w = t.astype(np.float32)
+            n, k = w.shape
+            groups = w.reshape(n, k // int4_group, int4_group)
+            scale = (np.abs(groups).max(axis=2) / 7.0).astype(ml_dtypes.bfloat16)
+            s = np.maximum(scale.astype(np.float32), 1e-30)[:, :, None]
+            q = (np.clip(np.rint(groups / s), -8, 7) + 8).astype(np.int64).reshape(n, k)
+            base = name[:-len(".weight")]
+            kimi[f"{base}.weight_packed"] = nibbles_to_int32(q, axis=1)
+            kimi[f"{base}.weight_shape"] = np.array([n, k], np.int64)
+            kimi[f"{base}.weight_scale"] = scale
+            ref[name] = ((q.reshape(n, k // int4_group, int4_group) - 8) * scale.astype(np.float32)[:, :, None]
+                         ).reshape(n, k).astype(np.float32)
+        save_file(kimi, os.path.join(folder_kimi, "model.safetensors"), metadata={"format": "pt"})
+        save_file(ref, os.path.join(folder_deepseek, "model.safetensors"), metadata={"format": "pt"})
+        cfg["quantization_config"] = dict(RELEASED_CONFIG["ct"](int4_group, True), ignore=[
+            "lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|down)_proj.*"])
+    with open(os.path.join(folder_kimi, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return str(folder_kimi)
+
+
 def add_word_tokenizer(folder):
     """A whitespace word-level tokenizer over the words w0 .. w{VOCAB-1} (w0 doubles as unknown)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers

@@ -114,6 +114,33 @@ def test_block_fp8_releases_as_stored(tmp_path, arch):
     assert blocks and all(b["format"] == "FP8_BLOCK" for b in blocks)
 
 
+def test_kimi_k2_runs_as_the_deepseek_v3_it_is(folders, tmp_path):
+    """Kimi-K2's config.json names model_type kimi_k2 (remote code that transformers does not
+    register): ktcy.hf runs it through transformers' DeepSeek-V3, and so the same tensors give the
+    same logits, bit for bit, as under model_type deepseek_v3."""
+    kimi = ckpts.as_kimi_k2(folders["deepseek_v3"], tmp_path / "kimi")
+    model = ktcy.hf.from_pretrained(kimi, dtype=torch.float32)
+    assert type(model).__name__ == "DeepseekV3ForCausalLM"
+    same = ktcy.hf.from_pretrained(folders["deepseek_v3"], dtype=torch.float32)
+    assert torch.equal(logits(model, PROMPT), logits(same, PROMPT))
+    blocks = ktcy.MoEModel.from_pretrained(kimi).describe()
+    assert [b["layer"] for b in blocks] == [1, 2] and all(b["router"] == "deepseek_v3" for b in blocks)
+
+
+def test_kimi_k2_thinking_int4_experts_as_stored(folders, tmp_path):
+    """Kimi-K2-Thinking ships its routed experts as compressed-tensors INT4 (symmetric, group 32):
+    they run as stored (INT4, group 32), against stock DeepSeek-V3 on exactly the values the codes
+    mean (INT4's int8 activations: within the INT8 tolerance)."""
+    ref = shutil.copytree(folders["deepseek_v3"], tmp_path / "ref")
+    kimi = ckpts.as_kimi_k2(str(ref), tmp_path / "kimi", int4_group=32)
+    model = ktcy.hf.from_pretrained(kimi, dtype=torch.float32)
+    experts = model.ktcy_experts().values()
+    assert experts and all(m.kernel.startswith("INT4 on ") for m in experts)
+    assert all(m.moe.config.quant_config.group_size == 32 for m in experts)
+    err = rel_l2(logits(model, PROMPT), logits(stock(str(ref)), PROMPT))
+    assert 1e-4 < err < 0.05
+
+
 def test_bf16_model_takes_bf16_directly(folders):
     model = ktcy.hf.from_pretrained(folders["qwen3_moe"], dtype=torch.bfloat16)
     out = logits(model, PROMPT)

@@ -23,16 +23,26 @@ class Architecture:
     module: str                 # transformers.models.<...>
     experts_class: str          # the @use_experts_implementation class whose forward ktcy replaces
     renames: tuple = ()         # (checkpoint substring, model substring)
+    # the transformers config class (in `module`'s package) for a model_type transformers does not
+    # register itself: its authors ship it as remote code over an architecture transformers has
+    config_class: str = ""
 
     def experts_type(self):
         """The transformers class; UnsupportedArchitectureError where the installed transformers
         predates the architecture."""
+        return self._transformers_class(self.module, self.experts_class)
+
+    def config_type(self):
+        """config_class, or None where transformers' AutoConfig knows the model_type."""
+        return self._transformers_class(self.module.rsplit(".", 1)[0], self.config_class) if self.config_class else None
+
+    def _transformers_class(self, module, name):
         try:
-            return getattr(importlib.import_module(self.module), self.experts_class)
+            return getattr(importlib.import_module(module), name)
         except (ImportError, AttributeError):
             import transformers
             raise UnsupportedArchitectureError(
-                f"model_type {self.model_type!r} needs a transformers with {self.module}.{self.experts_class} "
+                f"model_type {self.model_type!r} needs a transformers with {module}.{name} "
                 f"(installed: {transformers.__version__}); upgrade transformers") from None
 
     def model_name(self, checkpoint_name):
@@ -54,6 +64,10 @@ _TABLE = {a.model_type: a for a in (
                  renames=((".block_sparse_moe.", ".mlp."),)),
     # grouped routers, shared experts and the dense first layers stay in torch
     Architecture("deepseek_v3", "transformers.models.deepseek_v3.modeling_deepseek_v3", "DeepseekV3Experts"),
+    # Kimi-K2 is DeepSeek-V3's architecture under a model_type of its own (remote code): run as
+    # transformers' DeepSeek-V3, experts as released (FP8 block; Kimi-K2-Thinking's INT4)
+    Architecture("kimi_k2", "transformers.models.deepseek_v3.modeling_deepseek_v3", "DeepseekV3Experts",
+                 config_class="DeepseekV3Config"),
     Architecture("deepseek_v2", "transformers.models.deepseek_v2.modeling_deepseek_v2", "DeepseekV2Experts"),
     Architecture("glm4_moe", "transformers.models.glm4_moe.modeling_glm4_moe", "Glm4MoeExperts"),
     Architecture("glm4_moe_lite", "transformers.models.glm4_moe_lite.modeling_glm4_moe_lite", "Glm4MoeLiteExperts"),

@@ -109,8 +109,9 @@ def from_pretrained(path: PathLike, rules: Union[PathLike, List[Dict[str, Any]],
     dtype = _dtype(hf_kwargs)
     attn = hf_kwargs.pop("attn_implementation", None)
     hf_kwargs.setdefault("local_files_only", True)
-    with _transformers_errors(config_file, "its configuration"):
-        config, unused = transformers.AutoConfig.from_pretrained(path, return_unused_kwargs=True, **hf_kwargs)
+    config_type = arch.config_type() or transformers.AutoConfig
+    with _transformers_errors(config_file, "its configuration"), _quiet_type_mismatch(arch):
+        config, unused = config_type.from_pretrained(path, return_unused_kwargs=True, **hf_kwargs)
     if unused:  # a misspelt keyword would otherwise be dropped without a word (stock raises too)
         raise TypeError(f"ktcy.hf.from_pretrained got keyword arguments it does not use: {', '.join(sorted(unused))}")
     if dtype is None:  # the config's, where the torch part can hold it (not float8 kinds)
@@ -154,6 +155,22 @@ def _transformers_errors(config_file, what):
     except (KeyError, ValueError, TypeError, AttributeError, IndexError) as e:
         raise CheckpointError(f"{config_file}: transformers could not make {what} from it "
                               f"({type(e).__name__}: {e})") from e
+
+
+@contextlib.contextmanager
+def _quiet_type_mismatch(arch):
+    """transformers warns when a config class reads a config.json of another model_type; for an
+    architecture run through another's config class (Kimi-K2 as DeepSeek-V3) that is the point."""
+    if not arch.config_class:
+        yield
+        return
+    logger = logging.getLogger("transformers.configuration_utils")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _save_pretrained(model, *args, **kwargs):
