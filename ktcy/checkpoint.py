@@ -17,7 +17,9 @@ from ktcy.paths import (MAX_CONFIG_BYTES, MAX_INDEX_BYTES, allowed_roots, confin
 from ktcy.quant_readers import READERS, QuantScheme, mxfp4_released, read_mxfp4_stack, scheme_from_config
 from ktcy.safetensors_io import CheckpointError, SafetensorsFile
 
-PREFIXES = ("", "language_model.", "model.language_model.")
+# Where a checkpoint's decoder layers sit: causal LMs, LLaVA-style wrappers, and transformers'
+# multimodal models (Qwen3-VL-MoE, Qwen3.5-MoE, GLM-4.5V)
+LAYER_ROOTS = ("model.layers", "language_model.model.layers", "model.language_model.layers")
 # No released model comes near this; it bounds the layer loop for a config read on its own.
 MAX_LAYERS = 100_000
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d{1,9})\.")
@@ -136,6 +138,13 @@ class MoEArchitecture:
     @property
     def gpt_oss(self):
         return str(self.raw.get("model_type", "")).lower() == "gpt_oss"
+
+    @property
+    def fused_either_way(self):
+        """Fused expert stacks that may be stored [in, out] (gate_up_proj [E, H, 2I] with gate
+        first, down_proj [E, I, H]): Qwen3-VL-MoE's releases, which transformers transposes on
+        loading, and keeps [out, in] when it saves them again."""
+        return str(self.raw.get("model_type", "")).lower() in ("qwen3_vl_moe", "qwen3_vl_moe_text")
 
     def activation_settings(self):
         """MoeConfig's activation keywords: GPT-OSS's clamped SwiGLU (alpha and limit from
@@ -345,8 +354,8 @@ class LayerExperts:
         """(scheme, name pattern, projection names); also sets mlp_prefix, block_name and quant."""
         L, q = self.layer, self.ckpt.quant
         suffixes = ((q.weight_suffix,) if q is not None and q.weight_suffix else ()) + ("weight",)
-        for p in PREFIXES:
-            base = f"{p}model.layers.{L}"
+        for root in LAYER_ROOTS:
+            base = f"{root}.{L}"
             experts = f"{base}.mlp.experts"
             scheme = None
             for suffix in suffixes:
@@ -368,8 +377,16 @@ class LayerExperts:
                 if suffix is None:
                     continue
                 self.mlp_prefix = f"{base}.mlp"
-                # GPT-OSS stores [E, H, 2I] with gate and up interleaved; the others [E, 2I, H], gate first
-                kind = "gpt_oss_fused" if self.ckpt.arch.gpt_oss else "fused"
+                # GPT-OSS stores [E, H, 2I] with gate and up interleaved, Qwen3-VL-MoE [E, H, 2I] with
+                # gate first; the others [E, 2I, H], gate first
+                arch = self.ckpt.arch
+                kind = "gpt_oss_fused" if arch.gpt_oss else "fused"
+                if arch.fused_either_way:  # down_proj's shape says which (a file holds one convention)
+                    if self.hidden == self.inter:
+                        raise CheckpointError(f"{experts}.down_proj: hidden_size and the expert width are both "
+                                              f"{self.hidden}: whether the stacks are stored [in, out] is ambiguous")
+                    down = self.ckpt.get(f"{experts}.down_proj{suffix}")
+                    kind = "fused_in_out" if down.shape == (self.num_experts, self.inter, self.hidden) else "fused"
                 scheme = (kind, f"{experts}.{{proj}}{suffix}", {"gate_up": "gate_up_proj", "down": "down_proj"})
             if self.quant is not None and self.quant.method == "mxfp4" and scheme[0] != "mxfp4_fused":
                 self.quant = None  # quant_method mxfp4 with float experts: read them as floats
@@ -378,7 +395,7 @@ class LayerExperts:
         raise CheckpointError(f"{self.ckpt.path}: no routed-expert tensors found for layer {L} (looked for "
                               f"model.layers.{L}.mlp.experts.0.gate_proj.{suffixes[0]}, "
                               f"...block_sparse_moe.experts.0.w1.{suffixes[0]}, ...mlp.experts.gate_up_proj and "
-                              f"...mlp.experts.gate_up_proj_blocks, with prefixes {PREFIXES[1:]})")
+                              f"...mlp.experts.gate_up_proj_blocks, also under {' and '.join(LAYER_ROOTS[1:])})")
 
     def _shape(self, proj):
         return (self.inter, self.hidden) if proj != "down" else (self.hidden, self.inter)
@@ -410,15 +427,19 @@ class LayerExperts:
                 raise CheckpointError(f"{name}: {t.dtype} GPT-OSS experts; expected BF16, F16, F32 or the MXFP4 blocks")
             w = t[e].T if proj == "down" else t[e][:, (0 if proj == "gate" else 1)::2].T
             return (w, name) if want_scale_name else (w, None)
-        if kind == "fused":
+        if kind in ("fused", "fused_in_out"):
             name = pattern.format(proj="gate_up_proj" if proj != "down" else "down_proj")
             t = self.ckpt.get(name)
             expect = (E, 2 * I, H) if proj != "down" else (E, H, I)
+            if kind == "fused_in_out":
+                expect = (expect[0], expect[2], expect[1])
             if t.shape != expect:
-                raise CheckpointError(f"{name}: shape {t.shape}, config.json implies {expect}")
+                raise CheckpointError(f"{name}: shape {t.shape}, config.json implies {expect}"
+                                      + (" (stored [in, out])" if kind == "fused_in_out" else ""))
             if t.dtype.name == "float8_e4m3fn":
                 raise CheckpointError(f"{name}: FP8 fused experts are not supported")
-            w = t[e] if proj == "down" else (t[e, :I] if proj == "gate" else t[e, I:])
+            w = t[e] if kind == "fused" else t[e].T
+            w = w if proj == "down" else (w[:I] if proj == "gate" else w[I:])
             return (w, name) if want_scale_name else (w, None)
         name = pattern.format(e=e, proj=names[proj])
         w = self.ckpt.get(name)

@@ -1,7 +1,8 @@
 """Routers of the MoE families, computed in float32 from a block's hidden states.
 
 softmax      probabilities over all experts, top-k, renormalised when norm_topk_prob
-             (Qwen3-MoE: yes; Qwen2-MoE, OLMoE: no)
+             (Qwen3-MoE, Qwen3-Next: yes; Qwen2-MoE, OLMoE: no; Qwen3.5-MoE and Qwen3-VL-MoE
+             always, their transformers modules read no such key)
 mixtral      top-k of the logits, softmax over those k
 deepseek_v3  sigmoid scores; choice on scores + e_score_correction_bias restricted to the
              topk_group best of n_group groups (a group scores the sum of its top 2); weights are
@@ -95,9 +96,16 @@ class Router:
 # (Llama 4's sigmoid of the top-1 logit, ERNIE's bias under another name) would otherwise get a
 # softmax router and silently other experts and weights.
 ROUTER_FAMILIES = {"qwen3_moe": "softmax", "qwen2_moe": "softmax", "qwen3_next": "softmax", "olmoe": "softmax",
+                   "qwen3_5_moe": "softmax", "qwen3_5_moe_text": "softmax", "qwen3_vl_moe": "softmax",
+                   "qwen3_vl_moe_text": "softmax",
                    "mixtral": "mixtral", "deepseek_v3": "deepseek_v3", "kimi_k2": "deepseek_v3",
                    "glm4_moe": "deepseek_v3", "glm4_moe_lite": "deepseek_v3", "minimax_m2": "minimax_m2",
                    "deepseek_v2": "deepseek_v2"}
+# softmax routers that renormalise the top-k weights whatever config.json says (transformers'
+# Qwen3.5-MoE and Qwen3-VL-MoE modules have no norm_topk_prob), and those that do where config.json
+# leaves norm_topk_prob out (Qwen3NextConfig's default; the other families' is false)
+_ALWAYS_RENORMALISED = {"qwen3_5_moe", "qwen3_5_moe_text", "qwen3_vl_moe", "qwen3_vl_moe_text"}
+_RENORMALISED_BY_DEFAULT = {"qwen3_next"}
 # what a deepseek_v3 router reads from config.json, without a default: transformers' defaults
 # (8 groups, 4 kept, renormalised, times 2.5) are not the plain ones, so a config must say
 _DEEPSEEK_KEYS = ("n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor")
@@ -147,10 +155,13 @@ def router_kind(config, mlp_prefix, where, has_bias=False):
 def kind_settings(kind, config, settings):
     """The router settings (checkpoint.MoEArchitecture.router_settings) as a `kind` router uses
     them: groups only where the kind chooses by groups (DeepSeek-V2's greedy choice is the
-    group-limited one over a single group); MiniMax-M2 always renormalises."""
+    group-limited one over a single group); MiniMax-M2, Qwen3.5-MoE and Qwen3-VL-MoE always
+    renormalise, Qwen3-Next does unless config.json says otherwise."""
     grouped = kind == "deepseek_v3" or (kind == "deepseek_v2" and config.get("topk_method") == "group_limited_greedy")
     settings = settings if grouped else {**settings, "n_group": 1, "topk_group": 1}
-    if kind == "minimax_m2":
+    model_type = str(config.get("model_type", "")).lower()
+    if kind == "minimax_m2" or model_type in _ALWAYS_RENORMALISED or \
+            (model_type in _RENORMALISED_BY_DEFAULT and config.get("norm_topk_prob") is None):
         return {**settings, "norm_topk_prob": True}
     if kind == "deepseek_v2":
         return {**settings, "norm_topk_prob": False}

@@ -10,8 +10,8 @@ from ktcy import kernels
 from ktcy.safetensors_io import write
 
 NAMES = {
-    "qwen": ("model.layers.{L}.mlp.experts.{e}.{p}.weight", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),
-    "mixtral": ("model.layers.{L}.block_sparse_moe.experts.{e}.{p}.weight", {"gate": "w1", "up": "w3", "down": "w2"}),
+    "qwen": ("{root}.{L}.mlp.experts.{e}.{p}.weight", {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}),
+    "mixtral": ("{root}.{L}.block_sparse_moe.experts.{e}.{p}.weight", {"gate": "w1", "up": "w3", "down": "w2"}),
 }
 
 
@@ -22,7 +22,7 @@ def expert_arrays(rng, E, H, I):
 
 
 def make_checkpoint(path, *, style="qwen", dtype="bf16", E=4, H=128, I=64, top_k=2, num_layers=3,
-                    dense_layers=(0,), fp8=None, shards=1, prefix="", seed=0, extra_config=None):
+                    dense_layers=(0,), fp8=None, shards=1, layers_root="model.layers", seed=0, extra_config=None):
     """Writes config.json and safetensors files; returns {layer: {"gate"|"up"|"down": float32 [E,...]}}
     holding exactly the values stored (after bf16 / fp8 rounding), and for FP8 the codes and scales."""
     os.makedirs(path, exist_ok=True)
@@ -41,13 +41,13 @@ def make_checkpoint(path, *, style="qwen", dtype="bf16", E=4, H=128, I=64, top_k
     truth, tensors = {}, []
     for L in moe_layers:
         arrays = expert_arrays(rng, E, H, I)
-        layer_tensors = {f"{prefix}model.layers.{L}.self_attn.q_proj.weight": np.zeros((4, 4), ml_dtypes.bfloat16)}
+        layer_tensors = {f"{layers_root}.{L}.self_attn.q_proj.weight": np.zeros((4, 4), ml_dtypes.bfloat16)}
         stored = {}
         if style == "fused":
             gu = np.concatenate([arrays["gate"], arrays["up"]], axis=1)
             gu_b, d_b = gu.astype(ml_dtypes.bfloat16), arrays["down"].astype(ml_dtypes.bfloat16)
-            layer_tensors[f"{prefix}model.layers.{L}.mlp.experts.gate_up_proj"] = gu_b
-            layer_tensors[f"{prefix}model.layers.{L}.mlp.experts.down_proj"] = d_b
+            layer_tensors[f"{layers_root}.{L}.mlp.experts.gate_up_proj"] = gu_b
+            layer_tensors[f"{layers_root}.{L}.mlp.experts.down_proj"] = d_b
             stored = {"gate": gu_b[:, :I].astype(np.float32), "up": gu_b[:, I:].astype(np.float32),
                       "down": d_b.astype(np.float32)}
         else:
@@ -55,7 +55,7 @@ def make_checkpoint(path, *, style="qwen", dtype="bf16", E=4, H=128, I=64, top_k
             for proj, a in arrays.items():
                 stored[proj] = np.empty_like(a)
                 for e in range(E):
-                    name = prefix + pattern.format(L=L, e=e, p=pnames[proj])
+                    name = pattern.format(root=layers_root, L=L, e=e, p=pnames[proj])
                     if fp8 is None:
                         t = a[e].astype({"bf16": ml_dtypes.bfloat16, "fp16": np.float16, "fp32": np.float32}[dtype])
                         layer_tensors[name] = t

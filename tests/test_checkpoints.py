@@ -32,12 +32,15 @@ def from_arrays(stored, fmt, E=4, H=128, I=64, k=2, **scales):
     return ktcy.MoE.from_weights(cfg, stored["gate"], stored["up"], stored["down"], **scales)
 
 
-@pytest.mark.parametrize("style,dtype,prefix,shards", [
-    ("qwen", "bf16", "", 1), ("qwen", "fp16", "", 2), ("mixtral", "fp32", "", 1), ("fused", "bf16", "language_model.", 1),
-    ("qwen", "bf16", "model.language_model.", 2),
+# where the decoder layers sit: causal LMs, LLaVA-style wrappers, and transformers' multimodal
+# models (Qwen3-VL-MoE, Qwen3.5-MoE, GLM-4.5V: model.language_model.layers)
+@pytest.mark.parametrize("style,dtype,root,shards", [
+    ("qwen", "bf16", "model.layers", 1), ("qwen", "fp16", "model.layers", 2), ("mixtral", "fp32", "model.layers", 1),
+    ("fused", "bf16", "language_model.model.layers", 1), ("qwen", "bf16", "model.language_model.layers", 2),
+    ("fused", "bf16", "model.language_model.layers", 1),
 ])
-def test_load_experts_matches_from_weights(tmp_path, style, dtype, prefix, shards):
-    truth = make_checkpoint(tmp_path, style=style, dtype=dtype, prefix=prefix, shards=shards)
+def test_load_experts_matches_from_weights(tmp_path, style, dtype, root, shards):
+    truth = make_checkpoint(tmp_path, style=style, dtype=dtype, layers_root=root, shards=shards)
     L = 1
     loaded = ktcy.load_experts(tmp_path, L)
     assert loaded.format == "BF16" and loaded.config.top_k == 2

@@ -727,3 +727,30 @@ def test_mlp_layer_types_that_do_not_list_each_layer_are_refused(kinds):
 ])
 def test_moe_layers_follow_each_familys_rule(extra, moe):
     assert MoEArchitecture.from_config({**BASE_CONFIG, **extra}, "cfg").moe_layers == moe
+
+
+@pytest.mark.parametrize("config,renormalised", [
+    ({"model_type": "qwen3_moe"}, False),                                   # Qwen3MoeConfig's default
+    ({"model_type": "qwen3_next"}, True),                                   # Qwen3NextConfig's default
+    ({"model_type": "qwen3_next", "norm_topk_prob": False}, False),
+    ({"model_type": "qwen3_5_moe_text", "norm_topk_prob": False}, True),    # its module has no such switch
+    ({"model_type": "qwen3_vl_moe_text"}, True),
+    ({"model_type": "minimax_m2", "norm_topk_prob": False}, True),
+    ({"model_type": "deepseek_v2", "topk_method": "greedy"}, False),
+])
+def test_each_family_renormalises_as_transformers_does(config, renormalised):
+    from ktcy.routing import kind_settings, router_kind
+    cfg = {**BASE_CONFIG, **config}
+    arch = MoEArchitecture.from_config(cfg, "cfg")
+    settings = kind_settings(router_kind(cfg, "model.layers.1.mlp", "cfg", config["model_type"] == "minimax_m2"), cfg,
+                             arch.router_settings())
+    assert settings["norm_topk_prob"] is renormalised and settings["n_group"] == 1
+
+
+def test_qwen3_vl_moe_stacks_of_square_experts_are_refused_as_ambiguous(tmp_path):
+    """Qwen3-VL-MoE's fused stacks may be stored [in, out] or [out, in]; down_proj's shape tells
+    which, except where hidden_size equals the expert width."""
+    make_checkpoint(tmp_path, style="fused", H=64, I=64, extra_config={"model_type": "qwen3_vl_moe_text"})
+    with pytest.raises(CheckpointError, match=r"down_proj: hidden_size and the expert width are both 64: whether the "
+                                              r"stacks are stored \[in, out\] is ambiguous"):
+        ktcy.load_experts(tmp_path, 1)

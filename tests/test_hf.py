@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")  # CI installs the hf extra: this never ski
 transformers = pytest.importorskip("transformers")
 import ktcy  # noqa: E402
 import ktcy.hf  # noqa: E402
+from ktcy.checkpoint import Checkpoint  # noqa: E402
 from ktcy.convert import convert  # noqa: E402
 from hf_compare import assert_same_greedy, logits, rel_l2, stock  # noqa: E402
 
@@ -139,6 +140,41 @@ def test_kimi_k2_thinking_int4_experts_as_stored(folders, tmp_path):
     assert all(m.moe.config.quant_config.group_size == 32 for m in experts)
     err = rel_l2(logits(model, PROMPT), logits(stock(str(ref)), PROMPT))
     assert 1e-4 < err < 0.05
+
+
+def test_an_image_text_release_runs_its_language_model(folders, caplog):
+    """Qwen3.5-MoE is released as an image-text model: its language model's tensors sit under
+    model.language_model, and the vision tower is left out without a warning (it has no place
+    in transformers' causal LM)."""
+    with caplog.at_level("INFO", logger="ktcy"):
+        model = ktcy.hf.from_pretrained(folders["qwen3_5_moe"], dtype=torch.float32)
+    assert type(model).__name__ == "Qwen3_5MoeForCausalLM"
+    assert not [r for r in caplog.records if r.levelname == "WARNING" and "not used" in r.getMessage()]
+    assert any("model.visual." in r.getMessage() and "not loaded" in r.getMessage() for r in caplog.records)
+    assert [b["router"] for b in ktcy.MoEModel.from_pretrained(folders["qwen3_5_moe"]).describe()] == ["softmax"] * 2
+
+
+@pytest.mark.parametrize("as_released", [True, False])
+def test_qwen3_vl_moe_experts_either_way_round(tmp_path, as_released):
+    """Qwen3-VL-MoE's releases store the fused expert stacks [in, out]; transformers transposes
+    them when it loads them and saves them [out, in]: ktcy reads both (down_proj's shape says
+    which), and each block equals the stock language model's on the same hidden states."""
+    folder = ckpts.build_qwen3_vl_moe(tmp_path / "m", as_released=as_released)
+    ref = transformers.AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
+    language = ref.model.language_model
+    model = ktcy.MoEModel.from_pretrained(folder)
+    assert [b["router"] for b in model.describe()] == ["softmax"] * 2
+    h = torch.randn(9, 64, generator=torch.Generator().manual_seed(0))
+    for block in model.blocks.values():
+        stock_experts = language.layers[block.layer].mlp.experts
+        gate_up = stock_experts.gate_up_proj.detach().float().numpy()
+        stored = Checkpoint(folder).layer(block.layer).expert(3)
+        assert np.array_equal(stored["gate"][0].astype(np.float32), gate_up[3, :24])
+        assert np.array_equal(stored["up"][0].astype(np.float32), gate_up[3, 24:])
+        assert np.array_equal(stored["down"][0].astype(np.float32), stock_experts.down_proj.detach().float().numpy()[3])
+        with torch.no_grad():
+            want = language.layers[block.layer].mlp(h[None])[0]
+        assert rel_l2(torch.from_numpy(block.forward(h.numpy())), want) < 0.01
 
 
 def test_bf16_model_takes_bf16_directly(folders):

@@ -26,6 +26,9 @@ class Architecture:
     # the transformers config class (in `module`'s package) for a model_type transformers does not
     # register itself: its authors ship it as remote code over an architecture transformers has
     config_class: str = ""
+    # checkpoint tensors the causal LM has no place for by design (an image-text release's vision
+    # tower, Qwen's multi-token-prediction head)
+    unused_prefixes: tuple = ()
 
     def experts_type(self):
         """The transformers class; UnsupportedArchitectureError where the installed transformers
@@ -56,7 +59,14 @@ _TABLE = {a.model_type: a for a in (
     # shared expert and its sigmoid gate stay torch modules of the block
     Architecture("qwen2_moe", "transformers.models.qwen2_moe.modeling_qwen2_moe", "Qwen2MoeExperts"),
     # Qwen3-Next: linear-attention layers, shared expert and its gate stay in torch
-    Architecture("qwen3_next", "transformers.models.qwen3_next.modeling_qwen3_next", "Qwen3NextExperts"),
+    Architecture("qwen3_next", "transformers.models.qwen3_next.modeling_qwen3_next", "Qwen3NextExperts",
+                 unused_prefixes=("mtp.",)),
+    # Qwen3.5-MoE: released as an image-text model (model.language_model.*, a vision tower that a
+    # causal LM leaves unused); transformers' causal LM is its language model, as here
+    Architecture("qwen3_5_moe", "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe", "Qwen3_5MoeExperts",
+                 renames=(("model.language_model.", "model."),), unused_prefixes=("model.visual.", "mtp.")),
+    Architecture("qwen3_5_moe_text", "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe", "Qwen3_5MoeExperts",
+                 unused_prefixes=("mtp.",)),
     Architecture("mixtral", "transformers.models.mixtral.modeling_mixtral", "MixtralExperts",
                  renames=((".block_sparse_moe.", ".mlp."),)),
     # MiniMax-M2 stores its experts as Mixtral does; its sigmoid router and bias stay in torch

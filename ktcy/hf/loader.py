@@ -135,7 +135,7 @@ def from_pretrained(path: PathLike, rules: Union[PathLike, List[Dict[str, Any]],
     for name in replaced:
         _replace(model, name, state.build(name))
         ckpt.release_pages()  # the checkpoint stays open for inject_expert_backend, not resident
-    _load_dense_weights(model, ckpt, arch, config)
+    _load_dense_weights(model, ckpt, arch, model.config)  # an image-text config: its language model's
     ckpt.release_pages()
     _attach_generation_config(model, path)
     model._ktcy = state
@@ -333,10 +333,13 @@ def _beyond_layers(name, num_layers):
 def _load_dense_weights(model, ckpt, arch, config):
     """Copies every non-expert tensor of the checkpoint into the model, one tensor at a time."""
     targets = model.state_dict()
-    loaded, unexpected = set(), []
+    loaded, unexpected, unused_tower = set(), [], 0
     for name in ckpt.tensor_names():
         if ROUTED_EXPERT_TENSOR.search(name) or _is_scale_of_stored_weight(ckpt, name) \
                 or _beyond_layers(name, config.num_hidden_layers) or name.endswith("rotary_emb.inv_freq"):
+            continue
+        if arch.unused_prefixes and name.startswith(arch.unused_prefixes):
+            unused_tower += 1
             continue
         target = arch.model_name(name)
         if target not in targets:
@@ -354,6 +357,9 @@ def _load_dense_weights(model, ckpt, arch, config):
     if missing:
         raise CheckpointError(f"{ckpt.path}: {len(missing)} tensors the model needs are missing from the checkpoint "
                               f"(first: {', '.join(missing[:3])})")
+    if unused_tower:
+        log.info("%s: %d tensors under %s not loaded (parts transformers' causal LM does not have: a vision "
+                 "tower, a multi-token-prediction head)", ckpt.path, unused_tower, " / ".join(arch.unused_prefixes))
     if unexpected:
         log.warning("%s: %d checkpoint tensors are not used by the model (first: %s)", ckpt.path, len(unexpected),
                     unexpected[0])
