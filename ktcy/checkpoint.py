@@ -84,6 +84,63 @@ def config_bool(cfg, where, key, default=False):
 _FIRST_DENSE_DEFAULT = {"deepseek_v3": 3, "kimi_k2": 3, "glm4_moe": 1}
 
 
+# The config.json keys that say which layers are MoE layers, and the ones each family's
+# transformers model reads (a model_type not listed: all of them).  Qwen3.5-MoE, Mixtral,
+# MiniMax-M2, OLMoE and GPT-OSS make every layer an MoE layer.
+_LAYER_KEYS = ("mlp_only_layers", "decoder_sparse_step", "first_k_dense_replace", "moe_layer_freq", "mlp_layer_types")
+_QWEN_LAYER_KEYS = ("mlp_only_layers", "decoder_sparse_step")
+_LAYER_KEYS_READ = {
+    **dict.fromkeys(("qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_vl_moe", "qwen3_vl_moe_text"), _QWEN_LAYER_KEYS),
+    **dict.fromkeys(("deepseek_v3", "kimi_k2", "deepseek_v2", "glm4_moe"), ("first_k_dense_replace",)),
+    "glm4_moe_lite": ("mlp_layer_types",),
+    **dict.fromkeys(("qwen3_5_moe", "qwen3_5_moe_text", "mixtral", "minimax_m2", "olmoe", "gpt_oss"), ()),
+}
+
+
+def _moe_layers(cfg, where, layers):
+    """The MoE layers as the family's transformers model makes them, from the keys it reads.  A
+    key it does not read is refused where it would say otherwise (a layer the family's rule
+    makes MoE that the key would leave dense, or for mlp_layer_types any difference): which of
+    the two the model's authors meant, ktcy cannot tell."""
+    model_type = str(cfg.get("model_type", "")).lower()
+    reads = _LAYER_KEYS_READ.get(model_type, _LAYER_KEYS)
+    every = frozenset(range(layers))
+    allows = {}  # key -> the layers it lets be MoE, for each key that is set (or read, with a default)
+    dense = cfg.get("mlp_only_layers")
+    if dense is not None:
+        if not isinstance(dense, list) or not all(_is_int(L) and 0 <= L < layers for L in dense):
+            raise CheckpointError(f"{where}: mlp_only_layers must be a list of layer numbers in [0, {layers}), "
+                                  f"got {dense!r:.60}")
+        allows["mlp_only_layers"] = every - set(dense)
+    if cfg.get("decoder_sparse_step") is not None:
+        step = config_int(cfg, where, "decoder_sparse_step")
+        allows["decoder_sparse_step"] = frozenset(L for L in every if (L + 1) % step == 0)
+    first_dense = config_int(cfg, where, "first_k_dense_replace", minimum=0,
+                             default=_FIRST_DENSE_DEFAULT.get(model_type, 0))
+    if cfg.get("first_k_dense_replace") is not None or "first_k_dense_replace" in reads:
+        allows["first_k_dense_replace"] = frozenset(L for L in every if L >= first_dense)
+    if cfg.get("moe_layer_freq") is not None:
+        freq = config_int(cfg, where, "moe_layer_freq")
+        allows["moe_layer_freq"] = frozenset(L for L in every if L < first_dense or (L - first_dense) % freq == 0)
+    kinds = cfg.get("mlp_layer_types")
+    if kinds is None and model_type == "glm4_moe_lite":
+        kinds = ["dense"] + ["sparse"] * (layers - 1)  # Glm4MoeLiteConfig's default
+    if kinds is not None:
+        if not isinstance(kinds, list) or len(kinds) != layers or not all(k in ("dense", "sparse") for k in kinds):
+            raise CheckpointError(f"{where}: mlp_layer_types must list 'dense' or 'sparse' for each of the "
+                                  f"{layers} layers, got {kinds!r:.60}")
+        allows["mlp_layer_types"] = frozenset(L for L, k in enumerate(kinds) if k == "sparse")
+    moe = every
+    for key in reads:
+        moe = moe & allows.get(key, every)
+    for key, allowed in allows.items():
+        if key not in reads and (allowed != moe if key == "mlp_layer_types" else not moe <= allowed):
+            raise CheckpointError(f"{where}: {key} {cfg[key]!r:.60} would make other layers MoE layers than "
+                                  f"{model_type}'s own rule ({', '.join(reads) or 'every layer'}), which is what "
+                                  "transformers follows; ktcy does not guess which is meant")
+    return tuple(sorted(moe))
+
+
 @dataclass(frozen=True)
 class MoEArchitecture:
     num_experts: int
@@ -112,27 +169,7 @@ class MoEArchitecture:
         if stored_layers is not None and layers > stored_layers:
             raise CheckpointError(f"{where}: num_hidden_layers is {layers}, but the checkpoint's tensors cover "
                                   f"{stored_layers} layers")
-        dense = cfg.get("mlp_only_layers")
-        if dense is None:
-            dense = []
-        if not isinstance(dense, list) or not all(_is_int(L) and 0 <= L < layers for L in dense):
-            raise CheckpointError(f"{where}: mlp_only_layers must be a list of layer numbers in [0, {layers}), "
-                                  f"got {dense!r:.60}")
-        dense = set(dense)
-        step = config_int(cfg, where, "decoder_sparse_step", default=1)
-        first_dense = config_int(cfg, where, "first_k_dense_replace", minimum=0,
-                                 default=_FIRST_DENSE_DEFAULT.get(str(cfg.get("model_type", "")).lower(), 0))
-        freq = config_int(cfg, where, "moe_layer_freq", default=1)
-        moe = tuple(L for L in range(layers)
-                    if L not in dense and (L + 1) % step == 0 and L >= first_dense and (L - first_dense) % freq == 0)
-        kinds = cfg.get("mlp_layer_types")
-        if kinds is None and str(cfg.get("model_type", "")).lower() == "glm4_moe_lite":
-            kinds = ["dense"] + ["sparse"] * (layers - 1)  # Glm4MoeLiteConfig's default; it has no first_k_dense_replace
-        if kinds is not None:  # GLM-4.7-Flash: one "dense" or "sparse" per layer, which transformers follows alone
-            if not isinstance(kinds, list) or len(kinds) != layers or not all(k in ("dense", "sparse") for k in kinds):
-                raise CheckpointError(f"{where}: mlp_layer_types must list 'dense' or 'sparse' for each of the "
-                                      f"{layers} layers, got {kinds!r:.60}")
-            moe = tuple(L for L, k in enumerate(kinds) if k == "sparse")
+        moe = _moe_layers(cfg, where, layers)
         return cls(experts, top_k, hidden, inter, layers, moe, cfg, where)
 
     @property
@@ -382,9 +419,9 @@ class LayerExperts:
                 arch = self.ckpt.arch
                 kind = "gpt_oss_fused" if arch.gpt_oss else "fused"
                 if arch.fused_either_way:  # down_proj's shape says which (a file holds one convention)
-                    if self.hidden == self.inter:
-                        raise CheckpointError(f"{experts}.down_proj: hidden_size and the expert width are both "
-                                              f"{self.hidden}: whether the stacks are stored [in, out] is ambiguous")
+                    if self.hidden in (self.inter, 2 * self.inter):  # transformers decides per stack, by shape
+                        raise CheckpointError(f"{experts}: hidden_size {self.hidden} with an expert width of "
+                                              f"{self.inter}: whether the stacks are stored [in, out] is ambiguous")
                     down = self.ckpt.get(f"{experts}.down_proj{suffix}")
                     kind = "fused_in_out" if down.shape == (self.num_experts, self.inter, self.hidden) else "fused"
                 scheme = (kind, f"{experts}.{{proj}}{suffix}", {"gate_up": "gate_up_proj", "down": "down_proj"})

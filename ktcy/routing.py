@@ -9,9 +9,10 @@ deepseek_v3  sigmoid scores; choice on scores + e_score_correction_bias restrict
              the unbiased scores, normalised when norm_topk_prob and k > 1 (as DeepSeek's own code;
              transformers' module also normalises a single weight to 1, so at top_k = 1, which no
              released model uses, MoEModel and ktcy.hf differ), times routed_scaling_factor;
-             GLM-4.5 (glm4_moe, glm4_moe_lite) routes the same way
+             GLM-4.5 (glm4_moe, glm4_moe_lite) routes the same way, a single weight normalised
+             to 1 as its transformers module does
 minimax_m2   sigmoid scores; choice on scores + e_score_correction_bias over all experts; weights
-             the unbiased scores of the chosen, always normalised (MiniMax-M2)
+             the unbiased scores of the chosen, always normalised, a single one too (MiniMax-M2)
 deepseek_v2  softmax probabilities; top-k of them ("greedy"), or of the topk_group best of n_group
              groups ("group_limited_greedy": a group scores its largest probability); weights the
              probabilities, not renormalised, times routed_scaling_factor (DeepSeek-V2)
@@ -41,6 +42,9 @@ class Router:
     n_group: int = 1
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
+    # sigmoid kinds: renormalise a single chosen weight too (to 1: GLM's and MiniMax's modules);
+    # DeepSeek's own code leaves it as it is
+    renormalise_one: bool = False
 
     def __post_init__(self):
         self.weight = np.ascontiguousarray(self.weight, np.float32)
@@ -73,7 +77,7 @@ class Router:
             choice = scores + (self.bias if self.bias is not None else 0.0)
             ids = top_k_desc(self._in_kept_groups(choice, lambda g: np.sort(g, axis=2)[:, :, -2:].sum(axis=2)), k)
             w = np.take_along_axis(scores, ids, axis=1)
-            if self.norm_topk_prob and k > 1:
+            if self.norm_topk_prob and (k > 1 or self.renormalise_one):
                 w = w / (w.sum(axis=1, keepdims=True) + 1e-20)
             return ids, (w * self.routed_scaling_factor).astype(np.float32)
         raise ValueError(f"unknown router kind {self.kind!r}")
@@ -160,6 +164,8 @@ def kind_settings(kind, config, settings):
     grouped = kind == "deepseek_v3" or (kind == "deepseek_v2" and config.get("topk_method") == "group_limited_greedy")
     settings = settings if grouped else {**settings, "n_group": 1, "topk_group": 1}
     model_type = str(config.get("model_type", "")).lower()
+    if model_type in ("glm4_moe", "glm4_moe_lite", "minimax_m2"):
+        settings = {**settings, "renormalise_one": True}
     if kind == "minimax_m2" or model_type in _ALWAYS_RENORMALISED or \
             (model_type in _RENORMALISED_BY_DEFAULT and config.get("norm_topk_prob") is None):
         return {**settings, "norm_topk_prob": True}

@@ -148,7 +148,8 @@ DEEPSEEK_ROUTER = {"scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_grou
 def test_routers_ktcy_does_not_compute_are_refused(tmp_path, extra, bias, match):
     """A family with a router of its own, or a config or router tensor the convention would leave
     unused, must not run on another family's router (other experts, other weights, no error)."""
-    make_checkpoint(tmp_path, extra_config={k: v for k, v in extra.items() if v is not None})
+    # every layer holds experts (no mlp_only_layers): each family's own MoE-layer rule then holds
+    make_checkpoint(tmp_path, dense_layers=(), extra_config={k: v for k, v in extra.items() if v is not None})
     add_routers(tmp_path)
     if bias:
         write(tmp_path / "bias.safetensors", {f"model.layers.{L}.mlp.gate.e_score_correction_bias":
@@ -717,16 +718,37 @@ def test_mlp_layer_types_that_do_not_list_each_layer_are_refused(kinds):
 
 
 @pytest.mark.parametrize("extra,moe", [
-    ({"mlp_layer_types": ["sparse", "dense", "sparse"]}, (0, 2)),
-    # mlp_layer_types is the whole rule where it is given (transformers' GLM-4.7-Flash follows it alone)
-    ({"mlp_layer_types": ["sparse", "sparse", "dense"], "first_k_dense_replace": 1}, (0, 1)),
+    ({"mlp_layer_types": ["sparse", "dense", "sparse"]}, (0, 2)),   # no model_type: every key counts
+    ({"mlp_only_layers": [0], "moe_layer_freq": 2}, (2,)),
     ({"model_type": "glm4_moe_lite"}, (1, 2)),       # its config class's default: the first layer dense
-    ({"model_type": "glm4_moe_lite", "first_k_dense_replace": 2}, (1, 2)),  # a key that class does not read
+    ({"model_type": "glm4_moe_lite", "mlp_layer_types": ["sparse", "dense", "sparse"]}, (0, 2)),
     ({"model_type": "glm4_moe"}, (1, 2)),            # Glm4MoeConfig's first_k_dense_replace default
     ({"model_type": "deepseek_v2"}, (0, 1, 2)),      # DeepseekV2Config's: 0
+    ({"model_type": "qwen3_next", "mlp_only_layers": [1], "decoder_sparse_step": 1}, (0, 2)),
+    # keys the family's transformers model does not read, set to values that change nothing
+    ({"model_type": "deepseek_v3", "first_k_dense_replace": 1, "moe_layer_freq": 1, "mlp_only_layers": []}, (1, 2)),
+    ({"model_type": "minimax_m2", "decoder_sparse_step": 1, "first_k_dense_replace": 0}, (0, 1, 2)),
+    ({"model_type": "glm4_moe", "first_k_dense_replace": 1, "mlp_layer_types": ["dense", "sparse", "sparse"]}, (1, 2)),
 ])
 def test_moe_layers_follow_each_familys_rule(extra, moe):
     assert MoEArchitecture.from_config({**BASE_CONFIG, **extra}, "cfg").moe_layers == moe
+
+
+@pytest.mark.parametrize("extra,key", [
+    # transformers' model for each family reads only its own keys: one of another family's that
+    # would make other layers MoE layers is refused, not followed nor ignored in silence
+    ({"model_type": "qwen3_5_moe_text", "decoder_sparse_step": 2}, "decoder_sparse_step 2"),
+    ({"model_type": "minimax_m2", "mlp_only_layers": [0]}, "mlp_only_layers \\[0\\]"),
+    ({"model_type": "glm4_moe", "first_k_dense_replace": 1, "moe_layer_freq": 2}, "moe_layer_freq 2"),
+    ({"model_type": "deepseek_v2", "moe_layer_freq": 2}, "moe_layer_freq 2"),
+    ({"model_type": "qwen3_next", "first_k_dense_replace": 2}, "first_k_dense_replace 2"),
+    ({"model_type": "glm4_moe", "mlp_layer_types": ["sparse"] * 3}, "mlp_layer_types"),
+    ({"model_type": "glm4_moe_lite", "first_k_dense_replace": 2}, "first_k_dense_replace 2"),
+])
+def test_layer_keys_the_family_does_not_read_are_refused_where_they_disagree(extra, key):
+    with pytest.raises(CheckpointError, match=rf"cfg: {key}.* would make other layers MoE layers than "
+                                              rf"{extra['model_type']}'s own rule"):
+        MoEArchitecture.from_config({**BASE_CONFIG, **extra}, "cfg")
 
 
 @pytest.mark.parametrize("config,renormalised", [
@@ -747,10 +769,66 @@ def test_each_family_renormalises_as_transformers_does(config, renormalised):
     assert settings["norm_topk_prob"] is renormalised and settings["n_group"] == 1
 
 
-def test_qwen3_vl_moe_stacks_of_square_experts_are_refused_as_ambiguous(tmp_path):
+@pytest.mark.parametrize("width", [64, 32])
+def test_qwen3_vl_moe_stacks_of_square_experts_are_refused_as_ambiguous(tmp_path, width):
     """Qwen3-VL-MoE's fused stacks may be stored [in, out] or [out, in]; down_proj's shape tells
-    which, except where hidden_size equals the expert width."""
-    make_checkpoint(tmp_path, style="fused", H=64, I=64, extra_config={"model_type": "qwen3_vl_moe_text"})
-    with pytest.raises(CheckpointError, match=r"down_proj: hidden_size and the expert width are both 64: whether the "
-                                              r"stacks are stored \[in, out\] is ambiguous"):
+    which, except where hidden_size equals the expert width (and transformers, which decides by
+    each stack's shape, leaves a square gate_up_proj as it is where it is twice the width)."""
+    make_checkpoint(tmp_path, style="fused", H=64, I=width, extra_config={"model_type": "qwen3_vl_moe_text"})
+    with pytest.raises(CheckpointError, match=rf"experts: hidden_size 64 with an expert width of {width}: whether "
+                                              r"the stacks are stored \[in, out\] is ambiguous"):
         ktcy.load_experts(tmp_path, 1)
+
+
+@pytest.mark.parametrize("model_type", ["minimax_m2", "glm4_moe", "glm4_moe_lite", "deepseek_v3"])
+def test_a_single_chosen_expert_is_weighted_as_each_family_does(model_type):
+    """At num_experts_per_tok 1, GLM's and MiniMax's transformers modules renormalise the one
+    weight to 1; DeepSeek's own code (which ktcy follows for DeepSeek-V3 and Kimi-K2) keeps the
+    sigmoid score."""
+    from ktcy.routing import Router, kind_settings, router_kind
+    rng = np.random.default_rng(0)
+    E, H = 8, 16
+    cfg = {"model_type": model_type, "n_routed_experts": E, "num_experts_per_tok": 1, "hidden_size": H,
+           "moe_intermediate_size": 4, "num_hidden_layers": 2, "n_group": 1, "topk_group": 1,
+           "norm_topk_prob": True, "routed_scaling_factor": 1.0, "first_k_dense_replace": 0}
+    kind = router_kind(cfg, "model.layers.1.mlp", "cfg", True)
+    router = Router(kind=kind, weight=rng.standard_normal((E, H)), top_k=1, bias=np.linspace(-0.05, 0.05, E),
+                    **kind_settings(kind, cfg, MoEArchitecture.from_config(cfg, "cfg").router_settings()))
+    h = rng.standard_normal((5, H)).astype(np.float32)
+    ids, w = router(h)
+    scores = 1 / (1 + np.exp(-(h @ router.weight.T)))
+    want = np.take_along_axis(scores, ids, axis=1) if model_type == "deepseek_v3" else np.ones((5, 1))
+    np.testing.assert_allclose(w, want, rtol=1e-6)
+
+
+def test_deepseek_v2_greedy_ignores_its_groups():
+    """topk_method greedy is plain top-k over every expert, whatever n_group says (transformers
+    reads the groups only for group_limited_greedy)."""
+    from ktcy.routing import Router, kind_settings, router_kind
+    rng = np.random.default_rng(1)
+    E, H = 8, 16
+    cfg = {"model_type": "deepseek_v2", "n_routed_experts": E, "num_experts_per_tok": 3, "hidden_size": H,
+           "moe_intermediate_size": 4, "num_hidden_layers": 2, "n_group": 4, "topk_group": 1,
+           "topk_method": "greedy", "routed_scaling_factor": 2.0}
+    kind = router_kind(cfg, "model.layers.1.mlp", "cfg")
+    router = Router(kind=kind, weight=rng.standard_normal((E, H)), top_k=3,
+                    **kind_settings(kind, cfg, MoEArchitecture.from_config(cfg, "cfg").router_settings()))
+    h = rng.standard_normal((6, H)).astype(np.float32)
+    logits = (h @ router.weight.T).astype(np.float64)
+    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    ids, w = router(h)
+    assert np.array_equal(np.sort(ids, axis=1), np.sort(np.argsort(-probs, axis=1)[:, :3], axis=1))
+    np.testing.assert_allclose(w, 2.0 * np.take_along_axis(probs, ids, axis=1), rtol=1e-5)
+
+
+@pytest.mark.parametrize("groups,match", [
+    ({"n_group": 3, "topk_group": 1}, r"n_group 3 does not divide 4 experts"),
+    ({"n_group": 4, "topk_group": 1}, r"1 of 4 groups hold fewer than the 2 experts a token takes"),
+])
+def test_group_choices_that_cannot_be_made_are_refused(tmp_path, groups, match):
+    make_checkpoint(tmp_path, dense_layers=(), extra_config={**DEEPSEEK_ROUTER, "model_type": "deepseek_v3",
+                                                             "first_k_dense_replace": 0, **groups})
+    add_routers(tmp_path)
+    with pytest.raises(CheckpointError, match=r"config.json: " + match):
+        ktcy.MoEModel.from_pretrained(tmp_path, layers=[1])

@@ -85,6 +85,17 @@ def test_an_architecture_the_installed_transformers_lacks_is_refused(folders, mo
         ktcy.hf.from_pretrained(folders["mixtral"])
 
 
+def test_a_transformers_without_the_family_gets_the_unsupported_architecture_error(folders, monkeypatch):
+    """A transformers that predates a family fails on its model_type in AutoConfig: that must not
+    surface as a CheckpointError blaming config.json, but as the architecture it lacks."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    monkeypatch.delitem(CONFIG_MAPPING._mapping, "minimax_m2")
+    monkeypatch.setitem(sys.modules, "transformers.models.minimax_m2.modeling_minimax_m2", None)
+    with pytest.raises(ktcy.hf.UnsupportedArchitectureError, match=r"model_type 'minimax_m2' needs a transformers "
+                                                                   r"with .*MiniMaxM2Experts.*upgrade transformers"):
+        ktcy.hf.from_pretrained(folders["minimax_m2"])
+
+
 def test_deepseek_v3_fp8_as_stored(tmp_path):
     fp8, ref = ckpts.build_block_fp8("deepseek_v3", str(tmp_path / "fp8"), str(tmp_path / "ref"))
     model = ktcy.hf.from_pretrained(fp8, dtype=torch.float32)

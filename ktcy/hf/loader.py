@@ -99,6 +99,8 @@ def from_pretrained(path: PathLike, rules: Union[PathLike, List[Dict[str, Any]],
     if not os.path.lexists(config_file):
         raise CheckpointError(f"{path}: no config.json")
     arch = architecture(read_json(config_file, MAX_CONFIG_BYTES), config_file)  # before any MoE-specific check
+    # a transformers that predates the family is named as such, before its AutoConfig fails on the model_type
+    experts_type, config_type = arch.experts_type(), arch.config_type() or transformers.AutoConfig
     ckpt = Checkpoint(path)
     # the same checks and format rule as MoEModel: the folder must come from this checkpoint
     converted = ConvertedFolder(experts_path, ckpt) if experts_path is not None else None
@@ -109,7 +111,6 @@ def from_pretrained(path: PathLike, rules: Union[PathLike, List[Dict[str, Any]],
     dtype = _dtype(hf_kwargs)
     attn = hf_kwargs.pop("attn_implementation", None)
     hf_kwargs.setdefault("local_files_only", True)
-    config_type = arch.config_type() or transformers.AutoConfig
     with _transformers_errors(config_file, "its configuration"), _quiet_type_mismatch(arch):
         config, unused = config_type.from_pretrained(path, return_unused_kwargs=True, **hf_kwargs)
     if unused:  # a misspelt keyword would otherwise be dropped without a word (stock raises too)
@@ -120,7 +121,6 @@ def from_pretrained(path: PathLike, rules: Union[PathLike, List[Dict[str, Any]],
     # transformers must not quantize it again, nor fetch hub kernels for a quantization method
     if getattr(config, "quantization_config", None) is not None:
         del config.quantization_config
-    experts_type = arch.experts_type()
     # every tensor of the torch part is then loaded from the checkpoint (_load_dense_weights
     # refuses a missing one): random initialisation first cost seconds per billion weights
     with _experts_on_meta(experts_type), _no_init_weights(), _transformers_errors(config_file, "the model"):
