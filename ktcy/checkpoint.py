@@ -84,15 +84,21 @@ def config_bool(cfg, where, key, default=False):
 _FIRST_DENSE_DEFAULT = {"deepseek_v3": 3, "kimi_k2": 3, "glm4_moe": 1}
 
 
+# The spellings of the routed-expert count in config.json (ERNIE 4.5: moe_num_experts)
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
 # The config.json keys that say which layers are MoE layers, and the ones each family's
 # transformers model reads (a model_type not listed: all of them).  Qwen3.5-MoE, Mixtral,
 # MiniMax-M2, OLMoE and GPT-OSS make every layer an MoE layer.
-_LAYER_KEYS = ("mlp_only_layers", "decoder_sparse_step", "first_k_dense_replace", "moe_layer_freq", "mlp_layer_types")
+_ERNIE_LAYER_KEYS = ("moe_layer_start_index", "moe_layer_end_index", "moe_layer_interval")
+_LAYER_KEYS = ("mlp_only_layers", "decoder_sparse_step", "first_k_dense_replace", "moe_layer_freq",
+               "mlp_layer_types") + _ERNIE_LAYER_KEYS
 _QWEN_LAYER_KEYS = ("mlp_only_layers", "decoder_sparse_step")
 _LAYER_KEYS_READ = {
     **dict.fromkeys(("qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_vl_moe", "qwen3_vl_moe_text"), _QWEN_LAYER_KEYS),
     **dict.fromkeys(("deepseek_v3", "kimi_k2", "deepseek_v2", "glm4_moe"), ("first_k_dense_replace",)),
     "glm4_moe_lite": ("mlp_layer_types",),
+    "ernie4_5_moe": _ERNIE_LAYER_KEYS,
     **dict.fromkeys(("qwen3_5_moe", "qwen3_5_moe_text", "mixtral", "minimax_m2", "olmoe", "gpt_oss"), ()),
 }
 
@@ -130,6 +136,16 @@ def _moe_layers(cfg, where, layers):
             raise CheckpointError(f"{where}: mlp_layer_types must list 'dense' or 'sparse' for each of the "
                                   f"{layers} layers, got {kinds!r:.60}")
         allows["mlp_layer_types"] = frozenset(L for L, k in enumerate(kinds) if k == "sparse")
+    # ERNIE 4.5: every moe_layer_interval-th layer from moe_layer_start_index to moe_layer_end_index
+    # (-1: the last), with Ernie4_5_MoeConfig's defaults 1, -1, 1 where it is the family
+    ernie = model_type == "ernie4_5_moe"
+    if ernie or any(cfg.get(key) is not None for key in _ERNIE_LAYER_KEYS):
+        start = config_int(cfg, where, "moe_layer_start_index", minimum=0, default=1 if ernie else 0)
+        end = cfg.get("moe_layer_end_index")
+        end = layers - 1 if end is None or end == -1 else config_int(cfg, where, "moe_layer_end_index", minimum=0)
+        interval = config_int(cfg, where, "moe_layer_interval", default=1)
+        span = frozenset(L for L in every if start <= L <= end and (L + 1) % interval == 0)
+        allows.update(dict.fromkeys((k for k in _ERNIE_LAYER_KEYS if ernie or cfg.get(k) is not None), span))
     moe = every
     for key in reads:
         moe = moe & allows.get(key, every)
@@ -161,8 +177,8 @@ class MoEArchitecture:
             raise CheckpointError(f"{where}: expected a JSON object, got {type(cfg).__name__}")
         if isinstance(cfg.get("text_config"), dict) and cfg.get("hidden_size") is None:
             cfg = cfg["text_config"]  # multimodal wrappers nest the language model's config
-        experts = config_int(cfg, where, "num_experts", "num_local_experts", "n_routed_experts")
-        top_k = config_int(cfg, where, "num_experts_per_tok", "experts_per_token", maximum=experts)
+        experts = config_int(cfg, where, *EXPERT_COUNT_KEYS)
+        top_k = config_int(cfg, where, "num_experts_per_tok", "experts_per_token", "moe_k", maximum=experts)
         hidden = config_int(cfg, where, "hidden_size")
         inter = config_int(cfg, where, "moe_intermediate_size", "intermediate_size")
         layers = config_int(cfg, where, "num_hidden_layers", maximum=MAX_LAYERS)
@@ -199,12 +215,13 @@ class MoEArchitecture:
 
     def router_settings(self):
         """The router's config.json values, checked: norm_topk_prob, n_group, topk_group,
-        routed_scaling_factor."""
+        routed_scaling_factor, ERNIE's moe_norm_min."""
         cfg, where = self.raw, self.source
         n_group = config_int(cfg, where, "n_group", default=1, maximum=self.num_experts)
         return {"norm_topk_prob": config_bool(cfg, where, "norm_topk_prob"), "n_group": n_group,
                 "topk_group": config_int(cfg, where, "topk_group", default=1, maximum=n_group),
-                "routed_scaling_factor": config_number(cfg, where, "routed_scaling_factor", 1.0)}
+                "routed_scaling_factor": config_number(cfg, where, "routed_scaling_factor", 1.0),
+                "norm_min": config_number(cfg, where, "moe_norm_min", 1e-12)}
 
 
 class Checkpoint:
@@ -364,7 +381,7 @@ class LayerExperts:
         if kind != "per_expert":
             return  # fused tensors: their leading dimension is checked against the count in _raw
         stored = self.ckpt.stored_expert_indices(self.block_name)
-        E, key = self.num_experts, _first(self.ckpt.arch.raw, "num_experts", "num_local_experts", "n_routed_experts")[0]
+        E, key = self.num_experts, _first(self.ckpt.arch.raw, *EXPERT_COUNT_KEYS)[0]
         where = self.ckpt.arch.source
         missing = next((e for e in range(E) if e not in stored), None)
         if missing is not None:

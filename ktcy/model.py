@@ -299,14 +299,16 @@ class MoEModel:
         if arch.gpt_oss:
             router = read_router(ckpt, layer.mlp_prefix, arch.num_experts, arch.hidden_size, arch.top_k)
             return MoEBlock(name, L, router, experts, None, rule, backend, origin)
-        # DeepSeek and GLM keep the bias in the router (gate), MiniMax-M2 beside it
-        bias_name = next((name for name in (f"{layer.mlp_prefix}.gate.e_score_correction_bias",
-                                            f"{layer.mlp_prefix}.e_score_correction_bias") if name in ckpt), None)
+        # DeepSeek and GLM keep the bias in the router (gate), MiniMax-M2 beside it, ERNIE 4.5 in
+        # moe_statics ([1, E])
+        p = layer.mlp_prefix
+        bias_name = next((name for name in (f"{p}.gate.e_score_correction_bias", f"{p}.e_score_correction_bias",
+                                            f"{p}.moe_statics.e_score_correction_bias") if name in ckpt), None)
         kind = router_kind(arch.raw, layer.mlp_prefix, arch.source, bias_name is not None)
         settings = kind_settings(kind, arch.raw, arch.router_settings())  # each value type- and range-checked first
         router = Router(  # float_tensor: the shape config.json implies, a float dtype, finite
             kind=kind, weight=ckpt.float_tensor(f"{layer.mlp_prefix}.gate.weight", (arch.num_experts, arch.hidden_size)),
-            top_k=arch.top_k, bias=ckpt.float_tensor(bias_name, (arch.num_experts,)) if bias_name else None,
+            top_k=arch.top_k, bias=self._bias(bias_name) if bias_name else None,
             **settings)
         if arch.num_experts % router.n_group:
             raise CheckpointError(f"{arch.source}: n_group {router.n_group} does not divide {arch.num_experts} experts")
@@ -316,6 +318,11 @@ class MoEModel:
         shared = self._shared(layer, experts.format, backend)
         return MoEBlock(name, L, router, experts, shared, rule, backend, origin)
 
+    def _bias(self, name):
+        """A router's e_score_correction_bias, [E] (or [1, E] as ERNIE stores it), as float32 [E]."""
+        E = self.checkpoint.arch.num_experts
+        return self.checkpoint.float_tensor(name, (1, E) if self.checkpoint.get(name).ndim == 2 else (E,)).reshape(E)
+
     def _shared(self, layer, fmt, backend):
         ckpt, cfg, H = self.checkpoint, self.checkpoint.arch.raw, self.checkpoint.arch.hidden_size
         p = layer.mlp_prefix
@@ -323,15 +330,19 @@ class MoEModel:
         q = ckpt.quant
         suffixes = ("weight",) + ((q.weight_suffix,) if q is not None and q.weight_suffix else ())
         stored = lambda name: any(f"{name}.gate_proj.{s}" in ckpt for s in suffixes)  # noqa: E731
-        if stored(f"{p}.shared_experts"):       # DeepSeek, Kimi
+        if stored(f"{p}.shared_experts"):       # DeepSeek, Kimi, GLM, ERNIE
             name, gate = f"{p}.shared_experts", None
-            inter = ckpt.arch.intermediate_size * config_int(cfg, where, "n_shared_experts", default=1)
+            inter = ckpt.arch.intermediate_size * config_int(cfg, where, "n_shared_experts", "moe_num_shared_experts",
+                                                             default=1)
         elif stored(f"{p}.shared_expert"):      # Qwen2-MoE
             inter = config_int(cfg, where, "shared_expert_intermediate_size")
             gate_name = f"{p}.shared_expert_gate.weight"  # Linear(H, 1): [1, H], or [H] as some exports keep it
             name, gate = f"{p}.shared_expert", ckpt.float_tensor(gate_name, (1, H) if ckpt.get(gate_name).ndim == 2 else (H,))
         else:
             return None
+        biased = [f"{name}.{proj}_proj.bias" for proj in ("gate", "up", "down") if f"{name}.{proj}_proj.bias" in ckpt]
+        if biased:  # ERNIE's use_bias: ktcy's experts have no biases but GPT-OSS's
+            raise CheckpointError(f"{where}: {biased[0]} is stored: shared experts with biases are not supported")
         pairs, kind = layer.dense_mlp(name, H, inter)
         s = pairs["gate"][1]
         group = DEFAULT_INT4_GROUP

@@ -13,6 +13,8 @@ deepseek_v3  sigmoid scores; choice on scores + e_score_correction_bias restrict
              to 1 as its transformers module does
 minimax_m2   sigmoid scores; choice on scores + e_score_correction_bias over all experts; weights
              the unbiased scores of the chosen, always normalised, a single one too (MiniMax-M2)
+ernie4_5_moe softmax probabilities; choice on probabilities + e_score_correction_bias; weights the
+             probabilities of the chosen over their sum, the sum at least moe_norm_min (ERNIE 4.5)
 deepseek_v2  softmax probabilities; top-k of them ("greedy"), or of the topk_group best of n_group
              groups ("group_limited_greedy": a group scores its largest probability); weights the
              probabilities, not renormalised, times routed_scaling_factor (DeepSeek-V2)
@@ -45,6 +47,7 @@ class Router:
     # sigmoid kinds: renormalise a single chosen weight too (to 1: GLM's and MiniMax's modules);
     # DeepSeek's own code leaves it as it is
     renormalise_one: bool = False
+    norm_min: float = 0.0         # ernie4_5_moe: the least sum its weights are divided by
 
     def __post_init__(self):
         self.weight = np.ascontiguousarray(self.weight, np.float32)
@@ -67,6 +70,12 @@ class Router:
             if self.norm_topk_prob:
                 w = w / w.sum(axis=1, keepdims=True)
             return ids, w.astype(np.float32)
+        if self.kind == "ernie4_5_moe":
+            e = np.exp(logits - logits.max(axis=1, keepdims=True))
+            probs = e / e.sum(axis=1, keepdims=True)
+            ids = top_k_desc(probs + (self.bias if self.bias is not None else 0.0), k)
+            w = np.take_along_axis(probs, ids, axis=1)
+            return ids, (w / np.maximum(w.sum(axis=1, keepdims=True), self.norm_min)).astype(np.float32)
         if self.kind == "deepseek_v2":
             e = np.exp(logits - logits.max(axis=1, keepdims=True))
             probs = e / e.sum(axis=1, keepdims=True)
@@ -97,14 +106,14 @@ class Router:
 
 # The families whose routers MoEModel computes, by config.json's model_type (GPT-OSS's router is
 # read apart, gpt_oss.py).  Another model_type is refused: a family with a router of its own
-# (Llama 4's sigmoid of the top-1 logit, ERNIE's bias under another name) would otherwise get a
-# softmax router and silently other experts and weights.
+# (Llama 4's sigmoid of the top-1 logit, Hunyuan's) would otherwise get a softmax router and
+# silently other experts and weights.
 ROUTER_FAMILIES = {"qwen3_moe": "softmax", "qwen2_moe": "softmax", "qwen3_next": "softmax", "olmoe": "softmax",
                    "qwen3_5_moe": "softmax", "qwen3_5_moe_text": "softmax", "qwen3_vl_moe": "softmax",
                    "qwen3_vl_moe_text": "softmax",
                    "mixtral": "mixtral", "deepseek_v3": "deepseek_v3", "kimi_k2": "deepseek_v3",
                    "glm4_moe": "deepseek_v3", "glm4_moe_lite": "deepseek_v3", "minimax_m2": "minimax_m2",
-                   "deepseek_v2": "deepseek_v2"}
+                   "deepseek_v2": "deepseek_v2", "ernie4_5_moe": "ernie4_5_moe"}
 # softmax routers that renormalise the top-k weights whatever config.json says (transformers'
 # Qwen3.5-MoE and Qwen3-VL-MoE modules have no norm_topk_prob), and those that do where config.json
 # leaves norm_topk_prob out (Qwen3NextConfig's default; the other families' is false)
@@ -147,7 +156,7 @@ def router_kind(config, mlp_prefix, where, has_bias=False):
         if config.get("norm_topk_prob"):
             raise CheckpointError(f"{where}: norm_topk_prob true in a deepseek_v2 router (transformers ignores it, "
                                   "DeepSeek's code renormalises): ktcy does not guess which is meant")
-    if kind not in ("deepseek_v3", "minimax_m2") and has_bias:
+    if kind not in ("deepseek_v3", "minimax_m2", "ernie4_5_moe") and has_bias:
         raise CheckpointError(f"{where}: {mlp_prefix} has an e_score_correction_bias, but a {kind} router has no "
                               "use for it")
     if kind not in ("deepseek_v3", "deepseek_v2") and config.get("routed_scaling_factor", 1.0) != 1.0:

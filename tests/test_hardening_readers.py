@@ -127,7 +127,9 @@ DEEPSEEK_ROUTER = {"scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_grou
 
 @pytest.mark.parametrize("extra,bias,match", [
     ({"model_type": "llama4"}, False, r"model_type 'llama4' is not a family whose router ktcy computes"),
-    ({"model_type": "ernie4_5_moe"}, True, r"model_type 'ernie4_5_moe' is not a family"),
+    ({"model_type": "hunyuan_v1_moe"}, True, r"model_type 'hunyuan_v1_moe' is not a family"),
+    ({"model_type": "ernie4_5_moe", "routed_scaling_factor": 2.0}, True, r"routed_scaling_factor 2.0 does not fit a "
+                                                                           r"ernie4_5_moe router"),
     ({"model_type": "deepseek_v2", "norm_topk_prob": True}, False, r"norm_topk_prob true in a deepseek_v2 router"),
     ({"model_type": "deepseek_v2", "topk_method": "noaux_tc"}, False, r"topk_method 'noaux_tc' is not a choice"),
     ({"model_type": "deepseek_v2"}, True, r"model.layers.1.mlp has an e_score_correction_bias, but a deepseek_v2 "
@@ -729,9 +731,14 @@ def test_mlp_layer_types_that_do_not_list_each_layer_are_refused(kinds):
     ({"model_type": "deepseek_v3", "first_k_dense_replace": 1, "moe_layer_freq": 1, "mlp_only_layers": []}, (1, 2)),
     ({"model_type": "minimax_m2", "decoder_sparse_step": 1, "first_k_dense_replace": 0}, (0, 1, 2)),
     ({"model_type": "glm4_moe", "first_k_dense_replace": 1, "mlp_layer_types": ["dense", "sparse", "sparse"]}, (1, 2)),
+    ({"model_type": "ernie4_5_moe"}, (1, 2)),        # Ernie4_5_MoeConfig's: from layer 1 to the last
+    ({"model_type": "ernie4_5_moe", "moe_layer_start_index": 0, "moe_layer_end_index": 1}, (0, 1)),
+    ({"model_type": "ernie4_5_moe", "moe_layer_start_index": 0, "moe_layer_interval": 2}, (1,)),
+    ({"model_type": "ernie4_5_moe", "moe_num_experts": 4, "moe_k": 2, "num_experts": None}, (1, 2)),
 ])
 def test_moe_layers_follow_each_familys_rule(extra, moe):
-    assert MoEArchitecture.from_config({**BASE_CONFIG, **extra}, "cfg").moe_layers == moe
+    cfg = {k: v for k, v in {**BASE_CONFIG, **extra}.items() if v is not None}
+    assert MoEArchitecture.from_config(cfg, "cfg").moe_layers == moe
 
 
 @pytest.mark.parametrize("extra,key", [
@@ -744,6 +751,8 @@ def test_moe_layers_follow_each_familys_rule(extra, moe):
     ({"model_type": "qwen3_next", "first_k_dense_replace": 2}, "first_k_dense_replace 2"),
     ({"model_type": "glm4_moe", "mlp_layer_types": ["sparse"] * 3}, "mlp_layer_types"),
     ({"model_type": "glm4_moe_lite", "first_k_dense_replace": 2}, "first_k_dense_replace 2"),
+    ({"model_type": "ernie4_5_moe", "mlp_only_layers": [1]}, "mlp_only_layers \\[1\\]"),
+    ({"model_type": "qwen3_moe", "moe_layer_start_index": 2}, "moe_layer_start_index 2"),
 ])
 def test_layer_keys_the_family_does_not_read_are_refused_where_they_disagree(extra, key):
     with pytest.raises(CheckpointError, match=rf"cfg: {key}.* would make other layers MoE layers than "
@@ -832,3 +841,23 @@ def test_group_choices_that_cannot_be_made_are_refused(tmp_path, groups, match):
     add_routers(tmp_path)
     with pytest.raises(CheckpointError, match=r"config.json: " + match):
         ktcy.MoEModel.from_pretrained(tmp_path, layers=[1])
+
+
+def test_ernie_router_chooses_with_its_bias_and_weights_without_it():
+    """ERNIE 4.5: the bias (moe_statics) moves the choice, not the weights, which are the chosen
+    probabilities over their sum, that sum at least moe_norm_min."""
+    from ktcy.routing import Router
+    rng = np.random.default_rng(3)
+    E, H, T = 8, 16, 6
+    weight, h = rng.standard_normal((E, H)), rng.standard_normal((T, H)).astype(np.float32)
+    logits = (h @ weight.T.astype(np.float32)).astype(np.float64)
+    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    bias = np.zeros(E)
+    bias[[2, 5]] = 1.0  # lifts experts 2 and 5 above any probability
+    ids, w = Router(kind="ernie4_5_moe", weight=weight, top_k=2, bias=bias, norm_min=1e-12)(h)
+    assert np.array_equal(np.sort(ids, axis=1), np.tile([2, 5], (T, 1)))
+    chosen = np.take_along_axis(probs, ids, axis=1)
+    np.testing.assert_allclose(w, chosen / chosen.sum(axis=1, keepdims=True), rtol=1e-5)
+    _, w = Router(kind="ernie4_5_moe", weight=weight, top_k=2, bias=bias, norm_min=10.0)(h)
+    np.testing.assert_allclose(w, chosen / 10.0, rtol=1e-5)

@@ -16,6 +16,7 @@ transformers = pytest.importorskip("transformers")
 import ktcy  # noqa: E402
 import ktcy.hf  # noqa: E402
 from ktcy.checkpoint import Checkpoint  # noqa: E402
+from ktcy.safetensors_io import CheckpointError  # noqa: E402
 from ktcy.convert import convert  # noqa: E402
 from hf_compare import assert_same_greedy, logits, rel_l2, stock  # noqa: E402
 
@@ -186,6 +187,18 @@ def test_qwen3_vl_moe_experts_either_way_round(tmp_path, as_released):
         with torch.no_grad():
             want = language.layers[block.layer].mlp(h[None])[0]
         assert rel_l2(torch.from_numpy(block.forward(h.numpy())), want) < 0.01
+
+
+def test_shared_experts_with_biases(tmp_path):
+    """ERNIE 4.5 with use_bias: its shared experts (and dense MLPs) have biases.  ktcy.hf leaves
+    them to torch; MoEModel, which runs shared experts through ktcy's bias-free kernels, refuses
+    them rather than dropping the biases."""
+    folder = ckpts.build("ernie4_5_moe", tmp_path / "m", seed=ckpts.GREEDY_SEEDS["ernie4_5_moe"], use_bias=True)
+    model = ktcy.hf.from_pretrained(folder, dtype=torch.float32)
+    assert rel_l2(logits(model, PROMPT), logits(stock(folder), PROMPT)) < 0.01
+    with pytest.raises(CheckpointError, match=r"shared_experts.gate_proj.bias is stored: shared experts with biases "
+                                              r"are not supported"):
+        ktcy.MoEModel.from_pretrained(folder)
 
 
 def test_bf16_model_takes_bf16_directly(folders):

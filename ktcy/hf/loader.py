@@ -43,7 +43,8 @@ _NOT_APPLICABLE = ("device_map", "quantization_config", "load_in_8bit", "load_in
 _EXPERT_SETTINGS = ("num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok",
                     "experts_per_token", "hidden_size", "intermediate_size", "moe_intermediate_size",
                     "num_hidden_layers", "mlp_only_layers", "decoder_sparse_step", "first_k_dense_replace",
-                    "moe_layer_freq", "mlp_layer_types", "swiglu_alpha", "swiglu_limit", "hidden_act")
+                    "moe_layer_freq", "mlp_layer_types", "swiglu_alpha", "swiglu_limit", "hidden_act",
+                    "moe_num_experts", "moe_k", "moe_layer_start_index", "moe_layer_end_index", "moe_layer_interval")
 
 
 def from_pretrained(path: PathLike, rules: Union[PathLike, List[Dict[str, Any]], None] = None,
