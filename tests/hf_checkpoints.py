@@ -192,11 +192,29 @@ def _fp8_target(name, t):
             and not name.startswith(("model.embed_tokens", "lm_head")))
 
 
-def build_block_fp8(arch, folder_fp8, folder_ref, seed=0):
-    """A tiny `arch` model as DeepSeek-V3, GLM-4.5-FP8 and MiniMax-M2 are released: FP8 E4M3
-    linear weights with 128x128 weight_scale_inv (folder_fp8), and the same model with those
-    weights dequantized, in float32 (folder_ref), the stock-transformers reference holding exactly
-    the values the FP8 checkpoint means."""
+# quantization_config of the two FP8 releases: DeepSeek-V3's 128x128 block scales (also GLM-4.5-FP8's,
+# MiniMax-M2's), and llm-compressor's compressed-tensors with one scale per output channel
+# (GLM-4.5-Air-FP8's: dynamic per-token activations, routers and the head left out)
+FP8_RELEASES = {
+    "block": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]},
+    "channel": {"quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
+                "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                    "num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True, "dynamic": False},
+                    "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}}}},
+}
+
+
+def _quantize_channel_fp8(w):
+    """E4M3 codes and one float32 scale per output channel ([N, 1], weight_scale) of [N, K]."""
+    scale = np.maximum(np.abs(w).max(axis=1, keepdims=True) / 448.0, 1e-12).astype(np.float32)
+    return (w / scale).astype(ml_dtypes.float8_e4m3fn), scale
+
+
+def build_fp8(arch, folder_fp8, folder_ref, seed=0, scales="block"):
+    """A tiny `arch` model as its FP8 release stores it: FP8 E4M3 linear weights with 128x128
+    weight_scale_inv (scales="block") or per-channel weight_scale (scales="channel"), in
+    folder_fp8; and the same model with those weights dequantized, in float32 (folder_ref), the
+    stock-transformers reference holding exactly the values the FP8 checkpoint means."""
     import torch
     from safetensors.numpy import save_file
     from transformers import AutoModelForCausalLM
@@ -211,11 +229,14 @@ def build_block_fp8(arch, folder_fp8, folder_ref, seed=0):
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     fp8, ref = {}, {}
     for name, t in tensors.items():
-        if _fp8_target(name, t):
+        if _fp8_target(name, t) and scales == "block":
             codes, scale = _quantize_block_fp8(t.astype(np.float32))
             fp8[name], fp8[name + "_scale_inv"] = codes, scale
-            deq = codes.astype(np.float32) * np.repeat(np.repeat(scale, 128, 0), 128, 1)[:t.shape[0], :t.shape[1]]
-            ref[name] = deq
+            ref[name] = codes.astype(np.float32) * np.repeat(np.repeat(scale, 128, 0), 128, 1)[:t.shape[0], :t.shape[1]]
+        elif _fp8_target(name, t):
+            codes, scale = _quantize_channel_fp8(t.astype(np.float32))
+            fp8[name], fp8[name.replace(".weight", ".weight_scale")] = codes, scale
+            ref[name] = codes.astype(np.float32) * scale
         else:
             fp8[name] = t.astype(ml_dtypes.bfloat16)
             ref[name] = fp8[name].astype(np.float32)  # the reference holds what the FP8 file holds
@@ -224,8 +245,7 @@ def build_block_fp8(arch, folder_fp8, folder_ref, seed=0):
     save_file(fp8, os.path.join(folder_fp8, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(folder_ref, "config.json")) as f:
         cfg = json.load(f)
-    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                  "weight_block_size": [128, 128]}
+    cfg["quantization_config"] = FP8_RELEASES[scales]
     cfg["dtype"] = "bfloat16"
     with open(os.path.join(folder_fp8, "config.json"), "w") as f:
         json.dump(cfg, f)

@@ -98,7 +98,7 @@ def test_a_transformers_without_the_family_gets_the_unsupported_architecture_err
 
 
 def test_deepseek_v3_fp8_as_stored(tmp_path):
-    fp8, ref = ckpts.build_block_fp8("deepseek_v3", str(tmp_path / "fp8"), str(tmp_path / "ref"))
+    fp8, ref = ckpts.build_fp8("deepseek_v3", str(tmp_path / "fp8"), str(tmp_path / "ref"))
     model = ktcy.hf.from_pretrained(fp8, dtype=torch.float32)
     assert [m.kernel.split(" ")[0] for m in model.ktcy_experts().values()] == ["FP8_BLOCK", "FP8_BLOCK"]
     # the non-expert FP8 weights were dequantized for torch
@@ -115,16 +115,19 @@ def test_deepseek_v3_fp8_as_stored(tmp_path):
     assert rel_l2(logits(model, PROMPT), logits(stock(ref), PROMPT)) < 0.01
 
 
-@pytest.mark.parametrize("arch", ["glm4_moe", "minimax_m2"])
-def test_block_fp8_releases_as_stored(tmp_path, arch):
-    """GLM-4.5-FP8 and MiniMax-M2 ship DeepSeek-V3's FP8 format: the routed experts run FP8 as
-    stored, everything else is dequantized for torch."""
-    fp8, ref = ckpts.build_block_fp8(arch, str(tmp_path / "fp8"), str(tmp_path / "ref"))
+@pytest.mark.parametrize("arch,scales", [("glm4_moe", "block"), ("minimax_m2", "block"), ("glm4_moe", "channel"),
+                                         ("qwen3_moe", "channel")])
+def test_fp8_releases_as_stored(tmp_path, arch, scales):
+    """GLM-4.5-FP8 and MiniMax-M2 ship DeepSeek-V3's FP8 format (128x128 block scales),
+    GLM-4.5-Air-FP8 llm-compressor's (compressed-tensors, one scale per output channel): the
+    routed experts run FP8 as stored, everything else is dequantized for torch."""
+    fp8, ref = ckpts.build_fp8(arch, str(tmp_path / "fp8"), str(tmp_path / "ref"), scales=scales)
+    fmt = {"block": "FP8_BLOCK", "channel": "FP8_PERCHANNEL"}[scales]
     model = ktcy.hf.from_pretrained(fp8, dtype=torch.float32)
-    assert model.ktcy_experts() and all(m.kernel.startswith("FP8_BLOCK on ") for m in model.ktcy_experts().values())
+    assert model.ktcy_experts() and all(m.kernel.startswith(f"{fmt} on ") for m in model.ktcy_experts().values())
     assert rel_l2(logits(model, PROMPT), logits(stock(ref), PROMPT)) < 0.01
     blocks = ktcy.MoEModel.from_pretrained(fp8).describe()
-    assert blocks and all(b["format"] == "FP8_BLOCK" for b in blocks)
+    assert blocks and all(b["format"] == fmt for b in blocks)
 
 
 def test_kimi_k2_runs_as_the_deepseek_v3_it_is(folders, tmp_path):
