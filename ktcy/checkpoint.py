@@ -125,9 +125,9 @@ def _moe_layers(cfg, where, layers):
                              default=_FIRST_DENSE_DEFAULT.get(model_type, 0))
     if cfg.get("first_k_dense_replace") is not None or "first_k_dense_replace" in reads:
         allows["first_k_dense_replace"] = frozenset(L for L in every if L >= first_dense)
-    if cfg.get("moe_layer_freq") is not None:
+    if cfg.get("moe_layer_freq") is not None:  # counted from layer 0, as DeepSeek's own code counts it
         freq = config_int(cfg, where, "moe_layer_freq")
-        allows["moe_layer_freq"] = frozenset(L for L in every if L < first_dense or (L - first_dense) % freq == 0)
+        allows["moe_layer_freq"] = frozenset(L for L in every if L < first_dense or L % freq == 0)
     kinds = cfg.get("mlp_layer_types")
     if kinds is None and model_type == "glm4_moe_lite":
         kinds = ["dense"] + ["sparse"] * (layers - 1)  # Glm4MoeLiteConfig's default

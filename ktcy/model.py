@@ -300,10 +300,11 @@ class MoEModel:
             router = read_router(ckpt, layer.mlp_prefix, arch.num_experts, arch.hidden_size, arch.top_k)
             return MoEBlock(name, L, router, experts, None, rule, backend, origin)
         # DeepSeek and GLM keep the bias in the router (gate), MiniMax-M2 beside it, ERNIE 4.5 in
-        # moe_statics ([1, E])
+        # moe_statics ([1, E]: beside the gate as released, in it as transformers names it)
         p = layer.mlp_prefix
         bias_name = next((name for name in (f"{p}.gate.e_score_correction_bias", f"{p}.e_score_correction_bias",
-                                            f"{p}.moe_statics.e_score_correction_bias") if name in ckpt), None)
+                                            f"{p}.moe_statics.e_score_correction_bias",
+                                            f"{p}.gate.moe_statics.e_score_correction_bias") if name in ckpt), None)
         kind = router_kind(arch.raw, layer.mlp_prefix, arch.source, bias_name is not None)
         settings = kind_settings(kind, arch.raw, arch.router_settings())  # each value type- and range-checked first
         router = Router(  # float_tensor: the shape config.json implies, a float dtype, finite
@@ -332,8 +333,9 @@ class MoEModel:
         stored = lambda name: any(f"{name}.gate_proj.{s}" in ckpt for s in suffixes)  # noqa: E731
         if stored(f"{p}.shared_experts"):       # DeepSeek, Kimi, GLM, ERNIE
             name, gate = f"{p}.shared_experts", None
+            ernie = str(cfg.get("model_type", "")).lower() == "ernie4_5_moe"  # Ernie4_5_MoeConfig's default: 2
             inter = ckpt.arch.intermediate_size * config_int(cfg, where, "n_shared_experts", "moe_num_shared_experts",
-                                                             default=1)
+                                                             default=2 if ernie else 1)
         elif stored(f"{p}.shared_expert"):      # Qwen2-MoE
             inter = config_int(cfg, where, "shared_expert_intermediate_size")
             gate_name = f"{p}.shared_expert_gate.weight"  # Linear(H, 1): [1, H], or [H] as some exports keep it

@@ -98,7 +98,7 @@ ARCHITECTURES = ("qwen3_moe", "qwen2_moe", "qwen3_next", "qwen3_5_moe", "mixtral
 # 4.4x for the families added in the 62nd session; the ones kept: 5.0x to 15x).
 GREEDY_SEEDS = {"qwen3_moe": 0, "qwen2_moe": 28, "mixtral": 20, "deepseek_v3": 2, "olmoe": 0, "qwen3_next": 12,
                 "minimax_m2": 14, "deepseek_v2": 39, "glm4_moe": 22, "glm4_moe_lite": 9, "qwen3_5_moe": 1,
-                "ernie4_5_moe": 29}
+                "ernie4_5_moe": 30}
 
 # The same for GPT-OSS (not in ARCHITECTURES: tests/test_hf_gpt_oss.py covers it, with its MXFP4
 # release format), over 16 generated steps: BF16 experts (build) and MXFP4 experts as stored
@@ -153,11 +153,13 @@ def _model_class(arch):
 
 
 def _spread_router_bias(model):
-    """DeepSeek-V3's e_score_correction_bias starts at zero; a non-zero one checks it is used."""
+    """Routers' e_score_correction_bias starts at zero (a buffer in DeepSeek's, GLM's and
+    MiniMax's modules, a parameter in ERNIE's); a non-zero one checks it is used."""
     import torch
-    for name, buf in model.named_buffers():
-        if name.endswith("e_score_correction_bias"):
-            buf.copy_(torch.linspace(-0.05, 0.05, buf.numel()))
+    with torch.no_grad():
+        for name, t in list(model.named_buffers()) + list(model.named_parameters()):
+            if name.endswith("e_score_correction_bias"):
+                t.copy_(torch.linspace(-0.05, 0.05, t.numel()).reshape(t.shape))
 
 
 def _random_expert_biases(model):

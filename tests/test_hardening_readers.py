@@ -861,3 +861,10 @@ def test_ernie_router_chooses_with_its_bias_and_weights_without_it():
     np.testing.assert_allclose(w, chosen / chosen.sum(axis=1, keepdims=True), rtol=1e-5)
     _, w = Router(kind="ernie4_5_moe", weight=weight, top_k=2, bias=bias, norm_min=10.0)(h)
     np.testing.assert_allclose(w, chosen / 10.0, rtol=1e-5)
+
+
+def test_moe_layer_freq_counts_from_layer_zero_as_deepseeks_code():
+    """DeepSeek's own code (and Kimi's): MoE where layer >= first_k_dense_replace and
+    layer % moe_layer_freq == 0, the period counted from layer 0, not from the first MoE layer."""
+    cfg = {**BASE_CONFIG, "num_hidden_layers": 8, "first_k_dense_replace": 1, "moe_layer_freq": 2}
+    assert MoEArchitecture.from_config(cfg, "cfg").moe_layers == (2, 4, 6)

@@ -125,9 +125,16 @@ def test_fp8_releases_as_stored(tmp_path, arch, scales):
     fmt = {"block": "FP8_BLOCK", "channel": "FP8_PERCHANNEL"}[scales]
     model = ktcy.hf.from_pretrained(fp8, dtype=torch.float32)
     assert model.ktcy_experts() and all(m.kernel.startswith(f"{fmt} on ") for m in model.ktcy_experts().values())
-    assert rel_l2(logits(model, PROMPT), logits(stock(ref), PROMPT)) < 0.01
-    blocks = ktcy.MoEModel.from_pretrained(fp8).describe()
-    assert blocks and all(b["format"] == fmt for b in blocks)
+    want_model = stock(ref)
+    assert rel_l2(logits(model, PROMPT), logits(want_model, PROMPT)) < 0.01
+    # MoEModel runs the shared experts through ktcy too, from their FP8 codes and scales
+    blocks = ktcy.MoEModel.from_pretrained(fp8)
+    assert blocks.blocks and all(b["format"] == fmt for b in blocks.describe())
+    h = torch.randn(1, 9, want_model.config.hidden_size, generator=torch.Generator().manual_seed(9))
+    for block in blocks.blocks.values():
+        with torch.no_grad():
+            want = want_model.model.layers[block.layer].mlp(h)[0]
+        assert rel_l2(torch.from_numpy(block.forward(h[0].numpy())), want) < 0.02, block.name
 
 
 def test_kimi_k2_runs_as_the_deepseek_v3_it_is(folders, tmp_path):
@@ -202,6 +209,41 @@ def test_shared_experts_with_biases(tmp_path):
     with pytest.raises(CheckpointError, match=r"shared_experts.gate_proj.bias is stored: shared experts with biases "
                                               r"are not supported"):
         ktcy.MoEModel.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("bias_at", [".mlp.moe_statics.", ".mlp.gate.moe_statics."])
+def test_ernie_router_bias_where_it_is_stored(folders, tmp_path, bias_at):
+    """ERNIE 4.5 releases store the router's bias in mlp.moe_statics; transformers' module holds
+    it in the gate (mlp.gate.moe_statics), the name a re-saved checkpoint may carry: MoEModel and
+    ktcy.hf read it from either."""
+    from safetensors.numpy import load_file, save_file
+    folder = shutil.copytree(folders["ernie4_5_moe"], tmp_path / "ernie")
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors = {k.replace(".mlp.moe_statics.", bias_at): v for k, v in tensors.items()}
+    assert any(bias_at + "e_score_correction_bias" in k and np.abs(v.astype(np.float32)).max() > 0
+               for k, v in tensors.items())
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    ref = stock(str(folder))
+    h = torch.randn(1, 9, ref.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    for block in ktcy.MoEModel.from_pretrained(folder).blocks.values():
+        with torch.no_grad():
+            want = ref.model.layers[block.layer].mlp(h)[0]
+        assert rel_l2(torch.from_numpy(block.forward(h[0].numpy())), want) < 0.01, block.name
+    assert rel_l2(logits(ktcy.hf.from_pretrained(folder, dtype=torch.float32), PROMPT), logits(ref, PROMPT)) < 0.01
+
+
+def test_ernie_shared_expert_count_defaults_as_transformers(tmp_path):
+    """Ernie4_5_MoeConfig's moe_num_shared_experts defaults to 2, where config.json leaves it out."""
+    folder = ckpts.build("ernie4_5_moe", tmp_path / "e", moe_num_shared_experts=2)
+    cfg = json.loads((tmp_path / "e" / "config.json").read_text())
+    del cfg["moe_num_shared_experts"]
+    (tmp_path / "e" / "config.json").write_text(json.dumps(cfg))
+    ref = stock(folder)
+    h = torch.randn(1, 5, ref.config.hidden_size, generator=torch.Generator().manual_seed(2))
+    for block in ktcy.MoEModel.from_pretrained(folder).blocks.values():
+        with torch.no_grad():
+            want = ref.model.layers[block.layer].mlp(h)[0]
+        assert rel_l2(torch.from_numpy(block.forward(h[0].numpy())), want) < 0.01, block.name
 
 
 def test_bf16_model_takes_bf16_directly(folders):

@@ -334,13 +334,13 @@ def _beyond_layers(name, num_layers):
 def _load_dense_weights(model, ckpt, arch, config):
     """Copies every non-expert tensor of the checkpoint into the model, one tensor at a time."""
     targets = model.state_dict()
-    loaded, unexpected, unused_tower = set(), [], 0
+    loaded, unexpected, left_out = set(), [], 0
     for name in ckpt.tensor_names():
         if ROUTED_EXPERT_TENSOR.search(name) or _is_scale_of_stored_weight(ckpt, name) \
                 or _beyond_layers(name, config.num_hidden_layers) or name.endswith("rotary_emb.inv_freq"):
             continue
         if arch.unused_prefixes and name.startswith(arch.unused_prefixes):
-            unused_tower += 1
+            left_out += 1
             continue
         target = arch.model_name(name)
         if target not in targets:
@@ -358,9 +358,9 @@ def _load_dense_weights(model, ckpt, arch, config):
     if missing:
         raise CheckpointError(f"{ckpt.path}: {len(missing)} tensors the model needs are missing from the checkpoint "
                               f"(first: {', '.join(missing[:3])})")
-    if unused_tower:
+    if left_out:
         log.info("%s: %d tensors under %s not loaded (parts transformers' causal LM does not have: a vision "
-                 "tower, a multi-token-prediction head)", ckpt.path, unused_tower, " / ".join(arch.unused_prefixes))
+                 "tower, a multi-token-prediction head)", ckpt.path, left_out, " / ".join(arch.unused_prefixes))
     if unexpected:
         log.warning("%s: %d checkpoint tensors are not used by the model (first: %s)", ckpt.path, len(unexpected),
                     unexpected[0])
