@@ -79,9 +79,9 @@ def config_bool(cfg, where, key, default=False):
 
 
 # first_k_dense_replace where config.json leaves it out: transformers' config class default
-# (DeepseekV3Config: 3, also for Kimi-K2, which ktcy.hf runs through it; Glm4MoeConfig: 1), so
-# that ktcy and transformers see the same layers as MoE
-_FIRST_DENSE_DEFAULT = {"deepseek_v3": 3, "kimi_k2": 3, "glm4_moe": 1}
+# (DeepseekV3Config: 3, also for Kimi-K2, which ktcy.hf runs through it; Glm4MoeConfig and
+# GLM-4.5V's Glm4vMoeTextConfig: 1), so that ktcy and transformers see the same layers as MoE
+_FIRST_DENSE_DEFAULT = {"deepseek_v3": 3, "kimi_k2": 3, "glm4_moe": 1, "glm4v_moe": 1, "glm4v_moe_text": 1}
 
 
 # The spellings of the routed-expert count in config.json (ERNIE 4.5: moe_num_experts)
@@ -96,7 +96,8 @@ _LAYER_KEYS = ("mlp_only_layers", "decoder_sparse_step", "first_k_dense_replace"
 _QWEN_LAYER_KEYS = ("mlp_only_layers", "decoder_sparse_step")
 _LAYER_KEYS_READ = {
     **dict.fromkeys(("qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_vl_moe", "qwen3_vl_moe_text"), _QWEN_LAYER_KEYS),
-    **dict.fromkeys(("deepseek_v3", "kimi_k2", "deepseek_v2", "glm4_moe"), ("first_k_dense_replace",)),
+    **dict.fromkeys(("deepseek_v3", "kimi_k2", "deepseek_v2", "glm4_moe", "glm4v_moe", "glm4v_moe_text"),
+                    ("first_k_dense_replace",)),
     "glm4_moe_lite": ("mlp_layer_types",),
     "ernie4_5_moe": _ERNIE_LAYER_KEYS,
     **dict.fromkeys(("qwen3_5_moe", "qwen3_5_moe_text", "mixtral", "minimax_m2", "olmoe", "gpt_oss"), ()),

@@ -145,6 +145,23 @@ def build_qwen3_vl_moe(folder, seed=0, as_released=True):
     return str(folder)
 
 
+def build_glm4v_moe(folder, seed=0):
+    """A tiny GLM-4.5V image-text model saved as transformers saves it (BF16): GLM-4.5's MoE
+    language model under model.language_model, its first layer dense, a one-block vision tower."""
+    import torch
+    from transformers import AutoModelForImageTextToText, Glm4vMoeConfig
+    text = dict(**{**COMMON, "num_hidden_layers": 3}, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
+                topk_group=1, n_shared_experts=1, moe_intermediate_size=24, intermediate_size=96,
+                first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True)
+    config = Glm4vMoeConfig(text_config=text, vision_config=dict(depth=1, hidden_size=32, intermediate_size=64,
+                                                                   num_heads=2, out_hidden_size=64))
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    _spread_router_bias(model)
+    model.to(torch.bfloat16).save_pretrained(folder)
+    return str(folder)
+
+
 def _model_class(arch):
     """The class a release's checkpoint comes from: image-text models save their language model
     under model.language_model, as Qwen3.5-MoE's releases hold it."""

@@ -176,6 +176,22 @@ def test_an_image_text_release_runs_its_language_model(folders, caplog):
     assert [b["router"] for b in ktcy.MoEModel.from_pretrained(folders["qwen3_5_moe"]).describe()] == ["softmax"] * 2
 
 
+def test_glm_4_5v_blocks_equal_the_stock_language_model(tmp_path):
+    """GLM-4.5V (glm4v_moe): GLM-4.5's router and shared experts in an image-text release, the
+    experts under model.language_model.layers, the first layer dense."""
+    folder = ckpts.build_glm4v_moe(tmp_path / "m")
+    language = transformers.AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
+    language = language.model.language_model
+    model = ktcy.MoEModel.from_pretrained(folder)
+    assert [(b["layer"], b["router"], b["shared_experts"]) for b in model.describe()] == \
+        [(1, "deepseek_v3", True), (2, "deepseek_v3", True)]
+    h = torch.randn(9, 64, generator=torch.Generator().manual_seed(0))
+    for block in model.blocks.values():
+        with torch.no_grad():
+            want = language.layers[block.layer].mlp(h[None])[0]
+        assert rel_l2(torch.from_numpy(block.forward(h.numpy())), want) < 0.01, block.name
+
+
 @pytest.mark.parametrize("as_released", [True, False])
 def test_qwen3_vl_moe_experts_either_way_round(tmp_path, as_released):
     """Qwen3-VL-MoE's releases store the fused expert stacks [in, out]; transformers transposes
