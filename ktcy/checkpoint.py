@@ -96,7 +96,7 @@ _LAYER_KEYS = ("mlp_only_layers", "decoder_sparse_step", "first_k_dense_replace"
 _QWEN_LAYER_KEYS = ("mlp_only_layers", "decoder_sparse_step")
 _LAYER_KEYS_READ = {
     **dict.fromkeys(("qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_vl_moe", "qwen3_vl_moe_text"), _QWEN_LAYER_KEYS),
-    **dict.fromkeys(("deepseek_v3", "kimi_k2", "deepseek_v2", "glm4_moe", "glm4v_moe", "glm4v_moe_text"),
+    **dict.fromkeys(("deepseek_v3", "kimi_k2", "deepseek_v2", "glm4_moe", "glm4v_moe", "glm4v_moe_text", "dots1"),
                     ("first_k_dense_replace",)),
     "glm4_moe_lite": ("mlp_layer_types",),
     "ernie4_5_moe": _ERNIE_LAYER_KEYS,

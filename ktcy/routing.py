@@ -9,8 +9,8 @@ deepseek_v3  sigmoid scores; choice on scores + e_score_correction_bias restrict
              the unbiased scores, normalised when norm_topk_prob and k > 1 (as DeepSeek's own code;
              transformers' module also normalises a single weight to 1, so at top_k = 1, which no
              released model uses, MoEModel and ktcy.hf differ), times routed_scaling_factor;
-             GLM-4.5 (glm4_moe, glm4_moe_lite, GLM-4.5V's glm4v_moe) routes the same way, a
-             single weight normalised to 1 as its transformers module does
+             GLM-4.5 (glm4_moe, glm4_moe_lite, GLM-4.5V's glm4v_moe) and dots.llm1 (dots1)
+             route the same way, a single weight normalised to 1 as their transformers modules do
 minimax_m2   sigmoid scores; choice on scores + e_score_correction_bias over all experts; weights
              the unbiased scores of the chosen, always normalised, a single one too (MiniMax-M2)
 ernie4_5_moe softmax probabilities; choice on probabilities + e_score_correction_bias; weights the
@@ -113,7 +113,7 @@ ROUTER_FAMILIES = {"qwen3_moe": "softmax", "qwen2_moe": "softmax", "qwen3_next":
                    "qwen3_vl_moe_text": "softmax",
                    "mixtral": "mixtral", "deepseek_v3": "deepseek_v3", "kimi_k2": "deepseek_v3",
                    "glm4_moe": "deepseek_v3", "glm4_moe_lite": "deepseek_v3", "glm4v_moe": "deepseek_v3",
-                   "glm4v_moe_text": "deepseek_v3", "minimax_m2": "minimax_m2",
+                   "glm4v_moe_text": "deepseek_v3", "dots1": "deepseek_v3", "minimax_m2": "minimax_m2",
                    "deepseek_v2": "deepseek_v2", "ernie4_5_moe": "ernie4_5_moe"}
 # softmax routers that renormalise the top-k weights whatever config.json says (transformers'
 # Qwen3.5-MoE and Qwen3-VL-MoE modules have no norm_topk_prob), and those that do where config.json
@@ -174,7 +174,7 @@ def kind_settings(kind, config, settings):
     grouped = kind == "deepseek_v3" or (kind == "deepseek_v2" and config.get("topk_method") == "group_limited_greedy")
     settings = settings if grouped else {**settings, "n_group": 1, "topk_group": 1}
     model_type = str(config.get("model_type", "")).lower()
-    if model_type in ("glm4_moe", "glm4_moe_lite", "glm4v_moe", "glm4v_moe_text", "minimax_m2"):
+    if model_type in ("glm4_moe", "glm4_moe_lite", "glm4v_moe", "glm4v_moe_text", "dots1", "minimax_m2"):
         settings = {**settings, "renormalise_one": True}
     if kind == "minimax_m2" or model_type in _ALWAYS_RENORMALISED or \
             (model_type in _RENORMALISED_BY_DEFAULT and config.get("norm_topk_prob") is None):

@@ -789,7 +789,8 @@ def test_qwen3_vl_moe_stacks_of_square_experts_are_refused_as_ambiguous(tmp_path
         ktcy.load_experts(tmp_path, 1)
 
 
-@pytest.mark.parametrize("model_type", ["minimax_m2", "glm4_moe", "glm4_moe_lite", "deepseek_v3"])
+@pytest.mark.parametrize("model_type", ["minimax_m2", "glm4_moe", "glm4_moe_lite", "glm4v_moe_text", "dots1",
+                                        "deepseek_v3"])
 def test_a_single_chosen_expert_is_weighted_as_each_family_does(model_type):
     """At num_experts_per_tok 1, GLM's and MiniMax's transformers modules renormalise the one
     weight to 1; DeepSeek's own code (which ktcy follows for DeepSeek-V3 and Kimi-K2) keeps the

@@ -81,6 +81,7 @@ _TABLE = {a.model_type: a for a in (
     Architecture("deepseek_v2", "transformers.models.deepseek_v2.modeling_deepseek_v2", "DeepseekV2Experts"),
     Architecture("glm4_moe", "transformers.models.glm4_moe.modeling_glm4_moe", "Glm4MoeExperts"),
     Architecture("glm4_moe_lite", "transformers.models.glm4_moe_lite.modeling_glm4_moe_lite", "Glm4MoeLiteExperts"),
+    Architecture("dots1", "transformers.models.dots1.modeling_dots1", "Dots1Experts"),
     # ERNIE 4.5: its router's bias is stored in moe_statics beside the gate, which transformers
     # moves into the gate module; shared experts stay in torch
     Architecture("ernie4_5_moe", "transformers.models.ernie4_5_moe.modeling_ernie4_5_moe", "Ernie4_5_MoeExperts",
