@@ -1,5 +1,5 @@
-"""ktcy.load_experts: one MoE layer from a Hugging Face checkpoint folder or a folder written by
-the converter.
+"""ktcy.load_experts: one MoE layer from a Hugging Face checkpoint folder, a GGUF model, or a
+folder written by the converter.
 
 Contract (used from outside the repo): ``load_experts(path, layer, method=None, isa=None)``.
 """
@@ -10,6 +10,7 @@ from ktcy.checkpoint import Checkpoint, dequantize, layer_number
 from ktcy.config import MoeConfig, QuantConfig, checked_isa
 from ktcy.errors import naming
 from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format, has_groups, keeps_codes
+from ktcy.gguf_checkpoint import GGUFCheckpoint, is_gguf
 from ktcy.log import warn_once
 from ktcy.moe import MoE
 from ktcy.packed_io import layer_file_name, load_layer, read_metadata
@@ -41,14 +42,16 @@ def load_experts(path: PathLike, layer: int, method: Optional[str] = None, isa: 
     """The routed experts of decoder layer `layer` as a ktcy.MoE.
 
     Parameters
-      path: a Hugging Face checkpoint folder (config.json + safetensors), a folder written by
-        `ktcy convert`, `~/...`, or a hub id ("Qwen/Qwen3-30B-A3B") already in the local Hugging
-        Face cache (HF_HUB_CACHE / HF_HOME; nothing is downloaded).
+      path: a Hugging Face checkpoint folder (config.json + safetensors), a GGUF model (a .gguf
+        file, any part of a split one, or a folder holding one), a folder written by `ktcy
+        convert`, `~/...`, or a hub id ("Qwen/Qwen3-30B-A3B") already in the local Hugging Face
+        cache (HF_HUB_CACHE / HF_HOME; nothing is downloaded).
       layer: decoder layer number (an MoE layer of the config).
       method: None keeps the checkpoint's precision (BF16 -> BF16, F16/F32 -> BF16, FP8 block ->
         FP8 block, FP8 per-channel -> FP8 per-channel) or its released codes (symmetric INT4 of
         compressed-tensors / GPTQ -> INT4, INT4 with zero points of GPTQ / AWQ / compressed-tensors
-        -> INT4_ZP, GPT-OSS's MXFP4 -> MXFP4, each with its own group size); a format or
+        -> INT4_ZP, GPT-OSS's MXFP4 -> MXFP4, each with its own group size; GGUF's Q4_0 -> INT4
+        group 32, MXFP4 -> MXFP4, BF16/F16/F32 -> BF16, and its other types need a method); a format or
         KTransformers backend name ("INT8", "AMXINT4", "FP8", ...) quantizes on load (released
         codes are dequantized exactly first).  A converted folder holds one format and can only
         be loaded in it.
@@ -72,7 +75,8 @@ def load_experts(path: PathLike, layer: int, method: Optional[str] = None, isa: 
             raise ValueError(f"group_size must be one of {INT4_GROUP_SIZES} (INT4, INT4_ZP only), got {group_size!r}")
     if is_converted(path):
         return _load_converted(path, layer, method, isa, group_size)
-    return experts_from_checkpoint(Checkpoint(path), layer, method, isa, group_size, progress)
+    ckpt = GGUFCheckpoint(path) if is_gguf(path) else Checkpoint(path)
+    return experts_from_checkpoint(ckpt, layer, method, isa, group_size, progress)
 
 
 def _load_converted(path, layer, method, isa, group_size):
@@ -112,6 +116,8 @@ def experts_from_checkpoint(ckpt, layer, method=None, isa=None, group_size=None,
     experts = ckpt.layer(layer)
     a = ckpt.arch
     fmt = canonical_format(method) if method is not None else experts.native_format
+    if fmt is None:
+        raise experts.needs_method()
     if group_size is not None and not has_groups(fmt):
         raise ValueError(f"group_size applies to grouped formats (INT4, INT4_ZP) only; the experts are loaded as {fmt}")
     group = group_size or layer_group_size(experts, fmt)

@@ -1,0 +1,249 @@
+"""The routed experts of a GGUF model (llama.cpp's files), in the form ktcy.load_experts reads a
+Hugging Face checkpoint: GGUFCheckpoint(path).arch and .layer(L).
+
+Experts are stored as `blk.L.ffn_{gate,up,down}_exps.weight` (ggml dims [K, N, E]: numpy
+[E, N, K]) or, in files from before llama.cpp merged them, one `blk.L.ffn_{gate,up,down}.e.weight`
+per expert; GPT-OSS adds `blk.L.ffn_{gate,up,down}_exps.bias`.  The shape comes from the tensors
+and must agree with the metadata (`{arch}.expert_count`, `.expert_used_count`,
+`.embedding_length`, `.expert_feed_forward_length`).
+
+Codes a ktcy format holds exactly are kept: Q4_0 (d * (q - 8) over 32 values) is INT4 with group
+32, MXFP4 is MXFP4, BF16 is BF16 (F16 and F32 round to BF16, as from safetensors).  Every other
+ggml type (Q4_K, Q6_K, Q8_0, ..., and layers that mix types) has no ktcy twin: loading it needs a
+method, and its values are dequantized exactly (ktcy.gguf_quants) before ktcy quantizes them."""
+import os
+import re
+
+import numpy as np
+
+from ktcy.checkpoint import MAX_LAYERS, MoEArchitecture, layer_number
+from ktcy.gguf_io import GGML_TYPES, GGUFModel
+from ktcy.gguf_quants import dequantize, supported
+from ktcy.log import warn_once
+from ktcy.safetensors_io import CheckpointError
+
+# general.architecture -> the Hugging Face model_type whose experts it stores (the activation:
+# SiLU-gated for all but GPT-OSS's clamped SwiGLU).  Other architectures are refused: their
+# experts may compute something else (GELU, input-scaled routing).
+ARCHITECTURES = {
+    "llama": "mixtral", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "qwen3next": "qwen3_next",
+    "qwen3vlmoe": "qwen3_vl_moe", "deepseek2": "deepseek_v3", "olmoe": "olmoe", "glm4moe": "glm4_moe",
+    "dots1": "dots1", "ernie4_5-moe": "ernie4_5_moe", "minimax-m2": "minimax_m2", "gpt-oss": "gpt_oss",
+}
+PROJECTIONS = ("gate", "up", "down")
+_KEPT = {"Q4_0": "INT4", "MXFP4": "MXFP4", "BF16": "BF16", "F16": "BF16", "F32": "BF16"}
+_LAYER = re.compile(r"blk\.(\d+)\.ffn_gate(?:_exps|\.\d+)\.weight")
+
+
+def is_gguf(path):
+    """True for a .gguf file, or a folder holding .gguf files and no config.json."""
+    path = os.fspath(path)
+    if os.path.isfile(path):
+        return path.endswith(".gguf")
+    if not os.path.isdir(path) or os.path.lexists(os.path.join(path, "config.json")):
+        return False
+    return any(name.endswith(".gguf") for name in os.listdir(path))
+
+
+def model_file(path):
+    """The file to open for `path`: itself, or the one model in a folder (a single .gguf, or the
+    first part of one split set)."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        return path
+    names = sorted(n for n in os.listdir(path) if n.endswith(".gguf"))
+    firsts = [n for n in names if not re.fullmatch(r".+-\d{5}-of-\d{5}\.gguf", n) or "-00001-of-" in n]
+    if not firsts:
+        raise CheckpointError(f"{path}: no GGUF model starts here (a .gguf file, or the -00001-of-N part of a split one)")
+    if len(firsts) > 1:
+        raise CheckpointError(f"{path}: holds {len(firsts)} GGUF models ({', '.join(firsts[:4])}); pass one file")
+    return os.path.join(path, firsts[0])
+
+
+def _meta_int(meta, key, where, required=True):
+    v = meta.get(key)
+    if v is None and not required:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1 << 31:
+        raise CheckpointError(f"{where}: metadata {key} is {v!r:.40}, expected a positive integer")
+    return v
+
+
+class GGUFCheckpoint:
+    def __init__(self, path):
+        self.model = GGUFModel(model_file(path))
+        self.path = self.model.path
+        meta, where = self.model.metadata, self.model.path
+        arch = meta.get("general.architecture")
+        if arch not in ARCHITECTURES:
+            known = ", ".join(sorted(ARCHITECTURES))
+            raise CheckpointError(f"{where}: general.architecture {arch!r:.40} is not an MoE architecture ktcy "
+                                  f"reads from GGUF (known: {known})")
+        if f"{arch}.swiglu_clamp_exp" in meta:
+            raise CheckpointError(f"{where}: {arch}.swiglu_clamp_exp: clamped expert activations other than "
+                                  "GPT-OSS's are not implemented")
+        layers = sorted({int(m[1]) for m in map(_LAYER.fullmatch, self.model.tensor_names()) if m})
+        if not layers:
+            raise CheckpointError(f"{where}: no expert tensors (blk.N.ffn_gate_exps.weight); not an MoE model")
+        blocks = _meta_int(meta, f"{arch}.block_count", where)
+        if blocks > MAX_LAYERS or layers[-1] >= blocks:
+            raise CheckpointError(f"{where}: {arch}.block_count is {blocks}, but the file stores experts of "
+                                  f"layer {layers[-1]}")
+        experts = _meta_int(meta, f"{arch}.expert_count", where)
+        top_k = _meta_int(meta, f"{arch}.expert_used_count", where)
+        if top_k > experts:
+            raise CheckpointError(f"{where}: {arch}.expert_used_count {top_k} exceeds {arch}.expert_count {experts}")
+        hidden = _meta_int(meta, f"{arch}.embedding_length", where)
+        inter = _meta_int(meta, f"{arch}.expert_feed_forward_length", where, required=False)
+        if inter is None:  # Mixtral's files state the expert width as the model's
+            inter = _meta_int(meta, f"{arch}.feed_forward_length", where)
+        self.architecture = arch
+        self.arch = MoEArchitecture(experts, top_k, hidden, inter, blocks, tuple(layers),
+                                    {"model_type": ARCHITECTURES[arch]}, f"{where} (metadata)")
+
+    def release_pages(self):
+        self.model.release_pages()
+
+    def layer(self, L):
+        L = layer_number(L)
+        if L not in self.arch.moe_layers:
+            shown = list(self.arch.moe_layers)
+            raise CheckpointError(f"{self.path}: layer {L} is not an MoE layer (MoE layers: {shown[:8]}"
+                                  f"{'...' if len(shown) > 8 else ''})")
+        return GGUFLayerExperts(self, L)
+
+
+class GGUFLayerExperts:
+    """One layer's experts; expert(e) -> {proj: (weight or codes [N, K], None | spec)} as
+    LayerExperts gives them (ktcy.checkpoint)."""
+
+    def __init__(self, ckpt, L):
+        self.ckpt, self.layer = ckpt, L
+        a = ckpt.arch
+        self.num_experts, self.hidden, self.inter = a.num_experts, a.hidden_size, a.intermediate_size
+        model = ckpt.model
+        self.fused = f"blk.{L}.ffn_gate_exps.weight" in model
+        self.types = {}
+        for proj in PROJECTIONS:
+            n, k = (a.hidden_size, a.intermediate_size) if proj == "down" else (a.intermediate_size, a.hidden_size)
+            names = [self._name(proj)] if self.fused else [self._name(proj, e) for e in range(self.num_experts)]
+            want = (self.num_experts, n, k) if self.fused else (n, k)
+            for name in names:
+                if name not in model:
+                    raise CheckpointError(f"{ckpt.path}: no tensor {name} (layer {L} stores "
+                                          f"{'fused' if self.fused else 'per-expert'} experts)")
+                t = model.entry(name)
+                if t.shape != want:
+                    raise CheckpointError(f"{ckpt.path}: {name} is {list(t.shape)} (outermost first); the metadata "
+                                          f"implies {list(want)}")
+                if not supported(t.type_name):
+                    raise CheckpointError(f"{ckpt.path}: {name} is {t.type_name}, a ggml type ktcy does not decode "
+                                          "(it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, MXFP4)")
+                if self.types.setdefault(proj, t.type_name) != t.type_name:
+                    raise CheckpointError(f"{ckpt.path}: {name} is {t.type_name}, expert 0's {proj} is "
+                                          f"{self.types[proj]}; ktcy packs a layer's experts in one format")
+        kept = {_KEPT.get(t) for t in self.types.values()}
+        self.native_format = kept.pop() if len(kept) == 1 else None
+
+    def _name(self, proj, e=None, kind="weight"):
+        return f"blk.{self.layer}.ffn_{proj}_exps.{kind}" if e is None else f"blk.{self.layer}.ffn_{proj}.{e}.{kind}"
+
+    @property
+    def stored(self):
+        """The ggml types, e.g. 'Q4_K' or 'Q4_K (gate, up), Q6_K (down)'."""
+        kinds = {}
+        for proj, t in self.types.items():
+            kinds.setdefault(t, []).append(proj)
+        if len(kinds) == 1:
+            return next(iter(kinds))
+        return ", ".join(f"{t} ({', '.join(ps)})" for t, ps in kinds.items())
+
+    @property
+    def group_size(self):
+        return 32 if self.native_format == "INT4" else None
+
+    def needs_method(self):
+        """The CheckpointError for method=None when no ktcy format holds the stored codes."""
+        return CheckpointError(f"{self.ckpt.path}: layer {self.layer} stores {self.stored}, which no ktcy format "
+                               "holds as stored; pass a method (e.g. 'INT4', 'INT8' or 'BF16'): the values are "
+                               "dequantized exactly and quantized again")
+
+    def _check_expert(self, e):
+        if isinstance(e, bool) or not isinstance(e, (int, np.integer)) or not 0 <= e < self.num_experts:
+            raise IndexError(f"expert {e!r} outside [0, {self.num_experts})")
+
+    def _raw(self, proj, e):
+        """(type name, bytes of expert e's [N, K] values, [N, K])."""
+        model = self.ckpt.model
+        if not self.fused:
+            name = self._name(proj, e)
+            t = model.entry(name)
+            return t.type_name, model.raw(name), t.shape
+        name = self._name(proj)
+        t = model.entry(name)
+        per = t.nbytes // self.num_experts
+        return t.type_name, model.raw(name)[e * per:(e + 1) * per], t.shape[1:]
+
+    def _values(self, proj, e):
+        type_name, raw, shape = self._raw(proj, e)
+        _, block, block_bytes = next(v for v in GGML_TYPES.values() if v[0] == type_name)
+        return dequantize(type_name, raw, shape, block, block_bytes)
+
+    def dequantized(self, e):
+        """Expert e as float32 [N, K] arrays, the values llama.cpp decodes."""
+        self._check_expert(e)
+        return {proj: self._values(proj, e) for proj in PROJECTIONS}
+
+    def expert(self, e):
+        """Expert e as stored, in the native format (BF16 sources as float32 values)."""
+        self._check_expert(e)
+        if self.native_format is None:
+            raise self.needs_method()
+        if self.native_format == "BF16":
+            return {proj: (self._values(proj, e), None) for proj in PROJECTIONS}
+        out = {}
+        for proj in PROJECTIONS:
+            _, raw, (n, k) = self._raw(proj, e)
+            blocks = raw.reshape(n * k // 32, -1)
+            nibbles = np.concatenate([blocks[:, -16:] & 0x0F, blocks[:, -16:] >> 4], axis=1).reshape(n, k)
+            if self.native_format == "INT4":
+                scale = np.ascontiguousarray(blocks[:, :2]).view(np.float16).astype(np.float32).reshape(n, k // 32)
+                out[proj] = ((nibbles.astype(np.int16) - 8).astype(np.int8),
+                             {"format": "INT4", "scale": scale, "group_size": 32})
+            else:
+                out[proj] = (nibbles, {"format": "MXFP4", "exponents": np.ascontiguousarray(blocks[:, 0]).reshape(n, k // 32)})
+        return out
+
+    def source(self, fmt, strict=True):
+        """expert() where ktcy keeps the stored codes (MoE.from_experts packs them as stored, or
+        dequantizes them for another format), else the dequantized values, with one warning
+        that quantizing them again costs accuracy."""
+        del strict  # the GGUF codes ktcy keeps always fit its layout
+        if self.native_format is not None:
+            return self.expert
+        if fmt != "BF16":
+            warn_once(f"{self.ckpt.path}: the model stores {self.stored}; loading it as {fmt} dequantizes and "
+                      "quantizes it again, which costs accuracy")
+        return lambda e: {proj: (w, None) for proj, w in self.dequantized(e).items()}
+
+    def bias(self):
+        """GPT-OSS's expert biases {"gate": [E, I], "up": [E, I], "down": [E, H]} as float32, else None."""
+        if self.ckpt.arch.raw["model_type"] != "gpt_oss":
+            return None
+        model, E = self.ckpt.model, self.num_experts
+        out = {}
+        for proj in PROJECTIONS:
+            name = self._name(proj, kind="bias")
+            width = self.hidden if proj == "down" else self.inter
+            if name not in model:
+                raise CheckpointError(f"{self.ckpt.path}: no tensor {name} (GPT-OSS's experts have biases)")
+            t = model.entry(name)
+            if t.shape != (E, width) or t.type_name not in ("F32", "F16", "BF16"):
+                raise CheckpointError(f"{self.ckpt.path}: {name} is {t.type_name} {list(t.shape)}; expected a float "
+                                      f"[{E}, {width}]")
+            out[proj] = np.ascontiguousarray(self._plain(t, model.raw(name)))
+        return out
+
+    @staticmethod
+    def _plain(t, raw):
+        return dequantize(t.type_name, raw, t.shape, 1, {"F32": 4, "F16": 2, "BF16": 2}[t.type_name])

@@ -1,0 +1,309 @@
+"""GGUF models (llama.cpp's files) read by ktcy.load_experts: files written by the `gguf` package
+(llama.cpp's own Python writer), every decoded ggml type equal bit for bit to that package's
+dequantization, codes ktcy holds kept as stored (Q4_0 -> INT4 group 32, MXFP4, BF16), the others
+refused without a method and quantized again with one, MoE forward against float64 on every
+ISA, split files, and damaged or foreign files refused with a CheckpointError."""
+import os
+import struct
+
+import numpy as np
+import pytest
+
+import gguf  # the test extra's: llama.cpp's own writer and dequantization, the reference here
+import ktcy
+from ktcy.gguf_checkpoint import GGUFCheckpoint
+from ktcy.gguf_io import GGML_TYPES, GGUFFile
+from ktcy.gguf_quants import DECODERS, dequantize
+from ktcy.safetensors_io import CheckpointError
+
+T = gguf.GGMLQuantizationType
+E, H, I, TOP_K = 4, 256, 256, 2   # K-quants store rows in blocks of 256 values
+# byte offsets of each block type's f16 fields (ggml's block structs), set to finite values in
+# the random blocks so that the decoded weights are usable
+F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82),
+              "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def random_blocks(type_name, values, rng):
+    """Bytes of `values` values (a multiple of the block) in ggml type type_name: random codes and
+    sub-block scales, finite small f16 block scales, MXFP4 exponents around 2^-6."""
+    block, nbytes = gguf.GGML_QUANT_SIZES[T[type_name]]
+    if type_name in ("F32", "F16", "BF16"):
+        x = (rng.standard_normal(values) * 0.05).astype(np.float32)
+        return x.astype(np.float16).view(np.uint8) if type_name == "F16" else \
+            gguf.quants.quantize(x, T.BF16) if type_name == "BF16" else x.view(np.uint8)
+    b = rng.integers(0, 256, (values // block, nbytes), dtype=np.uint8)
+    for at in F16_FIELDS.get(type_name, ()):
+        b[:, at:at + 2] = (rng.uniform(-1, 1, (len(b), 1)) * 2e-3).astype(np.float16).view(np.uint8)
+    if type_name == "MXFP4":
+        b[:, 0] = rng.integers(118, 126, len(b))
+    return b.reshape(-1)
+
+
+def write_model(path, types, arch="qwen3moe", layers=(1,), per_expert=False, meta=None, split_max_tensors=0,
+                seed=0, biases=False):
+    """A GGUF model whose layers `layers` hold E experts, projection p in ggml type types[p];
+    returns {(L, proj): float32 [E, N, K] values as the gguf package decodes them}."""
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(path, arch, split_max_tensors=split_max_tensors)
+    keys = {f"{arch}.block_count": max(layers) + 1, f"{arch}.expert_count": E, f"{arch}.expert_used_count": TOP_K,
+            f"{arch}.embedding_length": H, f"{arch}.expert_feed_forward_length": I}
+    keys.update(meta or {})
+    for key, value in keys.items():
+        w.add_uint32(key, value)
+    truth = {}
+    for L in layers:
+        for proj in ("gate", "up", "down"):
+            n, k = (H, I) if proj == "down" else (I, H)
+            tname = types[proj]
+            raw = random_blocks(tname, E * n * k, rng)
+            values = gguf.quants.dequantize(raw, T[tname]) if tname != "F32" else raw.view(np.float32)
+            truth[L, proj] = np.asarray(values, np.float32).reshape(E, n, k)
+            row_bytes = raw.size // (E * n)
+            stack = raw.view(np.float32 if tname == "F32" else np.uint8).reshape(E, n, -1)
+            if tname == "F16":
+                stack = raw.view(np.float16).reshape(E, n, k)
+            dtype = None if tname in ("F32", "F16") else T[tname]
+            if per_expert:
+                for e in range(E):
+                    w.add_tensor(f"blk.{L}.ffn_{proj}.{e}.weight", np.ascontiguousarray(stack[e]), raw_dtype=dtype)
+            else:
+                w.add_tensor(f"blk.{L}.ffn_{proj}_exps.weight", stack, raw_dtype=dtype)
+            assert row_bytes > 0
+            if biases:
+                b = (rng.standard_normal((E, n)) * 0.5).astype(np.float32)
+                truth[L, proj + "_bias"] = b
+                w.add_tensor(f"blk.{L}.ffn_{proj}_exps.bias", b)
+    w.add_tensor("output_norm.weight", np.ones(H, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return truth
+
+
+def silu_reference(x, ids, wts, truth, L):
+    out = np.zeros((x.shape[0], H))
+    for t in range(x.shape[0]):
+        xt = x[t].astype(np.float64)
+        for j, e in enumerate(ids[t]):
+            g = truth[L, "gate"][e].astype(np.float64) @ xt
+            u = truth[L, "up"][e].astype(np.float64) @ xt
+            out[t] += wts[t, j] * (truth[L, "down"][e].astype(np.float64) @ (g / (1 + np.exp(-g)) * u))
+    return out
+
+
+def inputs(seed=3, T_=7):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((T_, H)).astype(np.float32)
+    ids = np.stack([rng.choice(E, TOP_K, replace=False) for _ in range(T_)])
+    return x, ids, rng.random((T_, TOP_K)).astype(np.float32)
+
+
+def isas():
+    return [i for i in ktcy.available_isas() if i != "amx"] + ["amx_emu"]
+
+
+def rel(y, ref):
+    return np.linalg.norm(y - ref) / np.linalg.norm(ref)
+
+
+def test_type_table_is_ggmls():
+    for type_id, (name, block, nbytes) in GGML_TYPES.items():
+        assert int(T[name]) == type_id and gguf.GGML_QUANT_SIZES[T[name]] == (block, nbytes), name
+
+
+@pytest.mark.parametrize("type_name", sorted(DECODERS) + ["F16", "BF16"])
+def test_decoders_equal_ggufs_bit_for_bit(type_name):
+    """Every code and scale pattern (random bytes, f16 block scales anywhere, NaN/inf ones too)."""
+    rng = np.random.default_rng(7)
+    block, nbytes = gguf.GGML_QUANT_SIZES[T[type_name]]
+    raw = rng.integers(0, 256, 2048 * nbytes, dtype=np.uint8)
+    with np.errstate(all="ignore"):
+        ref = np.asarray(gguf.quants.dequantize(raw, T[type_name]), np.float32).reshape(-1)
+        mine = dequantize(type_name, raw, (2048 * block,), block, nbytes)
+    assert mine.dtype == np.float32
+    same = (mine.view(np.uint32) == ref.view(np.uint32)) | (np.isnan(mine) & np.isnan(ref))
+    assert same.all(), (type_name, np.flatnonzero(~same)[:5])
+
+
+def test_q4_0_is_kept_as_int4_group_32(tmp_path):
+    path = str(tmp_path / "m.gguf")
+    truth = write_model(path, {"gate": "Q4_0", "up": "Q4_0", "down": "Q4_0"})
+    moe = ktcy.load_experts(path, 1)
+    assert moe.format == "INT4" and moe.gate[0].group_size == 32
+    for proj in ("gate", "up", "down"):
+        for e in range(E):
+            assert np.array_equal(getattr(moe, proj)[e].dequantize(np.float32), truth[1, proj][e]), (proj, e)
+    x, ids, wts = inputs()
+    y = moe.forward(x, ids, wts)
+    assert rel(y, silu_reference(x, ids, wts, truth, 1)) < 0.03  # the int8 activations' error only
+    for isa in isas():  # integer kernels: the same bits everywhere
+        assert np.array_equal(ktcy.load_experts(path, 1, isa=isa).forward(x, ids, wts), y), isa
+
+
+@pytest.mark.parametrize("types", [("BF16", "BF16", "BF16"), ("F16", "F32", "BF16")])
+def test_float_types_load_as_bf16(tmp_path, types):
+    path = str(tmp_path / "m.gguf")
+    truth = write_model(path, dict(zip(("gate", "up", "down"), types)))
+    moe = ktcy.load_experts(path, 1)
+    assert moe.format == "BF16"
+    x, ids, wts = inputs(4, 1)  # T = 1
+    ref = silu_reference(x, ids, wts, truth, 1)
+    for isa in isas():
+        assert rel(ktcy.load_experts(path, 1, isa=isa).forward(x, ids, wts), ref) < 6e-3, isa
+
+
+@pytest.mark.parametrize("types", [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q8_0", "Q8_0"), ("Q5_K", "Q2_K", "Q3_K"),
+                                   ("Q4_1", "Q5_0", "Q5_1"), ("Q4_0", "Q4_0", "Q6_K")])
+def test_other_types_need_a_method_and_dequantize_exactly(tmp_path, types, caplog):
+    path = str(tmp_path / "m.gguf")
+    truth = write_model(path, dict(zip(("gate", "up", "down"), types)))
+    with pytest.raises(CheckpointError, match="no ktcy format holds as stored; pass a method") as err:
+        ktcy.load_experts(path, 1)
+    assert types[2] in str(err.value)
+    layer = GGUFCheckpoint(path).layer(1)
+    for proj in ("gate", "up", "down"):
+        assert np.array_equal(layer.dequantized(2)[proj], truth[1, proj][2])
+    x, ids, wts = inputs(5, 12)
+    ref = silu_reference(x, ids, wts, truth, 1)
+    bf16 = ktcy.load_experts(path, 1, method="BF16")
+    assert rel(bf16.forward(x, ids, wts), ref) < 6e-3
+    with caplog.at_level("WARNING", logger="ktcy"):
+        int8 = ktcy.load_experts(path, 1, method="AMXINT8")
+    assert int8.format == "INT8" and rel(int8.forward(x, ids, wts), ref) < 0.03
+    assert "loading it as INT8 dequantizes and quantizes it again" in caplog.text
+
+
+def test_gpt_oss_mxfp4_kept_with_biases_and_its_activation(tmp_path):
+    path = str(tmp_path / "m.gguf")
+    truth = write_model(path, {"gate": "MXFP4", "up": "MXFP4", "down": "MXFP4"}, arch="gpt-oss", biases=True)
+    moe = ktcy.load_experts(path, 1)
+    assert moe.format == "MXFP4" and moe.config.activation == "gpt_oss"
+    assert (moe.config.swiglu_alpha, moe.config.swiglu_limit) == (1.702, 7.0)
+    for proj in ("gate", "up", "down"):
+        assert np.array_equal(getattr(moe, proj)[1].dequantize(np.float32), truth[1, proj][1]), proj
+    x, ids, wts = inputs(6)
+    x *= 8  # gate and up reach the clamp at 7
+    out = np.zeros((x.shape[0], H))
+    clamped = []
+    for t in range(x.shape[0]):
+        for j, e in enumerate(ids[t]):
+            gate = truth[1, "gate"][e].astype(np.float64) @ x[t] + truth[1, "gate_bias"][e]
+            up = truth[1, "up"][e].astype(np.float64) @ x[t] + truth[1, "up_bias"][e]
+            clamped.append((gate > 7).mean() + (np.abs(up) > 7).mean())
+            g, u = np.minimum(gate, 7.0), np.clip(up, -7.0, 7.0)
+            act = (u + 1) * g / (1 + np.exp(-1.702 * g))
+            out[t] += wts[t, j] * (truth[1, "down"][e].astype(np.float64) @ act + truth[1, "down_bias"][e])
+    assert np.mean(clamped) > 0.02
+    for isa in isas():
+        assert rel(ktcy.load_experts(path, 1, isa=isa).forward(x, ids, wts), out) < 6e-3, isa
+
+
+def test_per_expert_tensors_and_split_files(tmp_path):
+    one = str(tmp_path / "one.gguf")
+    truth = write_model(one, {"gate": "Q4_0", "up": "Q4_0", "down": "Q4_0"}, per_expert=True, layers=(0, 2))
+    split_dir = tmp_path / "split"
+    split_dir.mkdir()
+    write_model(str(split_dir / "m.gguf"), {"gate": "Q4_0", "up": "Q4_0", "down": "Q4_0"}, layers=(0, 2),
+                split_max_tensors=4)
+    parts = sorted(os.listdir(split_dir))
+    assert len(parts) == 2 and parts[0].endswith("-00001-of-00002.gguf")
+    x, ids, wts = inputs(8)
+    ref = silu_reference(x, ids, wts, truth, 2)
+    y = ktcy.load_experts(one, 2).forward(x, ids, wts)
+    assert rel(y, ref) < 0.03
+    for target in (split_dir, split_dir / parts[1]):  # the folder, or any part, names the model
+        assert np.array_equal(ktcy.load_experts(target, 2).forward(x, ids, wts), y)
+    assert GGUFCheckpoint(one).arch.moe_layers == (0, 2)
+    with pytest.raises(CheckpointError, match="layer 1 is not an MoE layer"):
+        ktcy.load_experts(one, 1)
+    os.remove(split_dir / parts[1])
+    with pytest.raises(CheckpointError, match="is missing"):
+        ktcy.load_experts(split_dir / parts[0], 2)
+
+
+def _header_end(path):
+    """Offset of the first tensor's bytes: the data section."""
+    f = GGUFFile(path)
+    return min(t.begin for t in f.tensors.values())
+
+
+def _patch(path, at, data):
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(data)
+
+
+def _tensor_info_offset(path, name):
+    """Where tensor `name`'s directory entry (its name string's length) starts."""
+    raw = open(path, "rb").read()
+    key = name.encode()
+    return raw.index(struct.pack("<Q", len(key)) + key)
+
+
+BAD_FILES = {
+    "truncated": (lambda p: os.truncate(p, os.path.getsize(p) - 100), "runs past the end of the file"),
+    "header only": (lambda p: os.truncate(p, 20), "too short|runs past the end"),
+    "magic": (lambda p: _patch(p, 0, b"GGML"), "not a GGUF file"),
+    "version": (lambda p: _patch(p, 4, struct.pack("<I", 1)), "GGUF version 1"),
+    "big-endian": (lambda p: _patch(p, 4, struct.pack(">I", 3)), "big-endian"),
+    "tensor count": (lambda p: _patch(p, 8, struct.pack("<Q", 1 << 40)), "tensors"),
+    "unknown type": (lambda p: _patch(p, _tensor_info_offset(p, "blk.1.ffn_up_exps.weight") + 8 + 24 + 4 + 24,
+                                      struct.pack("<I", 77)), "unknown ggml type 77"),
+    "undecoded type": (lambda p: _patch(p, _tensor_info_offset(p, "blk.1.ffn_up_exps.weight") + 8 + 24 + 4 + 24,
+                                        struct.pack("<I", 23)), "IQ4_XS, a ggml type ktcy does not decode"),
+    "offset past end": (lambda p: _patch(p, _tensor_info_offset(p, "blk.1.ffn_up_exps.weight") + 8 + 24 + 4 + 24 + 4,
+                                         struct.pack("<Q", 1 << 50)), "runs past the end of the file"),
+    "misaligned": (lambda p: _patch(p, _tensor_info_offset(p, "blk.1.ffn_up_exps.weight") + 8 + 24 + 4 + 24 + 4,
+                                    struct.pack("<Q", 8)), "not a multiple of the alignment"),
+    "overlap": (lambda p: _patch(p, _tensor_info_offset(p, "blk.1.ffn_up_exps.weight") + 8 + 24 + 4 + 24 + 4,
+                                 struct.pack("<Q", 0)), "overlap"),
+    "dims": (lambda p: _patch(p, _tensor_info_offset(p, "blk.1.ffn_up_exps.weight") + 8 + 24 + 4,
+                              struct.pack("<Q", 128)), r"blk.1.ffn_up_exps.weight is \[4, 256, 128\]"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_FILES)
+def test_damaged_files_are_refused_naming_the_problem(tmp_path, case):
+    path = str(tmp_path / "m.gguf")
+    write_model(path, {"gate": "Q4_0", "up": "Q4_0", "down": "Q4_0"})
+    edit, message = BAD_FILES[case]
+    edit(path)
+    with pytest.raises(CheckpointError, match=message):
+        ktcy.load_experts(path, 1)
+
+
+@pytest.mark.parametrize("meta, message", [
+    ({"general.architecture": "grok"}, "not an MoE architecture ktcy reads"),
+    ({"qwen3moe.expert_count": 8}, r"is \[4, 256, 256\] .* implies \[8, 256, 256\]"),
+    ({"qwen3moe.expert_used_count": 9}, "expert_used_count 9 exceeds"),
+    ({"qwen3moe.embedding_length": 128}, "implies"),
+    ({"qwen3moe.block_count": 1}, "block_count is 1, but the file stores experts of layer 1"),
+])
+def test_metadata_that_disagrees_with_the_tensors_is_refused(tmp_path, meta, message):
+    path = str(tmp_path / "m.gguf")
+    meta = dict(meta)
+    arch = meta.pop("general.architecture", "qwen3moe")
+    write_model(path, {"gate": "Q4_0", "up": "Q4_0", "down": "Q4_0"}, arch=arch, meta=meta)
+    with pytest.raises(CheckpointError, match=message):
+        ktcy.load_experts(path, 1)
+
+
+def test_bit_flips_in_the_header_give_checkpoint_errors_or_a_layer(tmp_path):
+    """Any single byte of the header and directory changed: a CheckpointError or a loaded layer,
+    never another exception or a crash."""
+    path = str(tmp_path / "m.gguf")
+    write_model(path, {"gate": "Q4_0", "up": "Q4_0", "down": "Q4_0"})
+    original = open(path, "rb").read()
+    end = _header_end(path)
+    rng = np.random.default_rng(11)
+    for at in rng.choice(end, 120, replace=False):
+        damaged = bytearray(original)
+        damaged[at] ^= int(rng.integers(1, 256))
+        with open(path, "wb") as f:
+            f.write(damaged)
+        try:
+            ktcy.load_experts(path, 1)
+        except CheckpointError:
+            pass
