@@ -1,4 +1,4 @@
-"""Offline conversion: Hugging Face MoE checkpoint -> a folder of packed ktcy layers (or, with
+"""Offline conversion: Hugging Face MoE checkpoint or GGUF model -> a folder of packed ktcy layers (or, with
 the seeds' FP8 spelling, a complete Hugging Face FP8 per-channel checkpoint: ktcy.hf_fp8).  The
 same code backs `ktcy convert` and tools/convert_cpu_weights.py.
 
@@ -19,6 +19,7 @@ from ktcy.checkpoint import Checkpoint
 from ktcy.convert_args import INPUT_TYPES, run_cli
 from ktcy.errors import naming
 from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format, has_groups, weight_group
+from ktcy.gguf_checkpoint import GGUFCheckpoint, is_gguf
 from ktcy.loading import MODEL_FILE, block_settings, layer_group_size, original_checkpoint
 from ktcy.output_guard import (ConvertError, OutputLock, copy_file, refuse_output_in_input, remove,
                                source_fingerprint, write_json, publish)
@@ -127,6 +128,9 @@ class Progress:
 
 
 def check_input_type(experts, input_type):
+    if input_type and experts.dtype is None:
+        raise CheckpointError(f"--input-type {input_type}, but layer {experts.layer} stores ggml types ({experts.stored}); "
+                              "--input-type checks safetensors dtypes")
     if input_type and experts.dtype.name != INPUT_TYPES[input_type]:
         raise CheckpointError(f"--input-type {input_type}, but layer {experts.layer}'s experts are {experts.dtype}")
 
@@ -191,8 +195,9 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
     group = check_group_size(group_size, asked)
     if resume_layer is not None and (isinstance(resume_layer, bool) or not isinstance(resume_layer, int) or resume_layer < 0):
         raise ValueError(f"--resume-layer must be a layer number >= 0, got {resume_layer!r}")
-    ckpt = Checkpoint(original_checkpoint(input_path, "ktcy convert", "its safetensors weights",
-                                          "load the converted folder with load_experts instead"))
+    input_path = original_checkpoint(input_path, "ktcy convert", "its safetensors weights",
+                                     "load the converted folder with load_experts instead")
+    ckpt = GGUFCheckpoint(input_path) if is_gguf(input_path) else Checkpoint(input_path)
     input_path = ckpt.path  # with ~ expanded and a hub id resolved to its local snapshot
     refuse_output_in_input(input_path, output_path)
     arch = ckpt.arch
@@ -209,6 +214,8 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
             return None
         layer = ckpt.layer(L)
         fmt = asked or layer.native_format
+        if fmt is None:
+            raise layer.needs_method()
         g = layer_group_size(layer, fmt) if group_size is None else group  # released INT4 keeps its own groups
         return {"layer": L, "weight_format": fmt, "group_size": weight_group(fmt, g), "source_fingerprint": fingerprint,
                 "layout_version": LAYOUT_VERSION}
@@ -271,7 +278,8 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
             ckpt.release_pages()  # the layer's source pages, read once: see the module docstring
             done.append(L)
         _write_manifest(output_path, input_path, fingerprint, asked, group, arch, wanted)
-        copy_file(os.path.join(input_path, "config.json"), os.path.join(output_path, "config.json"))
+        if not isinstance(ckpt, GGUFCheckpoint):  # a GGUF model's settings are in the GGUF file
+            copy_file(os.path.join(input_path, "config.json"), os.path.join(output_path, "config.json"))
     return done
 
 

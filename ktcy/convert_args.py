@@ -42,13 +42,15 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser(prog="convert_cpu_weights.py"):
     p = _Parser(prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES,
-                description="Converts a Hugging Face MoE checkpoint (BF16/F16/F32/FP8) into packed ktcy expert\n"
-                            "layers, one file per layer, or into a Hugging Face FP8 per-channel checkpoint.\n"
+                description="Converts a Hugging Face MoE checkpoint (BF16/F16/F32/FP8, released INT4/MXFP4) or a\n"
+                            "GGUF model into packed ktcy expert layers, one file per layer, or a Hugging Face\n"
+                            "checkpoint into a Hugging Face FP8 per-channel one.\n"
                             "The output folder is locked while a converter writes to it; nothing is ever\n"
                             "written into the input, nor over files another tool wrote (unless --overwrite).")
     io = p.add_argument_group("input and output")
     io.add_argument("--input", "--input-path", "-i", dest="input", metavar="DIR",
-                    help="checkpoint folder (config.json + safetensors)")
+                    help="checkpoint folder (config.json + safetensors), or a GGUF model (a .gguf file, any part "
+                         "of a split one)")
     io.add_argument("--output", "-o", metavar="DIR", help="output folder for the packed layers")
     io.add_argument("--input-type", choices=sorted(INPUT_TYPES),
                     help="expected dtype of the experts, checked (default: detected)")

@@ -145,6 +145,8 @@ class GGUFLayerExperts:
         kept = {_KEPT.get(t) for t in self.types.values()}
         self.native_format = kept.pop() if len(kept) == 1 else None
 
+    dtype = None  # safetensors checkpoints' element type (convert's --input-type); GGUF has ggml types
+
     def _name(self, proj, e=None, kind="weight"):
         return f"blk.{self.layer}.ffn_{proj}_exps.{kind}" if e is None else f"blk.{self.layer}.ffn_{proj}.{e}.{kind}"
 

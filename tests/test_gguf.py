@@ -5,15 +5,19 @@ refused without a method and quantized again with one, MoE forward against float
 ISA, split files, and damaged or foreign files refused with a CheckpointError."""
 import os
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import gguf  # the test extra's: llama.cpp's own writer and dequantization, the reference here
 import ktcy
-from ktcy.gguf_checkpoint import GGUFCheckpoint
+from ktcy.convert import convert
+from ktcy.gguf_checkpoint import ARCHITECTURES, GGUFCheckpoint
 from ktcy.gguf_io import GGML_TYPES, GGUFFile
 from ktcy.gguf_quants import DECODERS, dequantize
+from ktcy.output_guard import ConvertError
 from ktcy.safetensors_io import CheckpointError
 
 T = gguf.GGMLQuantizationType
@@ -50,7 +54,8 @@ def write_model(path, types, arch="qwen3moe", layers=(1,), per_expert=False, met
             f"{arch}.embedding_length": H, f"{arch}.expert_feed_forward_length": I}
     keys.update(meta or {})
     for key, value in keys.items():
-        w.add_uint32(key, value)
+        if value is not None:  # None: a key left out
+            w.add_uint32(key, value)
     truth = {}
     for L in layers:
         for proj in ("gate", "up", "down"):
@@ -200,6 +205,17 @@ def test_gpt_oss_mxfp4_kept_with_biases_and_its_activation(tmp_path):
         assert rel(ktcy.load_experts(path, 1, isa=isa).forward(x, ids, wts), out) < 6e-3, isa
 
 
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_every_architecture_listed_loads_with_its_activation(tmp_path, arch):
+    path = str(tmp_path / "m.gguf")
+    # Mixtral's files (arch "llama") state the expert width as the model's feed_forward_length
+    meta = {f"{arch}.expert_feed_forward_length": None, f"{arch}.feed_forward_length": I} if arch == "llama" else {}
+    write_model(path, {"gate": "Q4_0", "up": "Q4_0", "down": "Q4_0"}, arch=arch, meta=meta, biases=arch == "gpt-oss")
+    moe = ktcy.load_experts(path, 1)
+    assert moe.config.activation == ("gpt_oss" if arch == "gpt-oss" else "silu")
+    assert (moe.config.num_experts, moe.config.top_k, moe.config.hidden_size, moe.config.intermediate_size) == (E, TOP_K, H, I)
+
+
 def test_per_expert_tensors_and_split_files(tmp_path):
     one = str(tmp_path / "one.gguf")
     truth = write_model(one, {"gate": "Q4_0", "up": "Q4_0", "down": "Q4_0"}, per_expert=True, layers=(0, 2))
@@ -307,3 +323,45 @@ def test_bit_flips_in_the_header_give_checkpoint_errors_or_a_layer(tmp_path):
             ktcy.load_experts(path, 1)
         except CheckpointError:
             pass
+
+
+class Quiet:
+    def bar(self, *a):
+        pass
+
+    def line(self, text):
+        pass
+
+
+@pytest.mark.parametrize("arch, types, method", [("qwen3moe", ("Q4_0",) * 3, None), ("gpt-oss", ("MXFP4",) * 3, None),
+                                                 ("gpt-oss", ("MXFP4",) * 3, "MXFP4_A8"),
+                                                 ("deepseek2", ("Q4_K", "Q4_K", "Q6_K"), "INT4")])
+def test_convert_round_trip_equals_loading_the_gguf(tmp_path, arch, types, method):
+    path, out = str(tmp_path / "m.gguf"), tmp_path / "packed"
+    write_model(path, dict(zip(("gate", "up", "down"), types)), arch=arch, layers=(1, 2), biases=arch == "gpt-oss")
+    assert convert(path, out, method=method, progress=Quiet()) == [1, 2]
+    assert not (out / "config.json").exists()
+    x, ids, wts = inputs(9)
+    for L in (1, 2):
+        direct, packed = ktcy.load_experts(path, L, method=method), ktcy.load_experts(out, L)
+        assert packed.format == direct.format and packed.config.activation == direct.config.activation
+        assert np.array_equal(packed.forward(x, ids, wts), direct.forward(x, ids, wts))
+        for proj in ("gate", "up", "down"):
+            assert np.array_equal(getattr(packed, proj)[3].data, getattr(direct, proj)[3].data)
+    assert convert(path, out, method=method, resume=True, progress=Quiet()) == [1, 2]  # the fingerprint matches
+    os.utime(path, ns=(1, 1))  # the GGUF "changed": its layers are converted again, not kept
+    with pytest.raises(ConvertError, match="differs from this conversion"):
+        convert(path, out, method=method, resume=True, progress=Quiet())
+
+
+def test_convert_cli_errors_are_one_line(tmp_path):
+    path = str(tmp_path / "m.gguf")
+    write_model(path, {"gate": "Q4_K", "up": "Q4_K", "down": "Q6_K"})
+    for extra, message in (([], "no ktcy format holds as stored; pass a method"),
+                           (["--method", "INT8", "--input-type", "bf16"], "stores ggml types")):
+        r = subprocess.run([sys.executable, "-m", "ktcy", "convert", "-i", path, "-o", str(tmp_path / "o"), *extra],
+                           capture_output=True, text=True)
+        assert r.returncode != 0 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-c", f"import ktcy; ktcy.MoEModel.from_pretrained({path!r})"],
+                       capture_output=True, text=True)
+    assert "a GGUF model's experts load with ktcy.load_experts or ktcy convert" in r.stderr
