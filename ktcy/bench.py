@@ -21,6 +21,11 @@ SHAPES = {
     "qwen3-30b": (2048, 768, 128, 8, "Qwen3-30B-A3B layer"),
     "deepseek-v3": (7168, 2048, 32, 8, "DeepSeek-V3 layer with 32 of its 256 experts (real H, I, top-k)"),
     "mixtral": (4096, 14336, 8, 2, "Mixtral-8x7B layer"),
+    # small experts, many of them: decode reads 10 narrow experts a token
+    "qwen3-next": (2048, 512, 512, 10, "Qwen3-Next-80B-A3B layer"),
+    "glm-4.5-air": (4096, 1408, 128, 8, "GLM-4.5-Air layer"),
+    # GPT-OSS's shape with SiLU experts and no biases (its own block: MXFP4 / MXFP4_A8 rows)
+    "gpt-oss-20b": (2880, 2880, 32, 4, "GPT-OSS-20B layer shape"),
 }
 DEFAULT_FORMATS = FORMATS  # every row of the format descriptor table
 DISTINCT_EXPERTS = 16                  # quantized and packed; the other experts are copies

@@ -289,7 +289,7 @@ def build_parser():
                 "Time one model-shaped MoE layer (random weights, a fresh random routing every call) in each weight "
                 "format and token count, against this machine's measured read bandwidth and multiply-add peaks. "
                 "The default run takes about a minute on 2 cores.")
-    b.add_argument("--shape", default="qwen3-30b", help="qwen3-30b | deepseek-v3 | mixtral | H,I,E,k")
+    b.add_argument("--shape", default="qwen3-30b", help="qwen3-30b | deepseek-v3 | mixtral | qwen3-next | glm-4.5-air | gpt-oss-20b | H,I,E,k")
     b.add_argument("--formats", default=",".join(FORMATS),
                    help=f"comma-separated formats or backend names (default: all: {', '.join(FORMATS)})")
     b.add_argument("--tokens", default=None, help="comma-separated token counts T (default: 1,32,512; "

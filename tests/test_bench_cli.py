@@ -39,6 +39,15 @@ def test_bench_rows_on_a_custom_shape():
     assert any(line.startswith("Best format for decode here:") for line in data["summary"])
 
 
+def test_named_shapes_are_listed_and_fit_every_format():
+    """--help names every built-in shape, and each one's layer configuration is valid in every
+    format (checked before any weight is drawn)."""
+    help_text = run_ktcy("bench", "--help").stdout
+    for name, (H, I, E, k, _) in bench.SHAPES.items():
+        assert name in help_text, name
+        bench.check_shape(H, I, E, k, bench.DEFAULT_FORMATS)
+
+
 def test_text_output_has_header_legend_and_summary():
     r = run_ktcy("bench", "--shape", "128,64,4,2", "--formats", "BF16", "--tokens", "2", "--isa", "ref")
     out = r.stdout
