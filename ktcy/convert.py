@@ -200,6 +200,9 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
     ckpt = GGUFCheckpoint(input_path) if is_gguf(input_path) else Checkpoint(input_path)
     input_path = ckpt.path  # with ~ expanded and a hub id resolved to its local snapshot
     refuse_output_in_input(input_path, output_path)
+    if isinstance(ckpt, GGUFCheckpoint) and os.path.realpath(output_path) == os.path.realpath(os.path.dirname(input_path)):
+        # its layer files and manifest would make the folder read as a converted one
+        raise ConvertError(f"--output {output_path} is the folder holding the input {input_path}; choose another folder")
     arch = ckpt.arch
     activation = block_settings(arch)  # an activation ktcy cannot run is refused before any work
     chosen = parse_layers(layers, arch.moe_layers, arch.num_layers)
@@ -219,6 +222,9 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
         g = layer_group_size(layer, fmt) if group_size is None else group  # released INT4 keeps its own groups
         return {"layer": L, "weight_format": fmt, "group_size": weight_group(fmt, g), "source_fingerprint": fingerprint,
                 "layout_version": LAYOUT_VERSION}
+
+    for L in chosen:  # every layer's format settled (a GGUF layer may need a method) before anything is written
+        wanted(L)
 
     with OutputLock(output_path):
         _refuse_foreign_config(output_path, overwrite)

@@ -17,7 +17,7 @@ import re
 import numpy as np
 
 from ktcy.checkpoint import MAX_LAYERS, MoEArchitecture, layer_number
-from ktcy.gguf_io import GGML_TYPES, GGUFModel
+from ktcy.gguf_io import GGML_TYPES, ArrayValue, GGUFModel
 from ktcy.gguf_quants import dequantize, supported
 from ktcy.log import warn_once
 from ktcy.safetensors_io import CheckpointError
@@ -32,7 +32,9 @@ ARCHITECTURES = {
 }
 PROJECTIONS = ("gate", "up", "down")
 _KEPT = {"Q4_0": "INT4", "MXFP4": "MXFP4", "BF16": "BF16", "F16": "BF16", "F32": "BF16"}
-_LAYER = re.compile(r"blk\.(\d+)\.ffn_gate(?:_exps|\.\d+)\.weight")
+_LAYER = re.compile(r"blk\.(\d+)\.ffn_gate(?:_exps|_up_exps|\.\d+)\.weight")
+# a layer's expert tensors: blk.L.ffn_<proj>_exps.<kind> or blk.L.ffn_<proj>.<e>.<kind>
+_EXPERT_TENSOR = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down|gate_up)(?:_exps|\.(\d+))\.(\w+)")
 
 
 def is_gguf(path):
@@ -79,7 +81,9 @@ class GGUFCheckpoint:
             known = ", ".join(sorted(ARCHITECTURES))
             raise CheckpointError(f"{where}: general.architecture {arch!r:.40} is not an MoE architecture ktcy "
                                   f"reads from GGUF (known: {known})")
-        if f"{arch}.swiglu_clamp_exp" in meta:
+        clamps = meta.get(f"{arch}.swiglu_clamp_exp")
+        if clamps is not None and not (isinstance(clamps, ArrayValue) and clamps.values is not None
+                                       and not any(clamps.values)):  # per layer, 0 = no clamp
             raise CheckpointError(f"{where}: {arch}.swiglu_clamp_exp: clamped expert activations other than "
                                   "GPT-OSS's are not implemented")
         layers = sorted({int(m[1]) for m in map(_LAYER.fullmatch, self.model.tensor_names()) if m})
@@ -123,7 +127,8 @@ class GGUFLayerExperts:
         self.num_experts, self.hidden, self.inter = a.num_experts, a.hidden_size, a.intermediate_size
         model = ckpt.model
         self.fused = f"blk.{L}.ffn_gate_exps.weight" in model
-        self.types = {}
+        self._check_companions()
+        self.types = {}  # proj -> the set of its tensors' ggml types
         for proj in PROJECTIONS:
             n, k = (a.hidden_size, a.intermediate_size) if proj == "down" else (a.intermediate_size, a.hidden_size)
             names = [self._name(proj)] if self.fused else [self._name(proj, e) for e in range(self.num_experts)]
@@ -139,11 +144,40 @@ class GGUFLayerExperts:
                 if not supported(t.type_name):
                     raise CheckpointError(f"{ckpt.path}: {name} is {t.type_name}, a ggml type ktcy does not decode "
                                           "(it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, MXFP4)")
-                if self.types.setdefault(proj, t.type_name) != t.type_name:
-                    raise CheckpointError(f"{ckpt.path}: {name} is {t.type_name}, expert 0's {proj} is "
-                                          f"{self.types[proj]}; ktcy packs a layer's experts in one format")
-        kept = {_KEPT.get(t) for t in self.types.values()}
+                self.types.setdefault(proj, set()).add(t.type_name)
+        kept = {_KEPT.get(t) for types in self.types.values() for t in types}
+        # kept as stored only when every tensor of the layer has a ktcy twin, the same one
         self.native_format = kept.pop() if len(kept) == 1 else None
+
+    def _check_companions(self):
+        """The layer's expert tensors are weights only (and GPT-OSS's biases), stored one way:
+        llama.cpp also applies per-expert scales or biases where a file has them, which ktcy
+        would leave out; and per-expert tensors must number exactly expert_count (counted before
+        any name is made from that count)."""
+        L, where, E = self.layer, self.ckpt.path, self.num_experts
+        gpt_oss = self.ckpt.arch.raw["model_type"] == "gpt_oss"
+        numbered = {proj: set() for proj in PROJECTIONS}
+        for name in self.ckpt.model.tensor_names():
+            m = _EXPERT_TENSOR.fullmatch(name)
+            if not m or int(m[1]) != L:
+                continue
+            proj, e, kind = m[2], m[3], m[4]
+            if proj == "gate_up":
+                raise CheckpointError(f"{where}: {name}: merged gate_up expert tensors are not read by ktcy")
+            if (e is None) != self.fused:
+                raise CheckpointError(f"{where}: layer {L} mixes fused (ffn_*_exps) and per-expert tensors ({name})")
+            if kind != "weight" and not (kind == "bias" and gpt_oss and e is None):
+                raise CheckpointError(f"{where}: {name}: ktcy's experts have no per-expert {kind} (llama.cpp applies it; "
+                                      "leaving it out would give other numbers)")
+            if e is not None:
+                numbered[proj].add(int(e))
+        for proj, ids in numbered.items():  # E may be huge: no range(E) is built
+            if not self.fused and not (len(ids) == E and max(ids) == E - 1):
+                beyond = sorted(e for e in ids if e >= E)
+                missing = next(e for e in range(len(ids) + 1) if e not in ids)
+                what = f"also expert {beyond[0]}" if beyond else f"expert {missing} is missing"
+                raise CheckpointError(f"{where}: expert_count is {E}, but layer {L} stores {len(ids)} {proj} experts "
+                                      f"({what})")
 
     dtype = None  # safetensors checkpoints' element type (convert's --input-type); GGUF has ggml types
 
@@ -154,8 +188,9 @@ class GGUFLayerExperts:
     def stored(self):
         """The ggml types, e.g. 'Q4_K' or 'Q4_K (gate, up), Q6_K (down)'."""
         kinds = {}
-        for proj, t in self.types.items():
-            kinds.setdefault(t, []).append(proj)
+        for proj, types in self.types.items():
+            for t in sorted(types):
+                kinds.setdefault(t, []).append(proj)
         if len(kinds) == 1:
             return next(iter(kinds))
         return ", ".join(f"{t} ({', '.join(ps)})" for t, ps in kinds.items())

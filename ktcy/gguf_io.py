@@ -136,7 +136,7 @@ class GGUFFile:
         fd = open_regular_file(self.path)
         try:
             st = os.fstat(fd)
-            self.state = file_state(st)
+            self.state, self._inode = file_state(st), (st.st_dev, st.st_ino)
             if st.st_size < 24:
                 raise CheckpointError(f"{self.path}: {st.st_size} bytes is too short for a GGUF file")
             try:
@@ -183,7 +183,7 @@ class GGUFFile:
             type_id = cur.scalar("<I", f"tensor {name!r}")
             offset = cur.scalar("<Q", f"tensor {name!r}")
             entries.append((name, dims, type_id, offset))
-        data_start = -(-cur.pos // alignment) * alignment
+        self.data_start = data_start = -(-cur.pos // alignment) * alignment
         data_len = len(buf) - data_start
         self.tensors = {}
         spans = []
@@ -212,9 +212,17 @@ class GGUFFile:
                 raise CheckpointError(f"{path}: tensors {a!r} and {b!r} overlap")
 
     def raw(self, name):
-        """The stored bytes of tensor `name` (read-only view)."""
+        """The stored bytes of tensor `name` (read-only view), once the file is checked unchanged
+        since it was opened: a truncated mapping is SIGBUS, and bytes rewritten in place would
+        mix two models (a file replaced by a rename leaves the mapped one intact)."""
         if self._mmap.size() != self.state[0]:
             raise CheckpointError(f"{self.path} changed size on disk since it was opened; load it again")
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            st = None
+        if st is not None and (st.st_dev, st.st_ino) == self._inode and file_state(st) != self.state:
+            raise CheckpointError(f"{self.path} changed on disk since it was opened; load it again")
         t = self.tensors[name]
         return self._map[t.begin:t.begin + t.nbytes]
 
@@ -256,6 +264,10 @@ class GGUFModel:
         self.metadata = self.parts[0].metadata
         self._where = {}
         count = len(self.parts)
+        stated = _split_key(self.metadata, "split.count", self.path)
+        if count == 1 and stated is not None and stated > 1:
+            raise CheckpointError(f"{self.path}: part of a model split into {stated} files (split.count), but not named "
+                                  "<name>-0000K-of-0000N.gguf beside its other parts")
         for i, part in enumerate(self.parts):
             stated_count = _split_key(part.metadata, "split.count", part.path)
             stated_no = _split_key(part.metadata, "split.no", part.path)

@@ -13,7 +13,7 @@ import shutil
 import stat
 import struct
 
-from ktcy.gguf_io import split_parts
+from ktcy.gguf_io import GGUFFile, split_parts
 from ktcy.safetensors_io import write
 
 LOCK_NAME = ".ktcy_convert.lock"
@@ -198,7 +198,7 @@ def remove(path):
 def source_fingerprint(folder):
     """sha256 over config.json, the index, and for every *.safetensors file its name, size,
     mtime and header (names, dtypes, shapes, offsets); for a GGUF model (a file) over every
-    part's name, size, mtime and first MiB (its header and tensor directory, or most of them).
+    part's name, size, mtime, metadata and tensor directory.
     Cheap (no tensor data is read), and it changes when the checkpoint is replaced, re-saved or
     edited in place."""
     h = hashlib.sha256()
@@ -207,7 +207,7 @@ def source_fingerprint(folder):
             st = os.stat(path)
             h.update(f"{os.path.basename(path)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
             with open(path, "rb") as f:
-                h.update(f.read(1 << 20))
+                h.update(f.read(GGUFFile(path).data_start))  # metadata and the whole tensor directory
         return h.hexdigest()
     for name in ("config.json", "model.safetensors.index.json"):
         path = os.path.join(folder, name)

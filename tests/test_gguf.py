@@ -4,9 +4,11 @@ dequantization, codes ktcy holds kept as stored (Q4_0 -> INT4 group 32, MXFP4, B
 refused without a method and quantized again with one, MoE forward against float64 on every
 ISA, split files, and damaged or foreign files refused with a CheckpointError."""
 import os
+import shutil
 import struct
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ from ktcy.convert import convert
 from ktcy.gguf_checkpoint import ARCHITECTURES, GGUFCheckpoint
 from ktcy.gguf_io import GGML_TYPES, GGUFFile
 from ktcy.gguf_quants import DECODERS, dequantize
-from ktcy.output_guard import ConvertError
+from ktcy.output_guard import ConvertError, source_fingerprint
 from ktcy.safetensors_io import CheckpointError
 
 T = gguf.GGMLQuantizationType
@@ -365,3 +367,232 @@ def test_convert_cli_errors_are_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-c", f"import ktcy; ktcy.MoEModel.from_pretrained({path!r})"],
                        capture_output=True, text=True)
     assert "a GGUF model's experts load with ktcy.load_experts or ktcy convert" in r.stderr
+
+
+# Found by an adversarial review (each failed before its fix)
+Q4_0 = {"gate": "Q4_0", "up": "Q4_0", "down": "Q4_0"}
+
+
+def _writer(path, arch="qwen3moe", blocks=2, extra=None):
+    w = gguf.GGUFWriter(path, arch)
+    keys = {f"{arch}.block_count": blocks, f"{arch}.expert_count": E, f"{arch}.expert_used_count": TOP_K,
+            f"{arch}.embedding_length": H, f"{arch}.expert_feed_forward_length": I}
+    keys.update(extra or {})
+    for k, v in keys.items():
+        w.add_uint32(k, v)
+    return w
+
+
+def _close(w):
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+# metadata vs tensors, hostile counts
+
+def test_per_expert_tensors_beyond_expert_count_are_refused(tmp_path):
+    """Legacy per-expert files: blk.L.ffn_gate.{e}.weight for e = 0..3, but expert_count = 2.
+    The fused layout refuses this (shape [4, ...] vs metadata [2, ...]); the per-expert one
+    silently loads only experts 0 and 1 and drops the others."""
+    path = str(tmp_path / "m.gguf")
+    write_model(path, Q4_0, per_expert=True, meta={"qwen3moe.expert_count": 2})
+    with pytest.raises(CheckpointError, match="expert"):
+        ktcy.load_experts(path, 1)
+
+
+def test_huge_expert_count_with_per_expert_tensors_fails_fast(tmp_path):
+    """expert_count = 2^31 (the largest _meta_int accepts) with per-expert tensors: the reader
+    builds a list of 2^31 tensor names before it looks any up -> MemoryError (here under a
+    4 GiB address-space limit; without one it eats ~100+ GiB or is OOM-killed)."""
+    path = str(tmp_path / "m.gguf")
+    write_model(path, Q4_0, per_expert=True, meta={"qwen3moe.expert_count": 1 << 31})
+    code = ("import resource, ktcy\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))\n"
+            "from ktcy.safetensors_io import CheckpointError\n"
+            f"try:\n    ktcy.load_experts({path!r}, 1)\n"
+            "except CheckpointError as e:\n    print('CLEAN', e)\n")
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+    except subprocess.TimeoutExpired:
+        pytest.fail("load_experts ran for over 60 s on a 1 MB file")
+    assert "CLEAN" in r.stdout, r.stderr[-800:]
+
+
+def test_lone_part_of_a_split_model_is_refused(tmp_path):
+    """The first part of a split set renamed (or copied) to plain m.gguf: split.count = 2 says
+    half the tensors are elsewhere, yet it opens as a whole model; layer 2 then fails with a
+    misleading 'no tensor blk.2.ffn_up_exps.weight', and layer 0 loads."""
+    split = tmp_path / "split"
+    split.mkdir()
+    write_model(str(split / "m.gguf"), Q4_0, layers=(0, 2), split_max_tensors=4)
+    first = sorted(os.listdir(split))[0]
+    lone = str(tmp_path / "m.gguf")
+    shutil.copy(split / first, lone)
+    with pytest.raises(CheckpointError, match="split"):
+        GGUFCheckpoint(lone)
+
+
+# companions the reader ignores
+
+def test_per_expert_scale_tensors_are_not_ignored(tmp_path):
+    """llama.cpp reads optional blk.L.ffn_{gate,up,down}_exps.scale ({n_expert} F32, any
+    architecture) and multiplies each expert's output by it: refused, not left out."""
+    path = str(tmp_path / "m.gguf")
+    rng = np.random.default_rng(0)
+    w = _writer(path)
+    raws = {}
+    for proj in ("gate", "up", "down"):
+        raws[proj] = random_blocks("Q4_0", E * 256 * 256, rng)
+        w.add_tensor(f"blk.1.ffn_{proj}_exps.weight", raws[proj].reshape(E, 256, -1), raw_dtype=T.Q4_0)
+    scale = np.array([2.0, 0.5, 3.0, 1.0], np.float32)
+    w.add_tensor("blk.1.ffn_down_exps.scale", scale)
+    _close(w)
+    with pytest.raises(CheckpointError, match="blk.1.ffn_down_exps.scale: ktcy's experts have no per-expert scale"):
+        ktcy.load_experts(path, 1)
+
+
+def test_expert_biases_of_other_architectures_are_not_ignored(tmp_path):
+    """ffn_*_exps.bias is read for GPT-OSS only; llama.cpp adds the biases for any architecture
+    that stores them: a qwen3moe file with them is refused, not loaded without them."""
+    path = str(tmp_path / "m.gguf")
+    write_model(path, Q4_0, biases=True)
+    with pytest.raises(CheckpointError, match="blk.1.ffn_gate_exps.bias: ktcy's experts have no per-expert bias"):
+        ktcy.load_experts(path, 1)
+
+
+def test_mixed_per_expert_types_load_with_a_method(tmp_path):
+    """Legacy per-expert tensors whose types differ between experts (early Mixtral K-quant
+    files): with a method every expert is dequantized and quantized again anyway, yet the layer
+    is refused ('ktcy packs a layer's experts in one format'), against the README's 'layers
+    that mix them ... need a method'."""
+    path = str(tmp_path / "m.gguf")
+    rng = np.random.default_rng(1)
+    w = _writer(path)
+    truth = {}
+    for proj in ("gate", "up", "down"):
+        for e in range(E):
+            t = "Q8_0" if (proj == "down" and e == 3) else "Q4_0"
+            raw = random_blocks(t, 256 * 256, rng)
+            truth[proj, e] = np.asarray(gguf.quants.dequantize(raw, T[t]), np.float32).reshape(256, 256)
+            w.add_tensor(f"blk.1.ffn_{proj}.{e}.weight", raw.reshape(256, -1), raw_dtype=T[t])
+    _close(w)
+    moe = ktcy.load_experts(path, 1, method="BF16")
+    assert moe.format == "BF16"
+    layer = GGUFCheckpoint(path).layer(1)
+    assert np.array_equal(layer.dequantized(3)["down"], truth["down", 3])
+
+
+# convert
+
+def test_convert_refuses_output_in_the_gguf_folder(tmp_path):
+    """'converters never write into their input': with a GGUF input, refuse_output_in_input
+    compares the output with the .gguf *file*, so `ktcy convert -i folder -o folder` (or -o the
+    folder holding the file) writes ktcy_model.json and layer files next to the GGUF.  The
+    folder then reads as a converted folder: load_experts(folder) no longer reads the GGUF and
+    converting it again is refused."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    write_model(str(folder / "m.gguf"), Q4_0)
+    with pytest.raises(ConvertError, match="input"):
+        convert(str(folder), str(folder), progress=Quiet())
+
+
+def test_gguf_rewritten_in_place_during_convert_is_refused(tmp_path):
+    """GGUFFile.raw() checks the size only (SafetensorsFile also checks the mtime): a GGUF
+    rewritten in place with same-sized bytes between two layers of a conversion goes unnoticed,
+    and the output folder mixes two models under the first one's fingerprint."""
+    path, other = str(tmp_path / "m.gguf"), str(tmp_path / "other.gguf")
+    write_model(path, Q4_0, layers=(1, 2), seed=0)
+    write_model(other, Q4_0, layers=(1, 2), seed=5)
+    assert os.path.getsize(path) == os.path.getsize(other)
+
+    class Swap(Quiet):
+        def line(self, text):
+            if text.startswith("layer 1"):
+                with open(other, "rb") as f:
+                    data = f.read()
+                with open(path, "r+b") as f:
+                    f.write(data)
+                os.utime(path, ns=(time.time_ns() + 10**9,) * 2)
+
+    with pytest.raises((CheckpointError, ConvertError), match="changed"):
+        convert(path, str(tmp_path / "out"), progress=Swap())
+
+
+def test_convert_checks_every_layer_before_writing(tmp_path):
+    """Layer 1 Q4_0 (kept as INT4), layer 2 Q4_K (needs a method), method=None: convert packs
+    and writes layer 1, then fails on layer 2, leaving a layer file and no manifest; a rerun
+    with --method INT4 then meets a 'differs from this conversion' conflict.  wanted(L) can be
+    evaluated for every chosen layer before any work."""
+    path, out = str(tmp_path / "m.gguf"), tmp_path / "out"
+    rng = np.random.default_rng(0)
+    w = _writer(path, blocks=3)
+    for L, t in ((1, "Q4_0"), (2, "Q4_K")):
+        for proj in ("gate", "up", "down"):
+            w.add_tensor(f"blk.{L}.ffn_{proj}_exps.weight", random_blocks(t, E * 256 * 256, rng).reshape(E, 256, -1),
+                         raw_dtype=T[t])
+    _close(w)
+    with pytest.raises(CheckpointError, match="pass a method"):
+        convert(path, out, progress=Quiet())
+    assert not [n for n in (os.listdir(out) if out.exists() else []) if n.startswith("ktcy_layer_")]
+
+
+def test_fingerprint_covers_the_tensor_directory(tmp_path):
+    """source_fingerprint hashes the first MiB of each part, documented as 'its header and
+    tensor directory, or most of them'; with a tokenizer in the metadata (any real model: MBs of
+    tokens and merges) the tensor directory lies entirely past that MiB.  A tensor's type
+    changed in place (Q4_0 -> IQ4_NL, same 18-byte blocks, same size and mtime) keeps the
+    fingerprint, so --resume keeps layers of the old file.  The safetensors fingerprint hashes
+    whole headers."""
+    path = str(tmp_path / "m.gguf")
+    rng = np.random.default_rng(0)
+    w = _writer(path)
+    w.add_token_list([f"token{i:06d}" for i in range(100000)])  # ~1.9 MB of metadata
+    for proj in ("gate", "up", "down"):
+        w.add_tensor(f"blk.1.ffn_{proj}_exps.weight", random_blocks("Q4_0", E * 256 * 256, rng).reshape(E, 256, -1),
+                     raw_dtype=T.Q4_0)
+    _close(w)
+    raw = open(path, "rb").read()
+    key = b"blk.1.ffn_down_exps.weight"
+    type_at = raw.index(struct.pack("<Q", len(key)) + key) + 8 + len(key) + 4 + 3 * 8
+    assert type_at > 1 << 20 and struct.unpack("<I", raw[type_at:type_at + 4])[0] == int(T.Q4_0)
+    st = os.stat(path)
+    before = source_fingerprint(path)
+    with open(path, "r+b") as f:
+        f.seek(type_at)
+        f.write(struct.pack("<I", int(T.IQ4_NL)))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert source_fingerprint(path) != before
+
+
+def test_merged_gate_up_tensors_are_named_in_the_refusal(tmp_path):
+    path = str(tmp_path / "m.gguf")
+    rng = np.random.default_rng(2)
+    w = _writer(path)
+    w.add_tensor("blk.1.ffn_gate_up_exps.weight", random_blocks("Q4_0", E * 512 * 256, rng).reshape(E, 512, -1),
+                 raw_dtype=T.Q4_0)
+    w.add_tensor("blk.1.ffn_down_exps.weight", random_blocks("Q4_0", E * 256 * 256, rng).reshape(E, 256, -1),
+                 raw_dtype=T.Q4_0)
+    _close(w)
+    with pytest.raises(CheckpointError, match="merged gate_up expert tensors are not read"):
+        ktcy.load_experts(path, 1)
+
+
+@pytest.mark.parametrize("clamps, loads", [([0.0, 0.0], True), ([0.0, 7.0], False)])
+def test_per_layer_swiglu_clamps_are_refused_unless_all_zero(tmp_path, clamps, loads):
+    """{arch}.swiglu_clamp_exp: one limit per layer, 0 for none (llama.cpp)."""
+    path = str(tmp_path / "m.gguf")
+    rng = np.random.default_rng(3)
+    w = _writer(path)
+    w.add_array("qwen3moe.swiglu_clamp_exp", clamps)
+    for proj in ("gate", "up", "down"):
+        w.add_tensor(f"blk.1.ffn_{proj}_exps.weight", random_blocks("Q4_0", E * 256 * 256, rng).reshape(E, 256, -1),
+                     raw_dtype=T.Q4_0)
+    _close(w)
+    if loads:
+        assert ktcy.load_experts(path, 1).format == "INT4"
+    else:
+        with pytest.raises(CheckpointError, match="swiglu_clamp_exp"):
+            ktcy.load_experts(path, 1)
