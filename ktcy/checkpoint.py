@@ -350,6 +350,12 @@ class Checkpoint:
         return LayerExperts(self, L)
 
 
+def check_expert_index(e, num_experts):
+    """IndexError unless e is an integer expert number in [0, num_experts)."""
+    if isinstance(e, bool) or not isinstance(e, (int, np.integer)) or not 0 <= e < num_experts:
+        raise IndexError(f"expert {e!r} outside [0, {num_experts})")
+
+
 class LayerExperts:
     """One layer's experts, read one at a time: expert(e) -> {proj: (weight [N, K], scale | None)},
     or for weights released quantized {proj: (codes [N, K], spec dict)} (see ktcy.quant_readers)."""
@@ -512,15 +518,11 @@ class LayerExperts:
                 return (w, scale)
         raise CheckpointError(f"{name}: FP8 weight without {name}_scale_inv or {name}_scale")
 
-    def _check_expert(self, e):
-        if isinstance(e, bool) or not isinstance(e, (int, np.integer)) or not 0 <= e < self.num_experts:
-            raise IndexError(f"expert {e!r} outside [0, {self.num_experts})")
-
     def expert(self, e):
         """{"gate"|"up"|"down": (weight [N, K] view, scale view or None)} of expert e; for weights
         released quantized (codes [N, K], spec), refused (CheckpointError) where the stored
         layout cannot be kept (then dequantized() / source(another format) still work)."""
-        self._check_expert(e)
+        check_expert_index(e, self.num_experts)
         if self.quant is not None:
             out = {}
             for proj in ("gate", "up", "down"):
@@ -556,7 +558,7 @@ class LayerExperts:
         return lambda e: {proj: (w, None) for proj, w in self.dequantized(e).items()}
 
     def _kept_or_dequantized(self, e):
-        self._check_expert(e)
+        check_expert_index(e, self.num_experts)
         out = {}
         for proj in ("gate", "up", "down"):
             r = self._released(proj, e)
@@ -614,7 +616,7 @@ class LayerExperts:
     def dequantized(self, e):
         """Expert e as float32 arrays: FP8 codes times their scales, released INT4 / MXFP4 codes
         dequantized exactly (on the CPU)."""
-        self._check_expert(e)
+        check_expert_index(e, self.num_experts)
         if self.quant is not None:
             return {proj: self._released(proj, e).dequantize() for proj in ("gate", "up", "down")}
         return {proj: dequantize(w, s) for proj, (w, s) in self.expert(e).items()}

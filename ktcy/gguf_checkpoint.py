@@ -16,8 +16,8 @@ import re
 
 import numpy as np
 
-from ktcy.checkpoint import MAX_LAYERS, MoEArchitecture, layer_number
-from ktcy.gguf_io import GGML_TYPES, ArrayValue, GGUFModel
+from ktcy.checkpoint import MAX_LAYERS, MoEArchitecture, check_expert_index, layer_number
+from ktcy.gguf_io import ArrayValue, GGUFModel
 from ktcy.gguf_quants import dequantize, supported
 from ktcy.log import warn_once
 from ktcy.safetensors_io import CheckpointError
@@ -205,10 +205,6 @@ class GGUFLayerExperts:
                                "holds as stored; pass a method (e.g. 'INT4', 'INT8' or 'BF16'): the values are "
                                "dequantized exactly and quantized again")
 
-    def _check_expert(self, e):
-        if isinstance(e, bool) or not isinstance(e, (int, np.integer)) or not 0 <= e < self.num_experts:
-            raise IndexError(f"expert {e!r} outside [0, {self.num_experts})")
-
     def _raw(self, proj, e):
         """(type name, bytes of expert e's [N, K] values, [N, K])."""
         model = self.ckpt.model
@@ -222,18 +218,16 @@ class GGUFLayerExperts:
         return t.type_name, model.raw(name)[e * per:(e + 1) * per], t.shape[1:]
 
     def _values(self, proj, e):
-        type_name, raw, shape = self._raw(proj, e)
-        _, block, block_bytes = next(v for v in GGML_TYPES.values() if v[0] == type_name)
-        return dequantize(type_name, raw, shape, block, block_bytes)
+        return dequantize(*self._raw(proj, e))
 
     def dequantized(self, e):
         """Expert e as float32 [N, K] arrays, the values llama.cpp decodes."""
-        self._check_expert(e)
+        check_expert_index(e, self.num_experts)
         return {proj: self._values(proj, e) for proj in PROJECTIONS}
 
     def expert(self, e):
         """Expert e as stored, in the native format (BF16 sources as float32 values)."""
-        self._check_expert(e)
+        check_expert_index(e, self.num_experts)
         if self.native_format is None:
             raise self.needs_method()
         if self.native_format == "BF16":
@@ -278,9 +272,5 @@ class GGUFLayerExperts:
             if t.shape != (E, width) or t.type_name not in ("F32", "F16", "BF16"):
                 raise CheckpointError(f"{self.ckpt.path}: {name} is {t.type_name} {list(t.shape)}; expected a float "
                                       f"[{E}, {width}]")
-            out[proj] = np.ascontiguousarray(self._plain(t, model.raw(name)))
+            out[proj] = np.ascontiguousarray(dequantize(t.type_name, model.raw(name), t.shape))
         return out
-
-    @staticmethod
-    def _plain(t, raw):
-        return dequantize(t.type_name, raw, t.shape, 1, {"F32": 4, "F16": 2, "BF16": 2}[t.type_name])

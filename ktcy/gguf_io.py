@@ -42,6 +42,7 @@ GGML_TYPES = {
     34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17), 40: ("NVFP4", 64, 36),
     41: ("Q1_0", 128, 18),
 }
+BLOCK_SIZES = {name: (values, nbytes) for name, values, nbytes in GGML_TYPES.values()}
 
 # metadata value types: id -> struct format of a scalar (strings and arrays are read apart)
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}

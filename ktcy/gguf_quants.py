@@ -25,6 +25,7 @@ block].  Layouts (ggml's block structs; f16 = IEEE half, little-endian):
   MXFP4 E8M0 exponent e, nibbles as Q4_0 holding E2M1 codes; (2 E2M1) * 2^(e - 128)"""
 import numpy as np
 
+from ktcy.gguf_io import BLOCK_SIZES
 from ktcy.kernels import E2M1_VALUES
 
 _NIBBLE_SHIFTS = np.array([0, 4], np.uint8)
@@ -169,13 +170,14 @@ DECODERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q8_0": 
 PLAIN = {"F32": np.float32, "F16": np.float16, "BF16": None}
 
 
-def dequantize(type_name, raw, shape, block, block_bytes):
-    """float32 values of `shape` (rows innermost, a multiple of `block`) from the stored bytes."""
+def dequantize(type_name, raw, shape):
+    """float32 values of `shape` (rows innermost, a whole number of the type's blocks) from the
+    stored bytes of ggml type `type_name`."""
     if type_name in PLAIN:
         if type_name == "BF16":
             return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
         return raw.view(PLAIN[type_name]).astype(np.float32).reshape(shape)
-    blocks = raw.reshape(-1, block_bytes)
+    blocks = raw.reshape(-1, BLOCK_SIZES[type_name][1])
     with np.errstate(invalid="ignore", over="ignore"):  # a NaN or inf block scale: refused where packed
         return DECODERS[type_name](blocks).astype(np.float32, copy=False).reshape(shape)
 
