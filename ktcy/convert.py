@@ -223,8 +223,10 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
         return {"layer": L, "weight_format": fmt, "group_size": weight_group(fmt, g), "source_fingerprint": fingerprint,
                 "layout_version": LAYOUT_VERSION}
 
-    for L in chosen:  # every layer's format settled (a GGUF layer may need a method) before anything is written
+    for L in chosen:  # every layer's format and dtype settled (a GGUF layer may need a method) before any write
         wanted(L)
+        if input_type:
+            check_input_type(ckpt.layer(L), input_type)
 
     with OutputLock(output_path):
         _refuse_foreign_config(output_path, overwrite)
@@ -264,7 +266,6 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
                               "for it; not converted")
                 continue
             experts = ckpt.layer(L)
-            check_input_type(experts, input_type)
             want = wanted(L)
             fmt = want["weight_format"]
             label = f"layer {L} ({i + 1}/{len(chosen)}) {fmt}"

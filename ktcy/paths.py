@@ -145,6 +145,8 @@ def require_folder(path, what="checkpoint"):
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
+        if os.fspath(path).endswith(".gguf"):
+            raise CheckpointError(f"{path}: no such file") from None
         raise CheckpointError(f"{path}: not a folder (nothing exists there); a {what} is a folder holding "
                               "config.json and .safetensors files") from None
     except OSError as e:

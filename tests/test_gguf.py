@@ -596,3 +596,16 @@ def test_per_layer_swiglu_clamps_are_refused_unless_all_zero(tmp_path, clamps, l
     else:
         with pytest.raises(CheckpointError, match="swiglu_clamp_exp"):
             ktcy.load_experts(path, 1)
+
+
+def test_convert_refusals_leave_no_output_folder(tmp_path):
+    """A GGUF that is missing, or an --input-type it cannot meet: one line, and nothing written."""
+    path = str(tmp_path / "m.gguf")
+    write_model(path, Q4_0)
+    for source, extra, message in ((str(tmp_path / "absent.gguf"), [], "absent.gguf: no such file"),
+                                   (path, ["--input-type", "bf16"], "stores ggml types")):
+        out = tmp_path / "out"
+        r = subprocess.run([sys.executable, "-m", "ktcy", "convert", "-i", source, "-o", str(out), *extra],
+                           capture_output=True, text=True)
+        assert r.returncode == 1 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert not out.exists()
