@@ -10,7 +10,8 @@ and must agree with the metadata (`{arch}.expert_count`, `.expert_used_count`,
 Codes a ktcy format holds exactly are kept: Q4_0 (d * (q - 8) over 32 values) is INT4 with group
 32, MXFP4 is MXFP4, BF16 is BF16 (F16 and F32 round to BF16, as from safetensors).  Every other
 ggml type (Q4_K, Q6_K, Q8_0, ..., and layers that mix types) has no ktcy twin: loading it needs a
-method, and its values are dequantized exactly (ktcy.gguf_quants) before ktcy quantizes them."""
+method, and its values are dequantized exactly (ktcy.gguf_quants) before ktcy quantizes them.
+Routers and shared experts (MoEModel) are read by ktcy.gguf_blocks."""
 import os
 import re
 
@@ -71,6 +72,21 @@ def _meta_int(meta, key, where, required=True):
     return v
 
 
+def stored_form(type_name, raw, shape):
+    """One [N, K] tensor as ktcy keeps it: Q4_0 as INT4 codes with their group-32 scales, MXFP4 as
+    its nibbles and exponents (each with the spec dict MoE.from_experts reads), any other type as
+    the float32 values llama.cpp decodes (spec None)."""
+    if type_name not in ("Q4_0", "MXFP4"):
+        return dequantize(type_name, raw, shape), None
+    n, k = shape
+    blocks = raw.reshape(n * k // 32, -1)
+    nibbles = np.concatenate([blocks[:, -16:] & 0x0F, blocks[:, -16:] >> 4], axis=1).reshape(n, k)
+    if type_name == "Q4_0":
+        scale = np.ascontiguousarray(blocks[:, :2]).view(np.float16).astype(np.float32).reshape(n, k // 32)
+        return (nibbles.astype(np.int16) - 8).astype(np.int8), {"format": "INT4", "scale": scale, "group_size": 32}
+    return nibbles, {"format": "MXFP4", "exponents": np.ascontiguousarray(blocks[:, 0]).reshape(n, k // 32)}
+
+
 class GGUFCheckpoint:
     def __init__(self, path):
         self.model = GGUFModel(model_file(path))
@@ -101,9 +117,19 @@ class GGUFCheckpoint:
         inter = _meta_int(meta, f"{arch}.expert_feed_forward_length", where, required=False)
         if inter is None:  # Mixtral's files state the expert width as the model's
             inter = _meta_int(meta, f"{arch}.feed_forward_length", where)
+        # multi-token-prediction layers (GLM-4.5's last) are stored as decoder blocks, but their
+        # config.json counterparts are not decoder layers
+        nextn = meta.get(f"{arch}.nextn_predict_layers", 0)
+        if isinstance(nextn, bool) or not isinstance(nextn, int) or not 0 <= nextn < blocks:
+            raise CheckpointError(f"{where}: {arch}.nextn_predict_layers is {nextn!r:.40}, expected an integer in "
+                                  f"[0, {blocks})")
+        layers = [L for L in layers if L < blocks - nextn]
+        if not layers:
+            raise CheckpointError(f"{where}: experts only in the {nextn} multi-token-prediction layers")
         self.architecture = arch
-        self.arch = MoEArchitecture(experts, top_k, hidden, inter, blocks, tuple(layers),
-                                    {"model_type": ARCHITECTURES[arch]}, f"{where} (metadata)")
+        self.config = {"model_type": ARCHITECTURES[arch], "architectures": [f"{arch} (GGUF)"]}
+        self.arch = MoEArchitecture(experts, top_k, hidden, inter, blocks - nextn, tuple(layers),
+                                    self.config, f"{where} (metadata)")
 
     def release_pages(self):
         self.model.release_pages()
@@ -230,20 +256,7 @@ class GGUFLayerExperts:
         check_expert_index(e, self.num_experts)
         if self.native_format is None:
             raise self.needs_method()
-        if self.native_format == "BF16":
-            return {proj: (self._values(proj, e), None) for proj in PROJECTIONS}
-        out = {}
-        for proj in PROJECTIONS:
-            _, raw, (n, k) = self._raw(proj, e)
-            blocks = raw.reshape(n * k // 32, -1)
-            nibbles = np.concatenate([blocks[:, -16:] & 0x0F, blocks[:, -16:] >> 4], axis=1).reshape(n, k)
-            if self.native_format == "INT4":
-                scale = np.ascontiguousarray(blocks[:, :2]).view(np.float16).astype(np.float32).reshape(n, k // 32)
-                out[proj] = ((nibbles.astype(np.int16) - 8).astype(np.int8),
-                             {"format": "INT4", "scale": scale, "group_size": 32})
-            else:
-                out[proj] = (nibbles, {"format": "MXFP4", "exponents": np.ascontiguousarray(blocks[:, 0]).reshape(n, k // 32)})
-        return out
+        return {proj: stored_form(*self._raw(proj, e)) for proj in PROJECTIONS}
 
     def source(self, fmt, strict=True):
         """expert() where ktcy keeps the stored codes (MoE.from_experts packs them as stored, or

@@ -11,11 +11,12 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 
-from ktcy import torch_bridge
+from ktcy import gguf_blocks, torch_bridge
 from ktcy.checkpoint import Checkpoint, config_int, layer_number
 from ktcy.config import MoeConfig, QuantConfig, checked_isa
 from ktcy.converted import ConvertedFolder
 from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format
+from ktcy.gguf_checkpoint import GGUFCheckpoint, is_gguf
 from ktcy.gpt_oss import read_router
 from ktcy.kernels import as_float32_matrix
 from ktcy.loading import PathLike, experts_from_checkpoint, original_checkpoint, source_for
@@ -111,6 +112,15 @@ def load_rules(rules):
     return [Rule(i, r) for i, r in enumerate(rules)]
 
 
+def _kept_group(pairs, fmt):
+    """The group size that keeps a dense MLP's released codes as stored when they are in fmt
+    (else the packer dequantizes them, and INT4 takes the default group)."""
+    s = pairs["gate"][1]
+    if isinstance(s, dict) and s["format"] == fmt and s.get("group_size") in INT4_GROUP_SIZES:
+        return s["group_size"]
+    return DEFAULT_INT4_GROUP
+
+
 class SharedExpert:
     """Dense SwiGLU shared expert(s), run as a one-expert MoE through the same kernels; Qwen2-MoE
     scales it per token by sigmoid(h . shared_expert_gate)."""
@@ -180,7 +190,8 @@ class MoEBlock:
 
 class MoEModel:
     """Every MoE block of a Hugging Face checkpoint folder, by the names the checkpoint uses
-    (model.layers.3.mlp.experts, Mixtral's model.layers.3.block_sparse_moe.experts, ...)."""
+    (model.layers.3.mlp.experts, Mixtral's model.layers.3.block_sparse_moe.experts, ...), or of a
+    GGUF model (by transformers' module names, model.layers.3.mlp.experts)."""
 
     def __init__(self, ckpt, blocks, rules, default_backend, isa, converted=None, group=None):
         self.checkpoint, self.blocks, self.rules = ckpt, blocks, rules
@@ -193,11 +204,13 @@ class MoEModel:
                         backend: Optional[str] = None, layers: Optional[Iterable[int]] = None,
                         isa: Optional[str] = None, experts_path: Optional[PathLike] = None,
                         group: Any = None) -> "MoEModel":
-        """Every MoE block of a Hugging Face checkpoint.
+        """Every MoE block of a Hugging Face checkpoint or a GGUF model.
 
         Parameters
-          path: checkpoint folder (config.json + safetensors), `~/...`, or a hub id already in the
-            local Hugging Face cache (nothing is downloaded).  A folder written by `ktcy convert`
+          path: checkpoint folder (config.json + safetensors), a GGUF model (a .gguf file, any
+            part of a split one, or a folder holding one: routers and shared experts read as
+            llama.cpp reads them, ktcy.gguf_blocks), `~/...`, or a hub id already in the local
+            Hugging Face cache (nothing is downloaded).  A folder written by `ktcy convert`
             holds experts only and is refused.
           rules: optimize rules (YAML file path, YAML text or list of dicts, first match wins)
             choosing each block's backend by block name.
@@ -228,11 +241,16 @@ class MoEModel:
         path = original_checkpoint(path, "MoEModel", "routers, shared experts")
         if backend is not None:
             canonical_format(backend)
-        ckpt = Checkpoint(path)
-        ckpt.arch.router_settings()  # refuses bad router values before any expert is packed
+        ckpt = GGUFCheckpoint(path) if is_gguf(path) else Checkpoint(path)
+        if not isinstance(ckpt, GGUFCheckpoint):
+            ckpt.arch.router_settings()  # refuses bad router values before any expert is packed
         ckpt.arch.activation_settings()
         parsed = load_rules(rules)
         chosen = list(ckpt.arch.moe_layers) if layers is None else _layer_list(layers)
+        if isinstance(ckpt, GGUFCheckpoint):  # each layer's router metadata and tensors, likewise
+            for L in chosen:
+                if L in ckpt.arch.moe_layers:
+                    gguf_blocks.router(ckpt, L)
         converted = None
         if experts_path is not None:
             converted = ConvertedFolder(experts_path, ckpt)
@@ -291,6 +309,8 @@ class MoEModel:
 
     def _build(self, L, forced_backend, repacked):
         ckpt, arch = self.checkpoint, self.checkpoint.arch
+        if isinstance(ckpt, GGUFCheckpoint):
+            return self._build_gguf(L, forced_backend, repacked)
         layer = ckpt.layer(L)
         name = layer.block_name
         rule = self._rule_for(name)
@@ -317,6 +337,24 @@ class MoEModel:
             raise CheckpointError(f"{arch.source}: {router.topk_group} of {router.n_group} groups hold fewer than the "
                                   f"{arch.top_k} experts a token takes")
         shared = self._shared(layer, experts.format, backend)
+        return MoEBlock(name, L, router, experts, shared, rule, backend, origin)
+
+    def _build_gguf(self, L, forced_backend, repacked):
+        ckpt = self.checkpoint
+        ckpt.layer(L)  # refuses a layer that is not an MoE layer first
+        name = gguf_blocks.block_name(L)
+        rule = self._rule_for(name)
+        backend = forced_backend or (rule.backend if rule is not None and rule.backend else None) or self.default_backend
+        router = gguf_blocks.router(ckpt, L)
+        experts, origin = self._experts(L, backend, repacked)
+        found = gguf_blocks.shared_expert(ckpt, L)
+        shared = None
+        if found is not None:
+            pairs, inter, gate = found
+            config = MoeConfig(1, 1, ckpt.arch.hidden_size, inter,
+                               QuantConfig(experts.format, group_size=_kept_group(pairs, experts.format)),
+                               backend=backend, isa=self.isa)
+            shared = SharedExpert(MoE.from_experts(config, lambda e: pairs), gate)
         return MoEBlock(name, L, router, experts, shared, rule, backend, origin)
 
     def _bias(self, name):
@@ -346,12 +384,8 @@ class MoEModel:
         if biased:  # ERNIE's use_bias: ktcy's experts have no biases but GPT-OSS's
             raise CheckpointError(f"{where}: {biased[0]} is stored: shared experts with biases are not supported")
         pairs, kind = layer.dense_mlp(name, H, inter)
-        s = pairs["gate"][1]
-        group = DEFAULT_INT4_GROUP
-        if isinstance(s, dict):  # released codes: kept when fmt is theirs, else dequantized by the packer
-            if s["format"] == fmt and s.get("group_size") in INT4_GROUP_SIZES:
-                group = s["group_size"]
-        config = MoeConfig(1, 1, H, inter, QuantConfig(fmt, group_size=group), backend=backend, isa=self.isa)
+        config = MoeConfig(1, 1, H, inter, QuantConfig(fmt, group_size=_kept_group(pairs, fmt)), backend=backend,
+                           isa=self.isa)
         return SharedExpert(MoE.from_experts(config, source_for(fmt, kind, lambda e: pairs)), gate)
 
     def inject_expert_backend(self, layer_regex: str, backend: str) -> List[str]:

@@ -17,7 +17,8 @@ ernie4_5_moe softmax probabilities; choice on probabilities + e_score_correction
              probabilities of the chosen over their sum, the sum at least moe_norm_min (ERNIE 4.5)
 deepseek_v2  softmax probabilities; top-k of them ("greedy"), or of the topk_group best of n_group
              groups ("group_limited_greedy": a group scores its largest probability); weights the
-             probabilities, not renormalised, times routed_scaling_factor (DeepSeek-V2)
+             probabilities, not renormalised (a GGUF file may ask for it), times
+             routed_scaling_factor (DeepSeek-V2)
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -80,7 +81,10 @@ class Router:
             e = np.exp(logits - logits.max(axis=1, keepdims=True))
             probs = e / e.sum(axis=1, keepdims=True)
             ids = top_k_desc(self._in_kept_groups(probs, lambda g: g.max(axis=2)), k)
-            return ids, (np.take_along_axis(probs, ids, axis=1) * self.routed_scaling_factor).astype(np.float32)
+            w = np.take_along_axis(probs, ids, axis=1)
+            if self.norm_topk_prob:  # GGUF files say so (expert_weights_norm); config.json never does
+                w = w / w.sum(axis=1, keepdims=True)
+            return ids, (w * self.routed_scaling_factor).astype(np.float32)
         if self.kind in ("deepseek_v3", "minimax_m2"):
             scores = 1.0 / (1.0 + np.exp(-logits))
             choice = scores + (self.bias if self.bias is not None else 0.0)

@@ -10,24 +10,25 @@ import ktcy
 import ktcy.hf
 from ktcy.distributed import ExpertParallelMoE, init_process_group
 
-moe_ckpt, hf_ckpt, out = sys.argv[1:4]
+moe_ckpt, hf_ckpt, out, gguf_model = sys.argv[1:5]
 init_process_group(timeout=60)
 world = torch.distributed.group.WORLD
 rank = torch.distributed.get_rank()
 ktcy.set_num_threads(1)
 torch.set_num_threads(1)
 
-h = np.random.default_rng(7).standard_normal((9, ktcy.MoEModel.from_pretrained(moe_ckpt, layers=[]).checkpoint.arch
-                                               .hidden_size)).astype(np.float32)
 results = {}
-for backend in ("INT8", "BF16"):
-    single = ktcy.MoEModel.from_pretrained(moe_ckpt, backend=backend)
-    shared = ktcy.MoEModel.from_pretrained(moe_ckpt, backend=backend, group=world)
-    for name, block in shared.blocks.items():
-        assert isinstance(block.experts, ExpertParallelMoE), type(block.experts)
-        results[f"{backend}:{name}:parallel"] = block.forward(h)
-        results[f"{backend}:{name}:single"] = single.blocks[name].forward(h)
-        results[f"{backend}:{name}:local"] = np.array(block.experts.local_experts)
+for source, path in (("hf", moe_ckpt), ("gguf", gguf_model)):  # a checkpoint folder, a GGUF file
+    hidden = ktcy.MoEModel.from_pretrained(path, layers=[]).checkpoint.arch.hidden_size
+    h = np.random.default_rng(7).standard_normal((9, hidden)).astype(np.float32)
+    for backend in ("INT8", "BF16"):
+        single = ktcy.MoEModel.from_pretrained(path, backend=backend)
+        shared = ktcy.MoEModel.from_pretrained(path, backend=backend, group=world)
+        for name, block in shared.blocks.items():
+            assert isinstance(block.experts, ExpertParallelMoE), type(block.experts)
+            results[f"{source}:{backend}:{name}:parallel"] = block.forward(h)
+            results[f"{source}:{backend}:{name}:single"] = single.blocks[name].forward(h)
+            results[f"{source}:{backend}:{name}:local"] = np.array(block.experts.local_experts)
 
 prompt = torch.tensor([[3, 4, 5, 6, 7, 8]])
 single = ktcy.hf.from_pretrained(hf_ckpt, backend="INT8", dtype=torch.float32)

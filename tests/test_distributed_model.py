@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")  # CI installs the hf extra: this never skips there
 
 import hf_checkpoints as hf_ckpts  # noqa: E402
+from test_gguf_model import ROUTING_CASES, write_block_model  # noqa: E402
 from test_model import build  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -27,16 +28,19 @@ def folders(tmp_path_factory):
     moe_ckpt = root / "moe"
     build(str(moe_ckpt), "deepseek")   # grouped router, shared experts
     hf = hf_ckpts.build("qwen3_moe", root / "hf", seed=hf_ckpts.GREEDY_SEEDS["qwen3_moe"])
-    return root, str(moe_ckpt), str(hf)
+    gguf_model = str(root / "model.gguf")  # a DeepSeek-V3-like GGUF: grouped sigmoid router, shared experts
+    write_block_model(gguf_model, "deepseek2", ROUTING_CASES["deepseek2 sigmoid, groups, renormalised, scaled"][1],
+                      bias=True, shared=32, layers=(1, 2), blocks=3)
+    return root, str(moe_ckpt), str(hf), gguf_model
 
 
 def test_models_expert_parallel_equal_one_process(folders):
-    root, moe_ckpt, hf = folders
-    run = launch([sys.executable, os.path.join(HERE, "dist_model_rank.py"), moe_ckpt, hf, str(root)])
+    root, moe_ckpt, hf, gguf_model = folders
+    run = launch([sys.executable, os.path.join(HERE, "dist_model_rank.py"), moe_ckpt, hf, str(root), gguf_model])
     assert run.returncode == 0, run.stderr[-3000:]
     ranks = [np.load(root / f"rank{r}.npz") for r in (0, 1)]
     keys = [k[:-len(":parallel")] for k in ranks[0].files if k.endswith(":parallel")]
-    assert len(keys) >= 3   # INT8 and BF16 blocks, and the hf model
+    assert len(keys) >= 5 and any(k.startswith("gguf:") for k in keys)   # INT8 and BF16 blocks of both, the hf model
     for res in ranks:
         for key in keys:
             # the slots' all_reduce adds exact zeros, and the k slots are summed in forward's order
@@ -47,7 +51,7 @@ def test_models_expert_parallel_equal_one_process(folders):
 
 
 def test_generate_under_ktcy_launch_gives_the_single_process_tokens(folders):
-    _, _, hf = folders
+    _, _, hf, _ = folders
     argv = ["generate", "--model", hf, "--backend", "INT8", "--input-ids", "3,4,5,6", "--max-new-tokens", "5",
             "--threads", "1"]
     single = subprocess.run([sys.executable, "-m", "ktcy"] + argv, capture_output=True, text=True, timeout=240,

@@ -33,6 +33,7 @@ from ktcy.config import MoeConfig, QuantConfig
 from ktcy.distributed.comm import DistributedError, Group
 from ktcy.distributed.placement import Placement
 from ktcy.formats import canonical_format
+from ktcy.gguf_checkpoint import GGUFCheckpoint, is_gguf
 from ktcy.kernels import as_float32_matrix
 from ktcy.loading import block_settings, converted_layer_file, is_converted, layer_group_size
 from ktcy.moe import MoE, pack_experts, stacked_experts
@@ -155,13 +156,20 @@ class ExpertParallelMoE:
     def from_checkpoint(cls, checkpoint, layer: int, method: Optional[str] = None, group=None,
                         placement: Optional[Placement] = None, isa: Optional[str] = None,
                         **options) -> "ExpertParallelMoE":
-        """Layer `layer` of a Hugging Face checkpoint (a folder, hub id in the local cache, or an
-        open ktcy Checkpoint), each rank reading and packing only its own experts, so no rank
-        ever holds the whole layer.  method as ktcy.load_experts (None keeps the stored precision)."""
-        ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(resolve_model_path(checkpoint))
+        """Layer `layer` of a Hugging Face checkpoint or a GGUF model (a folder, a .gguf file, a hub
+        id in the local cache, or one opened by ktcy), each rank reading and packing only its own
+        experts, so no rank ever holds the whole layer.  method as ktcy.load_experts (None keeps
+        the stored precision)."""
+        if isinstance(checkpoint, (Checkpoint, GGUFCheckpoint)):
+            ckpt = checkpoint
+        else:
+            path = resolve_model_path(checkpoint)
+            ckpt = GGUFCheckpoint(path) if is_gguf(path) else Checkpoint(path)
         experts = ckpt.layer(layer_number(layer))
         a = ckpt.arch
         fmt = canonical_format(method) if method is not None else experts.native_format
+        if fmt is None:  # a GGUF type no ktcy format holds as stored
+            raise experts.needs_method()
         config = MoeConfig(a.num_experts, a.top_k, a.hidden_size, a.intermediate_size,
                            QuantConfig(fmt, group_size=layer_group_size(experts, fmt)), backend=method, isa=isa,
                            **block_settings(a))

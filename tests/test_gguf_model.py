@@ -1,0 +1,390 @@
+"""MoEModel from a GGUF model: routers and shared experts read from llama.cpp's tensors and
+metadata.  Each family's tiny transformers model is written as llama.cpp's converter writes it
+(its tensor names and `{arch}.*` keys, written here from the converter's description, not by
+ktcy), and the blocks built from that file must equal the blocks built from the Hugging Face
+folder; a float64 reference of llama.cpp's routing covers the metadata a config.json cannot say."""
+import os
+
+import numpy as np
+import pytest
+
+import gguf
+import hf_checkpoints as ckpts
+
+torch = pytest.importorskip("torch")  # CI installs the hf extra: this never skips there
+pytest.importorskip("transformers")
+import ktcy  # noqa: E402
+from ktcy.convert import convert  # noqa: E402
+from ktcy.model import MoEModel  # noqa: E402
+from ktcy.safetensors_io import CheckpointError  # noqa: E402
+
+T = gguf.GGMLQuantizationType
+
+# HF model_type -> (general.architecture, the router and shared-expert keys llama.cpp's converter
+# writes from its config)
+FAMILIES = {
+    "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "qwen3_next": "qwen3next", "olmoe": "olmoe",
+    "mixtral": "llama", "deepseek_v3": "deepseek2", "deepseek_v2": "deepseek2", "glm4_moe": "glm4moe",
+    "dots1": "dots1", "ernie4_5_moe": "ernie4_5-moe", "minimax_m2": "minimax-m2", "gpt_oss": "gpt-oss",
+}
+
+
+def hf_tensors(folder):
+    from safetensors import safe_open
+    out = {}
+    for name in os.listdir(folder):
+        if name.endswith(".safetensors"):
+            with safe_open(os.path.join(folder, name), "pt") as f:
+                for key in f.keys():
+                    out[key] = f.get_tensor(key).float().numpy()
+    return out
+
+
+def bf16_bytes(x):
+    return gguf.quants.quantize(np.ascontiguousarray(x, np.float32), T.BF16)
+
+
+def add_bf16(w, name, x):
+    raw = bf16_bytes(x)
+    w.add_tensor(name, raw.reshape(x.shape[:-1] + (-1,)), raw_dtype=T.BF16)
+
+
+def expert_stacks(t, p, E):
+    """(gate [E, I, H], up [E, I, H], down [E, H, I]) of the block at prefix p."""
+    if f"{p}.experts.gate_up_proj" in t:  # GPT-OSS: [E, H, 2I] with gate and up interleaved, down [E, I, H]
+        gu = t[f"{p}.experts.gate_up_proj"]
+        return (gu[:, :, 0::2].transpose(0, 2, 1), gu[:, :, 1::2].transpose(0, 2, 1),
+                t[f"{p}.experts.down_proj"].transpose(0, 2, 1))
+    names = ("gate_proj", "up_proj", "down_proj") if f"{p}.experts.0.gate_proj.weight" in t else ("w1", "w3", "w2")
+    return tuple(np.stack([t[f"{p}.experts.{e}.{n}.weight"] for e in range(E)]) for n in names)
+
+
+def write_gguf(hf_folder, path, model_type):
+    """hf_folder's MoE blocks as llama.cpp's convert_hf_to_gguf.py names them, with the metadata
+    keys it writes for the family; the experts in BF16, routers and biases in F32."""
+    import json
+    cfg = json.load(open(os.path.join(hf_folder, "config.json")))
+    cfg = cfg.get("text_config", cfg)
+    arch = FAMILIES[model_type]
+    t = hf_tensors(hf_folder)
+    E = cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg["moe_num_experts"]
+    inter = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
+    w = gguf.GGUFWriter(path, arch)
+    keys = {"block_count": cfg["num_hidden_layers"], "expert_count": E,
+            "expert_used_count": cfg.get("num_experts_per_tok") or cfg.get("moe_k"),
+            "embedding_length": cfg["hidden_size"]}
+    keys["feed_forward_length" if arch == "llama" else "expert_feed_forward_length"] = inter
+    if "shared_expert_intermediate_size" in cfg:
+        keys["expert_shared_feed_forward_length"] = cfg["shared_expert_intermediate_size"]
+    if arch in ("deepseek2", "glm4moe", "dots1"):
+        keys["expert_shared_count"] = cfg["n_shared_experts"]
+        keys["expert_group_count"] = cfg.get("n_group", 1)
+        keys["expert_group_used_count"] = cfg.get("topk_group", 1)
+        keys["expert_gating_func"] = 1 if model_type == "deepseek_v2" else 2
+    for key, value in keys.items():
+        w.add_uint32(f"{arch}.{key}", value)
+    if arch in ("deepseek2", "glm4moe", "dots1"):
+        w.add_float32(f"{arch}.expert_weights_scale", cfg["routed_scaling_factor"])
+        w.add_bool(f"{arch}.expert_weights_norm", bool(cfg.get("norm_topk_prob", False)))
+    layers = sorted({int(k.split(".")[2]) for k in t if ".experts." in k})
+    for L in layers:
+        p = next(f"model.layers.{L}.{m}" for m in ("mlp", "block_sparse_moe") if f"model.layers.{L}.{m}.experts.0.w1.weight" in t
+                 or f"model.layers.{L}.{m}.experts.0.gate_proj.weight" in t or f"model.layers.{L}.{m}.experts.gate_up_proj" in t)
+        for proj, stack in zip(("gate", "up", "down"), expert_stacks(t, p, E)):
+            add_bf16(w, f"blk.{L}.ffn_{proj}_exps.weight", stack)
+        router = f"{p}.router" if model_type == "gpt_oss" else f"{p}.gate"
+        w.add_tensor(f"blk.{L}.ffn_gate_inp.weight", t[f"{router}.weight"].astype(np.float32))
+        if model_type == "gpt_oss":
+            w.add_tensor(f"blk.{L}.ffn_gate_inp.bias", t[f"{router}.bias"].astype(np.float32))
+            gub = t[f"{p}.experts.gate_up_proj_bias"]
+            for proj, b in (("gate", gub[:, 0::2]), ("up", gub[:, 1::2]), ("down", t[f"{p}.experts.down_proj_bias"])):
+                w.add_tensor(f"blk.{L}.ffn_{proj}_exps.bias", np.ascontiguousarray(b, np.float32))
+        for bias in (f"{p}.gate.e_score_correction_bias", f"{p}.e_score_correction_bias",
+                     f"{p}.moe_statics.e_score_correction_bias"):
+            if bias in t:
+                w.add_tensor(f"blk.{L}.exp_probs_b.bias", t[bias].reshape(E).astype(np.float32))
+        for shared in (f"{p}.shared_experts", f"{p}.shared_expert"):
+            if f"{shared}.gate_proj.weight" in t:
+                for proj in ("gate", "up", "down"):
+                    add_bf16(w, f"blk.{L}.ffn_{proj}_shexp.weight", t[f"{shared}.{proj}_proj.weight"])
+        if f"{p}.shared_expert_gate.weight" in t:
+            w.add_tensor(f"blk.{L}.ffn_gate_inp_shexp.weight", t[f"{p}.shared_expert_gate.weight"].reshape(-1))
+    w.add_tensor("output_norm.weight", np.ones(cfg["hidden_size"], np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    """model_type -> (HF folder, GGUF file) of the same random weights."""
+    made = {}
+
+    def get(model_type):
+        if model_type not in made:
+            root = tmp_path_factory.mktemp(model_type)
+            overrides = {"swiglu_limit": 7.0} if model_type == "gpt_oss" else {}  # llama.cpp's, not stored
+            folder = ckpts.build(model_type, root / "hf", seed=5, **overrides)
+            made[model_type] = (folder, write_gguf(folder, str(root / "model.gguf"), model_type))
+        return made[model_type]
+    return get
+
+
+def hidden(T_, H, seed=0):
+    return np.random.default_rng(seed).standard_normal((T_, H)).astype(np.float32)
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_blocks_from_gguf_equal_the_hugging_face_blocks(pairs, model_type):
+    folder, path = pairs(model_type)
+    hf, gg = MoEModel.from_pretrained(folder), MoEModel.from_pretrained(path)
+    assert sorted(b.layer for b in gg.blocks.values()) == sorted(b.layer for b in hf.blocks.values())
+    for block in gg.blocks.values():
+        assert block.name == f"model.layers.{block.layer}.mlp.experts"
+        twin = next(b for b in hf.blocks.values() if b.layer == block.layer)
+        assert block.router.kind == twin.router.kind
+        assert (block.shared is None) == (twin.shared is None)
+        assert block.experts.format == twin.experts.format == "BF16"
+        h = hidden(37, twin.experts.config.hidden_size, block.layer)
+        ids, wts = block.route(h)
+        ids_hf, wts_hf = twin.route(h)
+        np.testing.assert_array_equal(ids, ids_hf)
+        np.testing.assert_allclose(wts, wts_hf, rtol=1e-6, atol=0)
+        np.testing.assert_allclose(block.forward(h), twin.forward(h), rtol=1e-5, atol=1e-6)
+
+
+class Quiet:
+    def __getattr__(self, name):
+        return lambda *a, **k: None
+
+
+# ---- llama.cpp's routing, from the metadata alone ---------------------------------------------
+
+E, H, I, K = 8, 64, 32, 2
+
+
+def llama_route(x, weight, gating, bias, groups, used, k, norm, scale):
+    """float64 routing as llama.cpp's build_moe_ffn describes it: probabilities (softmax over all
+    experts, or sigmoid), the choice on probabilities + exp_probs_b, restricted to the `used`
+    groups whose best two choices sum highest; weights the unbiased probabilities, divided by their
+    sum when `norm`, times `scale` unless it is 0 or 1."""
+    logits = x.astype(np.float64) @ weight.astype(np.float64).T
+    if gating == 1:
+        e = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probs = e / e.sum(axis=1, keepdims=True)
+    else:
+        probs = 1 / (1 + np.exp(-logits))
+    choice = probs + (0 if bias is None else bias.astype(np.float64))
+    if groups > 1:
+        g = choice.reshape(len(x), groups, -1)
+        best = np.argsort(-np.sort(g, axis=2)[:, :, -2:].sum(axis=2), axis=1, kind="stable")[:, :used]
+        keep = np.zeros((len(x), groups), bool)
+        np.put_along_axis(keep, best, True, axis=1)
+        choice = np.where(np.repeat(keep, E // groups, axis=1), choice, -np.inf)
+    ids = np.argsort(-choice, axis=1, kind="stable")[:, :k]
+    w = np.take_along_axis(probs, ids, axis=1)
+    if norm:
+        w = w / w.sum(axis=1, keepdims=True)
+    if scale not in (0, 1):
+        w = w * scale
+    return ids, w
+
+
+def bf16_round(x):
+    return gguf.quants.dequantize(bf16_bytes(x), T.BF16).reshape(x.shape).astype(np.float32)
+
+
+def write_block_model(path, arch, meta=None, bias=False, shared=None, shared_gate=False, layers=(1,), blocks=2,
+                      seed=0, expert_type="BF16", router=None, extra=None):
+    """A GGUF model of `arch` with MoE layers `layers`: BF16 (or Q4_0) experts, an F32 router,
+    exp_probs_b when `bias`, `shared`-wide shared experts (and their gate); `meta` adds or (None)
+    removes `{arch}.` keys; `extra` adds tensors.  Returns the values written, per layer."""
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(path, arch)
+    keys = {"block_count": blocks, "expert_count": E, "expert_used_count": K, "embedding_length": H,
+            "expert_feed_forward_length": I}
+    keys.update(meta or {})
+    for key, value in keys.items():
+        if isinstance(value, bool):
+            w.add_bool(f"{arch}.{key}", value)
+        elif isinstance(value, float):
+            w.add_float32(f"{arch}.{key}", value)
+        elif value is not None:
+            w.add_uint32(f"{arch}.{key}", value)
+    truth = {}
+
+    def add_weight(name, values):
+        if expert_type == "Q4_0":
+            raw = gguf.quants.quantize(values.reshape(-1, values.shape[-1]), T.Q4_0)
+            w.add_tensor(name, raw.reshape(values.shape[:-1] + (-1,)), raw_dtype=T.Q4_0)
+            return gguf.quants.dequantize(raw, T.Q4_0).reshape(values.shape).astype(np.float32)
+        add_bf16(w, name, values)
+        return bf16_round(values)
+
+    for L in layers:
+        t = truth[L] = {}
+        for proj in ("gate", "up", "down"):
+            shape = (E, H, I) if proj == "down" else (E, I, H)
+            t[proj] = add_weight(f"blk.{L}.ffn_{proj}_exps.weight", rng.standard_normal(shape).astype(np.float32) * 0.1)
+        t["router"] = rng.standard_normal((E, H)).astype(np.float32) * 0.3 if router is None else router
+        w.add_tensor(f"blk.{L}.ffn_gate_inp.weight", t["router"])
+        if bias:
+            t["bias"] = rng.uniform(-0.3, 0.3, E).astype(np.float32)
+            w.add_tensor(f"blk.{L}.exp_probs_b.bias", t["bias"])
+        if shared:
+            for proj in ("gate", "up", "down"):
+                shape = (H, shared) if proj == "down" else (shared, H)
+                t["shexp_" + proj] = add_weight(f"blk.{L}.ffn_{proj}_shexp.weight",
+                                                rng.standard_normal(shape).astype(np.float32) * 0.1)
+        if shared_gate:
+            t["shexp_router"] = rng.standard_normal(H).astype(np.float32) * 0.3
+            w.add_tensor(f"blk.{L}.ffn_gate_inp_shexp.weight", t["shexp_router"])
+    for name, value in (extra or {}).items():
+        w.add_tensor(name, value)
+    w.add_tensor("output_norm.weight", np.ones(H, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return truth
+
+
+def swiglu(x, gate, up, down):
+    g, u = gate.astype(np.float64) @ x, up.astype(np.float64) @ x
+    return down.astype(np.float64) @ (g / (1 + np.exp(-g)) * u)
+
+
+def block_reference(x, t, ids, wts):
+    """float64 block output: the chosen experts, plus the shared experts (times sigmoid(gate . x))."""
+    out = np.zeros((len(x), H))
+    for i, xt in enumerate(x.astype(np.float64)):
+        for e, wt in zip(ids[i], wts[i]):
+            out[i] += wt * swiglu(xt, t["gate"][e], t["up"][e], t["down"][e])
+        if "shexp_gate" in t:
+            s = swiglu(xt, t["shexp_gate"], t["shexp_up"], t["shexp_down"])
+            if "shexp_router" in t:
+                s = s / (1 + np.exp(-(t["shexp_router"].astype(np.float64) @ xt)))
+            out[i] += s
+    return out
+
+
+# (architecture, metadata, exp_probs_b, shared width, shared gate) -> llama.cpp's (gating, groups,
+# used, norm, scale) for it
+ROUTING_CASES = {
+    "deepseek2 sigmoid, groups, renormalised, scaled": (
+        "deepseek2", {"expert_gating_func": 2, "expert_group_count": 4, "expert_group_used_count": 2,
+                      "expert_weights_norm": True, "expert_weights_scale": 2.5, "expert_shared_count": 1},
+        True, I, False, (2, 4, 2, True, 2.5)),
+    "deepseek2 without a gating key: softmax (DeepSeek-V2), renormalised": (
+        "deepseek2", {"expert_weights_norm": True, "expert_weights_scale": 1.5}, False, None, False,
+        (1, 1, 1, True, 1.5)),
+    "deepseek2 without a gating key but with exp_probs_b: sigmoid": (
+        "deepseek2", {"expert_group_count": 2, "expert_group_used_count": 1}, True, None, False, (2, 2, 1, False, 0)),
+    "glm4moe: sigmoid by default, scale 0 leaves the weights": (
+        "glm4moe", {"expert_weights_norm": True, "expert_weights_scale": 0.0}, True, 2 * I, False, (2, 1, 1, True, 0)),
+    "dots1": ("dots1", {"expert_gating_func": 2, "expert_weights_norm": True, "expert_weights_scale": 2.0},
+              True, None, False, (2, 1, 1, True, 2.0)),
+    "ernie4_5-moe: softmax, chosen with its bias": ("ernie4_5-moe", {}, True, I, False, (1, 1, 1, True, 0)),
+    "minimax-m2": ("minimax-m2", {"expert_gating_func": 2}, True, None, False, (2, 1, 1, True, 0)),
+    "qwen2moe: gated shared expert": (
+        "qwen2moe", {"expert_shared_feed_forward_length": 48}, False, 48, True, (1, 1, 1, False, 0)),
+    "qwen3moe": ("qwen3moe", {}, False, None, False, (1, 1, 1, True, 0)),
+    "olmoe": ("olmoe", {}, False, None, False, (1, 1, 1, False, 0)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ROUTING_CASES))
+def test_routing_follows_llama_cpp_from_the_metadata(tmp_path, case):
+    arch, meta, bias, shared, gated, (gating, groups, used, norm, scale) = ROUTING_CASES[case]
+    path = str(tmp_path / "m.gguf")
+    truth = write_block_model(path, arch, meta, bias=bias, shared=shared, shared_gate=gated)[1]
+    model = MoEModel.from_pretrained(path)
+    block = model.blocks["model.layers.1.mlp.experts"]
+    assert (block.shared is not None) == bool(shared)
+    x = hidden(41, H, 7)
+    ids, wts = block.route(x)
+    ref_ids, ref_wts = llama_route(x, truth["router"], gating, truth.get("bias"), groups, used, K, norm, scale)
+    np.testing.assert_array_equal(ids, ref_ids)
+    np.testing.assert_allclose(wts, ref_wts, rtol=2e-6, atol=1e-7)
+    y = block.forward(x)
+    ref = block_reference(x, truth, ref_ids, ref_wts)
+    assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 5e-3  # BF16 activations
+
+
+def test_q4_0_routed_and_shared_experts_stay_int4_group_32(tmp_path):
+    path = str(tmp_path / "m.gguf")
+    truth = write_block_model(path, "qwen2moe", {"expert_shared_feed_forward_length": 64}, shared=64,
+                              shared_gate=True, expert_type="Q4_0")[1]
+    block = MoEModel.from_pretrained(path).blocks["model.layers.1.mlp.experts"]
+    shared = block.shared.moe
+    assert block.experts.format == shared.format == "INT4" and shared.gate[0].group_size == 32
+    for proj in ("gate", "up", "down"):  # the stored codes and scales, not quantized again
+        assert np.array_equal(getattr(shared, proj)[0].dequantize(np.float32), truth["shexp_" + proj]), proj
+    x = hidden(9, H, 2)
+    ids, wts = block.route(x)
+    assert np.linalg.norm(block.forward(x) - block_reference(x, truth, ids, wts)) < \
+        0.03 * np.linalg.norm(block_reference(x, truth, ids, wts))  # the int8 activations' error only
+
+
+def test_multi_token_prediction_layers_are_not_decoder_layers(tmp_path):
+    path = str(tmp_path / "m.gguf")
+    write_block_model(path, "glm4moe", {"nextn_predict_layers": 1}, bias=True, layers=(1, 2), blocks=3)
+    model = MoEModel.from_pretrained(path)
+    assert [b.layer for b in model.blocks.values()] == [1]  # GLM-4.5's config.json counts 2 layers
+    with pytest.raises(CheckpointError, match="layer 2 is not an MoE layer"):
+        ktcy.load_experts(path, 2)
+
+
+def test_inject_and_experts_path_work_from_gguf(tmp_path):
+    path = str(tmp_path / "m.gguf")
+    write_block_model(path, "qwen3moe", layers=(0, 1))
+    out = tmp_path / "int8"
+    convert(path, str(out), "INT8", progress=Quiet())
+    model = MoEModel.from_pretrained(path, experts_path=str(out))
+    assert {b.experts.format for b in model.blocks.values()} == {"INT8"}
+    assert all(b.experts_from.startswith(str(out)) for b in model.blocks.values())
+    changed = model.inject_expert_backend(r"model\.layers\.1\.", "BF16")
+    assert changed == ["model.layers.1.mlp.experts"] and model.blocks[changed[0]].experts.format == "BF16"
+    x = hidden(5, H)
+    direct = MoEModel.from_pretrained(path, layers=[1]).blocks[changed[0]]
+    np.testing.assert_array_equal(model.blocks[changed[0]].forward(x), direct.forward(x))
+    rules = [{"match": {"name": r"^model\.layers\.0\.mlp\.experts$"}, "replace": {"kwargs": {"backend": "AMXINT8"}}}]
+    assert MoEModel.from_pretrained(path, rules=rules).blocks["model.layers.0.mlp.experts"].experts.format == "INT8"
+
+
+REFUSALS = {
+    "gating function 3": (dict(arch="deepseek2", meta={"expert_gating_func": 3}), "expert_gating_func is 3"),
+    "softmax minimax-m2": (dict(arch="minimax-m2", meta={"expert_gating_func": 1}, bias=True),
+                           "routes minimax-m2 with 2"),
+    "groups that do not divide the experts": (dict(arch="deepseek2", meta={"expert_group_count": 3}),
+                                              "expert_group_count 3 does not divide 8"),
+    "groups that hold too few experts": (dict(arch="deepseek2", meta={"expert_group_count": 8, "expert_group_used_count": 1}),
+                                         "1 of 8 expert groups hold fewer than the 2"),
+    "a bias a softmax router does not use": (dict(arch="qwen3moe", bias=True), "exp_probs_b.bias is stored"),
+    "a router bias outside GPT-OSS": (dict(arch="qwen3moe", extra={"blk.1.ffn_gate_inp.bias": np.zeros(E, np.float32)}),
+                                      "ffn_gate_inp.bias: a router bias is GPT-OSS's only"),
+    "a shared gate without shared experts": (
+        dict(arch="qwen2moe", extra={"blk.1.ffn_gate_inp_shexp.weight": np.zeros(H, np.float32)}),
+        "gates shared experts that layer 1 does not store"),
+    "part of a shared expert": (dict(arch="deepseek2", extra={"blk.1.ffn_gate_shexp.weight": np.zeros((I, H), np.float32)}),
+                                "no tensor blk.1.ffn_up_shexp.weight"),
+    "a shared expert of another width than stated": (
+        dict(arch="qwen2moe", meta={"expert_shared_feed_forward_length": 40}, shared=48),
+        "shared experts of layer 1 are 48 wide; the metadata says 40"),
+    "a router holding NaN": (dict(arch="qwen3moe", router=np.full((E, H), np.nan, np.float32)), "NaN or infinity"),
+    "a router of the wrong shape": (dict(arch="qwen3moe", router=np.zeros((E, H // 2), np.float32)),
+                                    r"ffn_gate_inp.weight is \[8, 32\].*expected \[8, 64\]"),
+    "a flag that is a number": (dict(arch="deepseek2", meta={"expert_weights_norm": 1}), "expected true or false"),
+    "a negative scale": (dict(arch="glm4moe", meta={"expert_weights_scale": -2.0}, bias=True), "expected a finite number"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_bad_router_metadata_and_tensors_are_refused_before_packing(tmp_path, case):
+    kwargs, message = REFUSALS[case]
+    path = str(tmp_path / "m.gguf")
+    write_block_model(path, **kwargs)
+    with pytest.raises(CheckpointError, match=message):
+        MoEModel.from_pretrained(path)
