@@ -305,9 +305,9 @@ def build_parser():
     b.set_defaults(func=cmd_bench)
     r = command("run-block", "one MoE block of a checkpoint on hidden states from an .npy file",
                 "Load one decoder layer's MoE block (router, experts, shared experts) from a Hugging Face "
-                "checkpoint (its routed experts optionally from a converted folder, --experts) and run it on hidden "
-                "states [T, H] read from an .npy file.")
-    r.add_argument("path", help="Hugging Face checkpoint folder")
+                "checkpoint or a GGUF model (its routed experts optionally from a converted folder, --experts) and "
+                "run it on hidden states [T, H] read from an .npy file.")
+    r.add_argument("path", help="Hugging Face checkpoint folder, or a GGUF model (.gguf file)")
     r.add_argument("--layer", type=int, required=True, help="decoder layer of the MoE block")
     r.add_argument("--input", required=True, help=".npy of hidden states [T, H] (float32, float64 or bfloat16)")
     r.add_argument("--output", required=True, help=".npy to write the block output [T, H] float32 to")

@@ -388,3 +388,21 @@ def test_bad_router_metadata_and_tensors_are_refused_before_packing(tmp_path, ca
     write_block_model(path, **kwargs)
     with pytest.raises(CheckpointError, match=message):
         MoEModel.from_pretrained(path)
+
+
+def test_run_block_reads_a_gguf_model(tmp_path):
+    import subprocess
+    import sys
+    path = str(tmp_path / "m.gguf")
+    write_block_model(path, "qwen2moe", {"expert_shared_feed_forward_length": 48}, shared=48, shared_gate=True)
+    x = hidden(6, H, 3)
+    np.save(tmp_path / "h.npy", x)
+    r = subprocess.run([sys.executable, "-m", "ktcy", "run-block", path, "--layer", "1", "--input", str(tmp_path / "h.npy"),
+                        "--output", str(tmp_path / "y.npy"), "--backend", "INT8"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    block = MoEModel.from_pretrained(path, backend="INT8").blocks["model.layers.1.mlp.experts"]
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), block.forward(x))
+    r = subprocess.run([sys.executable, "-m", "ktcy", "run-block", path, "--layer", "0", "--input", str(tmp_path / "h.npy"),
+                        "--output", str(tmp_path / "z.npy")], capture_output=True, text=True)
+    assert r.returncode != 0 and "layer 0 is not an MoE layer" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
