@@ -32,7 +32,7 @@ ARCHITECTURES = {
     "dots1": "dots1", "ernie4_5-moe": "ernie4_5_moe", "minimax-m2": "minimax_m2", "gpt-oss": "gpt_oss",
 }
 PROJECTIONS = ("gate", "up", "down")
-_KEPT = {"Q4_0": "INT4", "MXFP4": "MXFP4", "BF16": "BF16", "F16": "BF16", "F32": "BF16"}
+KEPT = {"Q4_0": "INT4", "MXFP4": "MXFP4", "BF16": "BF16", "F16": "BF16", "F32": "BF16"}
 _LAYER = re.compile(r"blk\.(\d+)\.ffn_gate(?:_exps|_up_exps|\.\d+)\.weight")
 # a layer's expert tensors: blk.L.ffn_<proj>_exps.<kind> or blk.L.ffn_<proj>.<e>.<kind>
 _EXPERT_TENSOR = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down|gate_up)(?:_exps|\.(\d+))\.(\w+)")
@@ -118,8 +118,8 @@ class GGUFCheckpoint:
         if inter is None:  # Mixtral's files state the expert width as the model's
             inter = _meta_int(meta, f"{arch}.feed_forward_length", where)
         # multi-token-prediction layers (GLM-4.5's last) are stored as decoder blocks, but their
-        # config.json counterparts are not decoder layers
-        nextn = meta.get(f"{arch}.nextn_predict_layers", 0)
+        # config.json counterparts are not decoder layers (llama.cpp reads the key for these two)
+        nextn = meta.get(f"{arch}.nextn_predict_layers", 0) if arch in ("glm4moe", "deepseek2") else 0
         if isinstance(nextn, bool) or not isinstance(nextn, int) or not 0 <= nextn < blocks:
             raise CheckpointError(f"{where}: {arch}.nextn_predict_layers is {nextn!r:.40}, expected an integer in "
                                   f"[0, {blocks})")
@@ -171,7 +171,7 @@ class GGUFLayerExperts:
                     raise CheckpointError(f"{ckpt.path}: {name} is {t.type_name}, a ggml type ktcy does not decode "
                                           "(it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, MXFP4)")
                 self.types.setdefault(proj, set()).add(t.type_name)
-        kept = {_KEPT.get(t) for types in self.types.values() for t in types}
+        kept = {KEPT.get(t) for types in self.types.values() for t in types}
         # kept as stored only when every tensor of the layer has a ktcy twin, the same one
         self.native_format = kept.pop() if len(kept) == 1 else None
 

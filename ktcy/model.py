@@ -15,6 +15,7 @@ from ktcy import gguf_blocks, torch_bridge
 from ktcy.checkpoint import Checkpoint, config_int, layer_number
 from ktcy.config import MoeConfig, QuantConfig, checked_isa
 from ktcy.converted import ConvertedFolder
+from ktcy.errors import naming
 from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format
 from ktcy.gguf_checkpoint import GGUFCheckpoint, is_gguf
 from ktcy.gpt_oss import read_router
@@ -251,6 +252,7 @@ class MoEModel:
             for L in chosen:
                 if L in ckpt.arch.moe_layers:
                     gguf_blocks.router(ckpt, L)
+                    gguf_blocks.shared_tensors(ckpt, L)
         converted = None
         if experts_path is not None:
             converted = ConvertedFolder(experts_path, ckpt)
@@ -342,19 +344,22 @@ class MoEModel:
     def _build_gguf(self, L, forced_backend, repacked):
         ckpt = self.checkpoint
         ckpt.layer(L)  # refuses a layer that is not an MoE layer first
-        name = gguf_blocks.block_name(L)
+        name = gguf_blocks.block_name(ckpt, L)
         rule = self._rule_for(name)
         backend = forced_backend or (rule.backend if rule is not None and rule.backend else None) or self.default_backend
         router = gguf_blocks.router(ckpt, L)
+        found = gguf_blocks.shared_tensors(ckpt, L)
         experts, origin = self._experts(L, backend, repacked)
-        found = gguf_blocks.shared_expert(ckpt, L)
         shared = None
         if found is not None:
-            pairs, inter, gate = found
-            config = MoeConfig(1, 1, ckpt.arch.hidden_size, inter,
-                               QuantConfig(experts.format, group_size=_kept_group(pairs, experts.format)),
-                               backend=backend, isa=self.isa)
-            shared = SharedExpert(MoE.from_experts(config, lambda e: pairs), gate)
+            # kept in their own precision unless a backend is asked for (as llama.cpp runs them;
+            # a type no ktcy format holds as stored, Q8_0 say, becomes BF16)
+            fmt = experts.format if backend is not None else found.native
+            pairs, gate = gguf_blocks.shared_expert(ckpt, L, found)
+            config = MoeConfig(1, 1, ckpt.arch.hidden_size, found.width,
+                               QuantConfig(fmt, group_size=_kept_group(pairs, fmt)), backend=backend, isa=self.isa)
+            with naming(f"{ckpt.path}: layer {L} shared experts", CheckpointError):
+                shared = SharedExpert(MoE.from_experts(config, lambda e: pairs), gate)
         return MoEBlock(name, L, router, experts, shared, rule, backend, origin)
 
     def _bias(self, name):

@@ -49,6 +49,7 @@ class Router:
     # DeepSeek's own code leaves it as it is
     renormalise_one: bool = False
     norm_min: float = 0.0         # ernie4_5_moe: the least sum its weights are divided by
+    sum_floor: float = 0.0        # the other kinds' (llama.cpp's clamp, for GGUF models; 0: none)
 
     def __post_init__(self):
         self.weight = np.ascontiguousarray(self.weight, np.float32)
@@ -69,7 +70,7 @@ class Router:
             ids = top_k_desc(probs, k)
             w = np.take_along_axis(probs, ids, axis=1)
             if self.norm_topk_prob:
-                w = w / w.sum(axis=1, keepdims=True)
+                w = w / np.maximum(w.sum(axis=1, keepdims=True), self.sum_floor)
             return ids, w.astype(np.float32)
         if self.kind == "ernie4_5_moe":
             e = np.exp(logits - logits.max(axis=1, keepdims=True))
@@ -83,7 +84,7 @@ class Router:
             ids = top_k_desc(self._in_kept_groups(probs, lambda g: g.max(axis=2)), k)
             w = np.take_along_axis(probs, ids, axis=1)
             if self.norm_topk_prob:  # GGUF files say so (expert_weights_norm); config.json never does
-                w = w / w.sum(axis=1, keepdims=True)
+                w = w / np.maximum(w.sum(axis=1, keepdims=True), self.sum_floor)
             return ids, (w * self.routed_scaling_factor).astype(np.float32)
         if self.kind in ("deepseek_v3", "minimax_m2"):
             scores = 1.0 / (1.0 + np.exp(-logits))
@@ -91,7 +92,7 @@ class Router:
             ids = top_k_desc(self._in_kept_groups(choice, lambda g: np.sort(g, axis=2)[:, :, -2:].sum(axis=2)), k)
             w = np.take_along_axis(scores, ids, axis=1)
             if self.norm_topk_prob and (k > 1 or self.renormalise_one):
-                w = w / (w.sum(axis=1, keepdims=True) + 1e-20)
+                w = w / np.maximum(w.sum(axis=1, keepdims=True) + 1e-20, self.sum_floor)
             return ids, (w * self.routed_scaling_factor).astype(np.float32)
         raise ValueError(f"unknown router kind {self.kind!r}")
 

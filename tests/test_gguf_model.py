@@ -46,7 +46,7 @@ def bf16_bytes(x):
 
 def add_bf16(w, name, x):
     raw = bf16_bytes(x)
-    w.add_tensor(name, raw.reshape(x.shape[:-1] + (-1,)), raw_dtype=T.BF16)
+    w.add_tensor(name, raw.reshape(x.shape[:-1] + (2 * x.shape[-1],)), raw_dtype=T.BF16)
 
 
 def expert_stacks(t, p, E):
@@ -142,8 +142,7 @@ def test_blocks_from_gguf_equal_the_hugging_face_blocks(pairs, model_type):
     hf, gg = MoEModel.from_pretrained(folder), MoEModel.from_pretrained(path)
     assert sorted(b.layer for b in gg.blocks.values()) == sorted(b.layer for b in hf.blocks.values())
     for block in gg.blocks.values():
-        assert block.name == f"model.layers.{block.layer}.mlp.experts"
-        twin = next(b for b in hf.blocks.values() if b.layer == block.layer)
+        twin = hf.blocks[block.name]  # the names rules select blocks by are the checkpoint's
         assert block.router.kind == twin.router.kind
         assert (block.shared is None) == (twin.shared is None)
         assert block.experts.format == twin.experts.format == "BF16"
@@ -185,8 +184,8 @@ def llama_route(x, weight, gating, bias, groups, used, k, norm, scale):
         choice = np.where(np.repeat(keep, E // groups, axis=1), choice, -np.inf)
     ids = np.argsort(-choice, axis=1, kind="stable")[:, :k]
     w = np.take_along_axis(probs, ids, axis=1)
-    if norm:
-        w = w / w.sum(axis=1, keepdims=True)
+    if norm:  # the sum clamped from below, as ggml_clamp does it
+        w = w / np.maximum(w.sum(axis=1, keepdims=True), 6.103515625e-5)
     if scale not in (0, 1):
         w = w * scale
     return ids, w
@@ -197,7 +196,7 @@ def bf16_round(x):
 
 
 def write_block_model(path, arch, meta=None, bias=False, shared=None, shared_gate=False, layers=(1,), blocks=2,
-                      seed=0, expert_type="BF16", router=None, extra=None):
+                      seed=0, expert_type="BF16", router=None, extra=None, shared_type=None, skip=()):
     """A GGUF model of `arch` with MoE layers `layers`: BF16 (or Q4_0) experts, an F32 router,
     exp_probs_b when `bias`, `shared`-wide shared experts (and their gate); `meta` adds or (None)
     removes `{arch}.` keys; `extra` adds tensors.  Returns the values written, per layer."""
@@ -215,11 +214,18 @@ def write_block_model(path, arch, meta=None, bias=False, shared=None, shared_gat
             w.add_uint32(f"{arch}.{key}", value)
     truth = {}
 
-    def add_weight(name, values):
-        if expert_type == "Q4_0":
-            raw = gguf.quants.quantize(values.reshape(-1, values.shape[-1]), T.Q4_0)
-            w.add_tensor(name, raw.reshape(values.shape[:-1] + (-1,)), raw_dtype=T.Q4_0)
-            return gguf.quants.dequantize(raw, T.Q4_0).reshape(values.shape).astype(np.float32)
+    def add_weight(name, values, kind=None):
+        kind = kind or expert_type
+        if values.size == 0:  # a zero-width tensor, as a hostile file may hold one
+            w.add_tensor(name, values)
+            return values
+        if kind in ("Q4_0", "Q8_0"):
+            raw = gguf.quants.quantize(values.reshape(-1, values.shape[-1]), T[kind])
+            w.add_tensor(name, raw.reshape(values.shape[:-1] + (-1,)), raw_dtype=T[kind])
+            return gguf.quants.dequantize(raw, T[kind]).reshape(values.shape).astype(np.float32)
+        if kind == "F32":
+            w.add_tensor(name, values)
+            return values
         add_bf16(w, name, values)
         return bf16_round(values)
 
@@ -230,14 +236,14 @@ def write_block_model(path, arch, meta=None, bias=False, shared=None, shared_gat
             t[proj] = add_weight(f"blk.{L}.ffn_{proj}_exps.weight", rng.standard_normal(shape).astype(np.float32) * 0.1)
         t["router"] = rng.standard_normal((E, H)).astype(np.float32) * 0.3 if router is None else router
         w.add_tensor(f"blk.{L}.ffn_gate_inp.weight", t["router"])
-        if bias:
+        if bias and L not in skip:
             t["bias"] = rng.uniform(-0.3, 0.3, E).astype(np.float32)
             w.add_tensor(f"blk.{L}.exp_probs_b.bias", t["bias"])
-        if shared:
+        if shared is not None:
             for proj in ("gate", "up", "down"):
                 shape = (H, shared) if proj == "down" else (shared, H)
                 t["shexp_" + proj] = add_weight(f"blk.{L}.ffn_{proj}_shexp.weight",
-                                                rng.standard_normal(shape).astype(np.float32) * 0.1)
+                                                rng.standard_normal(shape).astype(np.float32) * 0.1, shared_type)
         if shared_gate:
             t["shexp_router"] = rng.standard_normal(H).astype(np.float32) * 0.3
             w.add_tensor(f"blk.{L}.ffn_gate_inp_shexp.weight", t["shexp_router"])
@@ -301,7 +307,8 @@ def test_routing_follows_llama_cpp_from_the_metadata(tmp_path, case):
     path = str(tmp_path / "m.gguf")
     truth = write_block_model(path, arch, meta, bias=bias, shared=shared, shared_gate=gated)[1]
     model = MoEModel.from_pretrained(path)
-    block = model.blocks["model.layers.1.mlp.experts"]
+    module = "block_sparse_moe" if arch == "minimax-m2" else "mlp"  # as MiniMax-M2's checkpoints name it
+    block = model.blocks[f"model.layers.1.{module}.experts"]
     assert (block.shared is not None) == bool(shared)
     x = hidden(41, H, 7)
     ids, wts = block.route(x)
@@ -357,11 +364,34 @@ def test_inject_and_experts_path_work_from_gguf(tmp_path):
 REFUSALS = {
     "gating function 3": (dict(arch="deepseek2", meta={"expert_gating_func": 3}), "expert_gating_func is 3"),
     "softmax minimax-m2": (dict(arch="minimax-m2", meta={"expert_gating_func": 1}, bias=True),
-                           "routes minimax-m2 with 2"),
-    "groups that do not divide the experts": (dict(arch="deepseek2", meta={"expert_group_count": 3}),
+                           "MiniMax-M2 routes with 2"),
+    "gating function true": (dict(arch="glm4moe", meta={"expert_gating_func": True}, bias=True),
+                             "expert_gating_func is True"),
+    "groups that do not divide the experts": (dict(arch="deepseek2", meta={"expert_group_count": 3,
+                                                                           "expert_group_used_count": 1}),
                                               "expert_group_count 3 does not divide 8"),
-    "groups that hold too few experts": (dict(arch="deepseek2", meta={"expert_group_count": 8, "expert_group_used_count": 1}),
-                                         "1 of 8 expert groups hold fewer than the 2"),
+    "a group per expert": (dict(arch="deepseek2", meta={"expert_group_count": 8, "expert_group_used_count": 1}),
+                           "expert_group_count 8 does not divide 8 experts into groups"),
+    "groups that hold too few experts": (dict(arch="deepseek2", meta={"expert_group_count": 4, "expert_group_used_count": 1,
+                                                                      "expert_used_count": 3}),
+                                         "1 of 4 expert groups hold fewer than the 3"),
+    "groups without their kept count": (dict(arch="deepseek2", meta={"expert_group_count": 4}),
+                                        "expert_group_used_count is missing"),
+    "groups all kept": (dict(arch="deepseek2", meta={"expert_group_count": 4, "expert_group_used_count": 4}),
+                        r"expert_group_used_count is 4, expected an integer in \[1, 3\]"),
+    "groups where the graph has none": (dict(arch="qwen3moe", meta={"expert_group_count": 4, "expert_group_used_count": 2}),
+                                        "does not choose by expert groups"),
+    "shared experts where the graph has none": (dict(arch="qwen3moe", shared=I), "qwen3moe graph has no shared experts"),
+    "a shared gate where the graph has none": (
+        dict(arch="deepseek2", shared=I, extra={"blk.1.ffn_gate_inp_shexp.weight": np.zeros(H, np.float32)}),
+        "deepseek2 graph does not gate shared experts"),
+    "qwen2moe shared experts without their gate": (dict(arch="qwen2moe", shared=48), "gates its shared experts"),
+    "qwen2moe without shared experts": (dict(arch="qwen2moe"), "no tensor blk.1.ffn_gate_shexp.weight"),
+    "shared experts the metadata counts but the layer lacks": (dict(arch="deepseek2", meta={"expert_shared_count": 1}),
+                                                               "no tensor blk.1.ffn_gate_shexp.weight"),
+    "a GLM-4.5 router without exp_probs_b": (dict(arch="glm4moe"), "no tensor blk.1.exp_probs_b.bias"),
+    "a MiniMax-M2 router without exp_probs_b": (dict(arch="minimax-m2"), "no tensor blk.1.exp_probs_b.bias"),
+    "zero-width shared experts": (dict(arch="deepseek2", shared=0), "width of at least 1"),
     "a bias a softmax router does not use": (dict(arch="qwen3moe", bias=True), "exp_probs_b.bias is stored"),
     "a router bias outside GPT-OSS": (dict(arch="qwen3moe", extra={"blk.1.ffn_gate_inp.bias": np.zeros(E, np.float32)}),
                                       "ffn_gate_inp.bias: a router bias is GPT-OSS's only"),
@@ -371,7 +401,7 @@ REFUSALS = {
     "part of a shared expert": (dict(arch="deepseek2", extra={"blk.1.ffn_gate_shexp.weight": np.zeros((I, H), np.float32)}),
                                 "no tensor blk.1.ffn_up_shexp.weight"),
     "a shared expert of another width than stated": (
-        dict(arch="qwen2moe", meta={"expert_shared_feed_forward_length": 40}, shared=48),
+        dict(arch="qwen2moe", meta={"expert_shared_feed_forward_length": 40}, shared=48, shared_gate=True),
         "shared experts of layer 1 are 48 wide; the metadata says 40"),
     "a router holding NaN": (dict(arch="qwen3moe", router=np.full((E, H), np.nan, np.float32)), "NaN or infinity"),
     "a router of the wrong shape": (dict(arch="qwen3moe", router=np.zeros((E, H // 2), np.float32)),
@@ -406,3 +436,90 @@ def test_run_block_reads_a_gguf_model(tmp_path):
                         "--output", str(tmp_path / "z.npy")], capture_output=True, text=True)
     assert r.returncode != 0 and "layer 0 is not an MoE layer" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("routed, shared, kept", [("Q4_0", "BF16", "BF16"), ("Q4_0", "Q8_0", "BF16"),
+                                                  ("BF16", "Q4_0", "INT4"), ("BF16", "F32", "BF16")])
+def test_shared_experts_keep_their_own_precision_without_a_backend(tmp_path, routed, shared, kept):
+    path = str(tmp_path / "m.gguf")
+    truth = write_block_model(path, "deepseek2", {"expert_gating_func": 2}, bias=True, shared=64,
+                              expert_type=routed, shared_type=shared)[1]
+    block = MoEModel.from_pretrained(path).blocks["model.layers.1.mlp.experts"]
+    moe = block.shared.moe
+    assert moe.format == kept and block.experts.format == ("INT4" if routed == "Q4_0" else "BF16")
+    for proj in ("gate", "up", "down"):  # as stored (Q8_0's and F32's values rounded to BF16, 2^-9 at most)
+        got = getattr(moe, proj)[0].dequantize(np.float32)
+        np.testing.assert_allclose(got, truth["shexp_" + proj], rtol=2 ** -8, atol=0)
+        if kept != "BF16" or shared == "BF16":
+            assert np.array_equal(got, truth["shexp_" + proj]), proj
+    asked = MoEModel.from_pretrained(path, backend="INT8").blocks["model.layers.1.mlp.experts"]
+    assert asked.shared.moe.format == asked.experts.format == "INT8"  # a backend asked for applies to both
+
+
+def test_size_one_leading_dimensions_are_accepted(tmp_path):
+    path = str(tmp_path / "m.gguf")
+    rng = np.random.default_rng(1)
+    bias, gate = rng.uniform(-0.3, 0.3, (1, E)).astype(np.float32), rng.standard_normal((1, H)).astype(np.float32)
+    write_block_model(path, "ernie4_5-moe", shared=I, extra={"blk.1.exp_probs_b.bias": bias})
+    block = MoEModel.from_pretrained(path).blocks["model.layers.1.mlp.experts"]
+    np.testing.assert_array_equal(block.router.bias, bias.reshape(E))
+    path2 = str(tmp_path / "q.gguf")
+    write_block_model(path2, "qwen2moe", shared=48, extra={"blk.1.ffn_gate_inp_shexp.weight": gate})
+    shared = MoEModel.from_pretrained(path2).blocks["model.layers.1.mlp.experts"].shared
+    np.testing.assert_array_equal(shared.gate, gate)
+
+
+def test_metadata_llama_cpp_reads_as_none(tmp_path):
+    path = str(tmp_path / "m.gguf")  # 0 groups is llama.cpp's default (none); qwen3moe has no MTP layers to drop
+    write_block_model(path, "qwen3moe", {"expert_group_count": 0, "nextn_predict_layers": 1}, layers=(0, 1))
+    assert [b.layer for b in MoEModel.from_pretrained(path).blocks.values()] == [0, 1]
+    path = str(tmp_path / "d.gguf")
+    write_block_model(path, "deepseek2", {"expert_gating_func": 2, "expert_group_count": 0}, bias=True)
+    assert MoEModel.from_pretrained(path).blocks["model.layers.1.mlp.experts"].router.n_group == 1
+
+
+def test_deepseek2_without_a_gating_key_decides_once_for_the_model(tmp_path):
+    path = str(tmp_path / "m.gguf")
+    write_block_model(path, "deepseek2", bias=True, layers=(1, 2), blocks=3, skip=(2,))
+    with pytest.raises(CheckpointError, match="layer 2 lacks the exp_probs_b.bias other layers store"):
+        MoEModel.from_pretrained(path, layers=[1])
+
+
+def test_bad_shared_experts_of_the_last_layer_are_refused_before_any_packing(tmp_path, monkeypatch):
+    import ktcy.model
+    path = str(tmp_path / "m.gguf")
+    bad = {"blk.2.ffn_gate_shexp.weight": np.zeros((I, H), np.float32), "blk.2.ffn_up_shexp.weight": np.zeros((I, H), np.float32),
+           "blk.2.ffn_down_shexp.weight": np.zeros((H, I + 8), np.float32)}
+    write_block_model(path, "deepseek2", {"expert_gating_func": 2}, bias=True, layers=(1, 2), blocks=3, extra=bad)
+    packed = []
+    monkeypatch.setattr(ktcy.model, "experts_from_checkpoint", lambda *a, **k: packed.append(a) or 1 / 0)
+    with pytest.raises(CheckpointError, match=r"blk.2.ffn_down_shexp.weight is \[64, 40\]"):
+        MoEModel.from_pretrained(path)
+    assert not packed
+
+
+def test_a_shared_expert_the_packer_refuses_is_named(tmp_path):
+    path = str(tmp_path / "m.gguf")
+    inf = np.zeros((I, H), np.float32)
+    inf[3, 5] = np.inf
+    write_block_model(path, "deepseek2", {"expert_gating_func": 2}, bias=True, shared=None,
+                      extra={"blk.1.ffn_gate_shexp.weight": inf, "blk.1.ffn_up_shexp.weight": np.zeros((I, H), np.float32),
+                             "blk.1.ffn_down_shexp.weight": np.zeros((H, I), np.float32)})
+    with pytest.raises(CheckpointError, match="m.gguf: layer 1 shared experts: "):
+        MoEModel.from_pretrained(path)
+
+
+def test_the_weight_sum_is_floored_as_llama_cpp_floors_it(tmp_path):
+    """Sigmoid scores of about 1e-11 (every logit near -25): the chosen weights' sum is far below
+    llama.cpp's 6.1e-5 floor, so renormalising leaves them tiny instead of summing to one."""
+    path = str(tmp_path / "m.gguf")
+    router = np.full((E, H), -0.5, np.float32) + np.random.default_rng(4).uniform(-0.05, 0.05, (E, H)).astype(np.float32)
+    truth = write_block_model(path, "deepseek2", {"expert_gating_func": 2, "expert_weights_norm": True}, bias=True,
+                              router=router)[1]
+    block = MoEModel.from_pretrained(path).blocks["model.layers.1.mlp.experts"]
+    x = np.abs(hidden(8, H, 5)) + 0.5
+    ids, wts = block.route(x)
+    ref_ids, ref_wts = llama_route(x, truth["router"], 2, truth["bias"], 1, 1, K, True, 0)
+    np.testing.assert_array_equal(ids, ref_ids)
+    np.testing.assert_allclose(wts, ref_wts, rtol=1e-5)
+    assert wts.sum(axis=1).max() < 1e-3
