@@ -169,7 +169,7 @@ class GGUFLayerExperts:
                                           f"implies {list(want)}")
                 if not supported(t.type_name):
                     raise CheckpointError(f"{ckpt.path}: {name} is {t.type_name}, a ggml type ktcy does not decode "
-                                          "(it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, MXFP4)")
+                                          "(it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS, MXFP4)")
                 self.types.setdefault(proj, set()).add(t.type_name)
         kept = {KEPT.get(t) for types in self.types.values() for t in types}
         # kept as stored only when every tensor of the layer has a ktcy twin, the same one

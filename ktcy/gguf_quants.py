@@ -22,7 +22,11 @@ block].  Layouts (ggml's block structs; f16 = IEEE half, little-endian):
   Q6_K  128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales, d f16: in half h, value
         128h + 32j + i takes the low (j < 2) or high (j >= 2) nibble of byte 64h + 32(j % 2) + i
         and bits 2j..2j+1 of high byte 32h + i on top; (d * scale) * (q - 32), 16 values a scale
-  MXFP4 E8M0 exponent e, nibbles as Q4_0 holding E2M1 codes; (2 E2M1) * 2^(e - 128)"""
+  MXFP4 E8M0 exponent e, nibbles as Q4_0 holding E2M1 codes; (2 E2M1) * 2^(e - 128)
+  IQ4_NL d f16, nibbles as Q4_0 indexing 16 int8 levels (IQ4_LEVELS); d * level
+  IQ4_XS d f16, 16 high bits (uint16, bits 2i..2i+1 for sub-block i), 4 bytes of low nibbles
+        (sub-block i in byte i // 2, low nibble first), 128 bytes of nibbles as Q4_0 per 32
+        values; (d * (scale - 32)) * level, scale the 6-bit high << 4 | low"""
 import numpy as np
 
 from ktcy.gguf_io import BLOCK_SIZES
@@ -165,8 +169,27 @@ def _mxfp4(b):
     return (2 * E2M1_VALUES + 0.0).astype(np.float32)[codes] * half  # code 8 is +0 in ggml's table
 
 
+# IQ4_NL's and IQ4_XS's 16 levels: a 4-bit grid denser near zero, in int8 steps
+IQ4_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+
+
+def _iq4_nl(b):
+    return _f16(b, 0) * IQ4_LEVELS[_nibbles(b[:, 2:18])]
+
+
+def _iq4_xs(b):
+    nb, sub = len(b), np.arange(8)
+    high = np.ascontiguousarray(b[:, 2:4]).view(np.uint16).astype(np.int32)
+    low = b[:, 4:8].astype(np.int32)
+    scale = ((low[:, sub // 2] >> (4 * (sub % 2))) & 0xF) | (((high >> (2 * sub)) & 3) << 4)
+    step = _f16(b, 0) * (scale.astype(np.float32) - 32)
+    levels = IQ4_LEVELS[_nibbles(b[:, 8:].reshape(nb * 8, 16)).reshape(nb, 8, 32)]
+    return (step[:, :, None] * levels).reshape(nb, 256)
+
+
 DECODERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q8_0": _q8_0, "Q2_K": _q2_k,
-            "Q3_K": _q3_k, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k, "MXFP4": _mxfp4}
+            "Q3_K": _q3_k, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k, "MXFP4": _mxfp4,
+            "IQ4_NL": _iq4_nl, "IQ4_XS": _iq4_xs}
 PLAIN = {"F32": np.float32, "F16": np.float16, "BF16": None}
 
 

@@ -27,7 +27,7 @@ E, H, I, TOP_K = 4, 256, 256, 2   # K-quants store rows in blocks of 256 values
 # byte offsets of each block type's f16 fields (ggml's block structs), set to finite values in
 # the random blocks so that the decoded weights are usable
 F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82),
-              "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+              "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,)}
 
 
 def random_blocks(type_name, values, rng):
@@ -162,7 +162,7 @@ def test_float_types_load_as_bf16(tmp_path, types):
 
 
 @pytest.mark.parametrize("types", [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q8_0", "Q8_0"), ("Q5_K", "Q2_K", "Q3_K"),
-                                   ("Q4_1", "Q5_0", "Q5_1"), ("Q4_0", "Q4_0", "Q6_K")])
+                                   ("Q4_1", "Q5_0", "Q5_1"), ("Q4_0", "Q4_0", "Q6_K"), ("IQ4_XS", "IQ4_XS", "IQ4_NL")])
 def test_other_types_need_a_method_and_dequantize_exactly(tmp_path, types, caplog):
     path = str(tmp_path / "m.gguf")
     truth = write_model(path, dict(zip(("gate", "up", "down"), types)))
@@ -270,7 +270,7 @@ BAD_FILES = {
     "unknown type": (lambda p: _patch(p, _tensor_info_offset(p, "blk.1.ffn_up_exps.weight") + 8 + 24 + 4 + 24,
                                       struct.pack("<I", 77)), "unknown ggml type 77"),
     "undecoded type": (lambda p: _patch(p, _tensor_info_offset(p, "blk.1.ffn_up_exps.weight") + 8 + 24 + 4 + 24,
-                                        struct.pack("<I", 23)), "IQ4_XS, a ggml type ktcy does not decode"),
+                                        struct.pack("<I", 16)), "IQ2_XXS, a ggml type ktcy does not decode"),
     "offset past end": (lambda p: _patch(p, _tensor_info_offset(p, "blk.1.ffn_up_exps.weight") + 8 + 24 + 4 + 24 + 4,
                                          struct.pack("<Q", 1 << 50)), "runs past the end of the file"),
     "misaligned": (lambda p: _patch(p, _tensor_info_offset(p, "blk.1.ffn_up_exps.weight") + 8 + 24 + 4 + 24 + 4,
