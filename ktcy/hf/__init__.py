@@ -5,7 +5,7 @@ ktcy.hf works without it (so `ktcy --help` can list `generate`); using any of it
 ImportError naming the extra.
 
 Contract (used from outside the repo): ``ktcy.hf.from_pretrained(path, rules=None, backend=None,
-experts_path=None, **hf_kwargs)`` returning a transformers model with
+experts_path=None, gguf_path=None, **hf_kwargs)`` returning a transformers model with
 ``inject_expert_backend(layer_regex, backend)``.
 """
 import importlib

@@ -39,6 +39,8 @@ def add_arguments(parser):
                         "cache): attention, embeddings, routers; also the experts unless --experts is given")
     parser.add_argument("--experts", default=None, help="folder written by `ktcy convert` for this model: the routed "
                         "experts are mapped from it")
+    parser.add_argument("--gguf", default=None, help="every weight from this GGUF model (Qwen2-MoE, Qwen3-MoE); "
+                        "--model then needs only config.json and the tokenizer")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--backend", default=None, help="experts format: AMXINT8, AMXBF16, AMXINT4, INT8, INT4, "
                        "INT4_ZP, BF16, FP8, MXFP4, ... (default: as stored)")
@@ -136,7 +138,7 @@ def run(args, out=None):
         if torch.distributed.get_rank() != 0:
             out = open(os.devnull, "w")
     model = ktcy.hf.from_pretrained(args.model, rules=args.rules, backend=args.backend, experts_path=args.experts,
-                                    **kwargs)
+                                    gguf_path=args.gguf, **kwargs)
     tokenizer = _tokenizer(resolve_model_path(args.model), required=args.prompt is not None)
     if args.prompt is not None:
         ids = tokenizer(args.prompt, return_tensors="pt").input_ids

@@ -18,16 +18,19 @@ import numpy as np
 import torch
 import transformers
 
+from ktcy import gguf_blocks
 from ktcy.checkpoint import Checkpoint, check_fp8_tensor, dequantize
 from ktcy.config import checked_isa
 from ktcy.formats import canonical_format
+from ktcy.gguf_checkpoint import GGUFCheckpoint
+from ktcy.hf import gguf_weights
 from ktcy.hf.architectures import ROUTED_EXPERT_TENSOR, architecture, layer_of
 from ktcy.hf.experts_module import KtcyExperts
 from ktcy.log import warn_once
 from ktcy.converted import ConvertedFolder
 from ktcy.loading import PathLike, experts_from_checkpoint, original_checkpoint
 from ktcy.model import RuleError, load_rules
-from ktcy.paths import MAX_CONFIG_BYTES, read_json, require_folder
+from ktcy.paths import MAX_CONFIG_BYTES, read_json, require_folder, resolve_model_path
 from ktcy.safetensors_io import CheckpointError
 
 log = logging.getLogger("ktcy")
@@ -49,7 +52,7 @@ _EXPERT_SETTINGS = ("num_experts", "num_local_experts", "n_routed_experts", "num
 
 def from_pretrained(path: PathLike, rules: Union[PathLike, List[Dict[str, Any]], None] = None,
                     backend: Optional[str] = None, experts_path: Optional[PathLike] = None,
-                    **hf_kwargs: Any) -> Any:  # a transformers model class with ktcy's methods added
+                    gguf_path: Optional[PathLike] = None, **hf_kwargs: Any) -> Any:  # a transformers model class with ktcy's methods added
     """A transformers causal LM (eval mode, CPU) whose MoE experts modules run on ktcy.
 
     Parameters
@@ -66,6 +69,11 @@ def from_pretrained(path: PathLike, rules: Union[PathLike, List[Dict[str, Any]],
       experts_path: a folder written by `ktcy convert` for this checkpoint, checked as MoEModel
         checks it: routed experts in its format are mapped from it, another format is packed
         from the checkpoint (one warning).
+      gguf_path: every weight from this GGUF model instead (a .gguf file, any part of a split
+        one, or a folder holding one), as KTransformers runs GGUF models: `path` then needs only
+        config.json (and the tokenizer, for generating).  The routed experts stay as the file
+        stores them where a ktcy format holds them (Q4_0 -> INT4, BF16), else need a backend;
+        the rest is decoded exactly.  Qwen2-MoE and Qwen3-MoE files (ktcy.hf.gguf_weights).
       hf_kwargs: `dtype` (or `torch_dtype`; default the config's dtype, else float32) for the
         torch part of the model, `attn_implementation`, `isa` (force ktcy's instruction set),
         `group` (a torch.distributed process group: the routed experts run expert-parallel,
@@ -99,10 +107,14 @@ def from_pretrained(path: PathLike, rules: Union[PathLike, List[Dict[str, Any]],
     config_file = os.path.join(path, "config.json")
     if not os.path.lexists(config_file):
         raise CheckpointError(f"{path}: no config.json")
-    arch = architecture(read_json(config_file, MAX_CONFIG_BYTES), config_file)  # before any MoE-specific check
+    config_json = read_json(config_file, MAX_CONFIG_BYTES)
+    arch = architecture(config_json, config_file)  # before any MoE-specific check
     # a transformers that predates the family is named as such, before its AutoConfig fails on the model_type
     experts_type, config_type = arch.experts_type(), arch.config_type() or transformers.AutoConfig
-    ckpt = Checkpoint(path)
+    if gguf_path is None:
+        ckpt = Checkpoint(path)
+    else:
+        ckpt = gguf_weights.open_gguf(resolve_model_path(gguf_path, "gguf_path"), config_json, config_file)
     # the same checks and format rule as MoEModel: the folder must come from this checkpoint
     converted = ConvertedFolder(experts_path, ckpt) if experts_path is not None else None
     if converted is not None:
@@ -136,7 +148,10 @@ def from_pretrained(path: PathLike, rules: Union[PathLike, List[Dict[str, Any]],
     for name in replaced:
         _replace(model, name, state.build(name))
         ckpt.release_pages()  # the checkpoint stays open for inject_expert_backend, not resident
-    _load_dense_weights(model, ckpt, arch, model.config)  # an image-text config: its language model's
+    if gguf_path is None:
+        _load_dense_weights(model, ckpt, arch, model.config)  # an image-text config: its language model's
+    else:
+        _load_gguf_dense_weights(model, ckpt, arch)
     ckpt.release_pages()
     _attach_generation_config(model, path)
     model._ktcy = state
@@ -244,7 +259,10 @@ class _KtcyState:
 
     def build(self, name, forced_backend=None):
         L = layer_of(name)
-        stored_name = self.checkpoint.layer(L).block_name  # Mixtral's checkpoint says block_sparse_moe
+        if isinstance(self.checkpoint, GGUFCheckpoint):
+            stored_name = gguf_blocks.block_name(self.checkpoint, L)
+        else:
+            stored_name = self.checkpoint.layer(L).block_name  # Mixtral's checkpoint says block_sparse_moe
         rule = next((r for r in self.rules if r.matches(name) or r.matches(stored_name)), None)
         backend = forced_backend or (rule.backend if rule is not None else None) or self.default_backend
         return KtcyExperts(name, L, self._experts(L, backend), backend, rule)
@@ -364,6 +382,33 @@ def _load_dense_weights(model, ckpt, arch, config):
     if unexpected:
         log.warning("%s: %d checkpoint tensors are not used by the model (first: %s)", ckpt.path, len(unexpected),
                     unexpected[0])
+
+
+def _load_gguf_dense_weights(model, ckpt, arch):
+    """Copies every non-expert tensor of a GGUF model into the model under its Hugging Face name
+    (ktcy.hf.gguf_weights), decoded exactly, one tensor at a time."""
+    targets = model.state_dict()
+    loaded, unexpected = set(), []
+    for name in ckpt.model.tensor_names():
+        hf = gguf_weights.hf_name(ckpt.architecture, name)
+        if hf is None:
+            if not gguf_weights.is_expert_tensor(name):
+                unexpected.append(name)
+            continue
+        target = arch.model_name(hf)
+        if target not in targets:
+            unexpected.append(name)
+            continue
+        dest = targets[target]
+        with torch.no_grad():
+            dest.copy_(torch.from_numpy(gguf_weights.values(ckpt, name, tuple(dest.shape))))
+        loaded.add(dest.data_ptr())
+    missing = [n for n, t in targets.items() if t.data_ptr() not in loaded]
+    if missing:
+        raise CheckpointError(f"{ckpt.path}: {len(missing)} tensors the model needs are missing from the GGUF model "
+                              f"(first: {', '.join(missing[:3])})")
+    if unexpected:
+        log.warning("%s: %d tensors are not used by the model (first: %s)", ckpt.path, len(unexpected), unexpected[0])
 
 
 def _warn_if_threads_spin():

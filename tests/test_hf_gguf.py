@@ -1,0 +1,152 @@
+"""ktcy.hf.from_pretrained(config_folder, gguf_path=...): a whole model from a GGUF file, as
+KTransformers runs GGUF models.  The tiny transformers models are written to GGUF with the
+`gguf` package's own name table (llama.cpp's converter's; not ktcy's) and must give the logits
+of the same model loaded from its Hugging Face checkpoint."""
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import gguf
+import hf_checkpoints as ckpts
+
+torch = pytest.importorskip("torch")  # CI installs the hf extra: this never skips there
+pytest.importorskip("transformers")
+import ktcy.hf  # noqa: E402
+from ktcy.safetensors_io import CheckpointError  # noqa: E402
+from hf_compare import assert_same_greedy, logits, stock  # noqa: E402
+from test_gguf_model import hf_tensors  # noqa: E402
+
+T = gguf.GGMLQuantizationType
+ARCHS = {"qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE, "qwen2_moe": gguf.MODEL_ARCH.QWEN2MOE,
+         "mixtral": gguf.MODEL_ARCH.LLAMA}
+PROMPT = torch.tensor([[3, 4, 5, 6, 7, 8, 9, 10]])
+
+
+def write_gguf(folder, path, model_type, expert_type="BF16", drop=()):
+    """Every tensor of the checkpoint in `folder` under the name llama.cpp's converter gives it
+    (gguf.get_tensor_name_map), 2-D ones in BF16 and 1-D ones in F32 as the converter keeps
+    them, the experts stacked per projection [E, N, K] in expert_type; the metadata the MoE
+    shape is read from."""
+    cfg = json.load(open(os.path.join(folder, "config.json")))
+    arch = ARCHS[model_type]
+    name = gguf.MODEL_ARCH_NAMES[arch]
+    t = hf_tensors(folder)
+    names = gguf.get_tensor_name_map(arch, cfg["num_hidden_layers"])
+    E = cfg.get("num_experts") or cfg["num_local_experts"]
+    w = gguf.GGUFWriter(path, name)
+    meta = {"block_count": cfg["num_hidden_layers"], "expert_count": E, "expert_used_count": cfg["num_experts_per_tok"],
+            "embedding_length": cfg["hidden_size"]}
+    if "moe_intermediate_size" in cfg:
+        meta["expert_feed_forward_length"] = cfg["moe_intermediate_size"]
+    else:  # Mixtral's files state the expert width as the model's
+        meta["feed_forward_length"] = cfg["intermediate_size"]
+    for key, value in meta.items():
+        w.add_uint32(f"{name}.{key}", value)
+    experts = {}
+    for key in sorted(t):
+        if ".experts." in key:
+            layer, e, proj = key.split(".")[2], int(key.split(".")[5]), key.split(".")[6]
+            experts.setdefault((layer, proj), {})[e] = t[key]
+            continue
+        target = names.get_name(key, try_suffixes=(".weight", ".bias"))
+        assert target is not None, key
+        if target in drop:
+            continue
+        value = t[key]
+        if value.ndim == 1:
+            w.add_tensor(target, value.astype(np.float32))
+        else:
+            raw = gguf.quants.quantize(np.ascontiguousarray(value, np.float32), T.BF16)
+            w.add_tensor(target, raw, raw_dtype=T.BF16)
+    for (layer, proj), per_expert in experts.items():
+        stack = np.stack([per_expert[e] for e in range(E)]).astype(np.float32)
+        kind = T[expert_type]
+        raw = gguf.quants.quantize(stack, kind)
+        proj = {"w1": "gate", "w3": "up", "w2": "down"}.get(proj, proj.split("_")[0])  # Mixtral's names
+        w.add_tensor(f"blk.{layer}.ffn_{proj}_exps.weight", raw, raw_dtype=kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def config_only(folder, dest):
+    """The checkpoint folder without its weights: config.json and the generation config."""
+    os.makedirs(dest)
+    for name in ("config.json", "generation_config.json"):
+        if os.path.exists(os.path.join(folder, name)):
+            shutil.copy(os.path.join(folder, name), dest)
+    return str(dest)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "qwen2_moe"])
+def test_gguf_model_equals_the_checkpoint_model(tmp_path, model_type):
+    folder = ckpts.build(model_type, tmp_path / "hf", seed=ckpts.GREEDY_SEEDS[model_type])
+    path = write_gguf(folder, str(tmp_path / "model.gguf"), model_type)
+    cfg = config_only(folder, tmp_path / "cfg")
+    from_gguf = ktcy.hf.from_pretrained(cfg, gguf_path=path, dtype=torch.float32)
+    from_checkpoint = ktcy.hf.from_pretrained(folder, dtype=torch.float32)
+    assert {m.moe.format for m in from_gguf.ktcy_experts().values()} == {"BF16"}
+    assert torch.equal(logits(from_gguf, PROMPT), logits(from_checkpoint, PROMPT))
+    assert_same_greedy(stock(folder), from_gguf, PROMPT, 8)
+
+
+def test_q4_0_experts_run_as_stored(tmp_path):
+    folder = ckpts.build("qwen3_moe", tmp_path / "hf", seed=0)
+    path = write_gguf(folder, str(tmp_path / "model.gguf"), "qwen3_moe", expert_type="Q4_0")
+    model = ktcy.hf.from_pretrained(config_only(folder, tmp_path / "cfg"), gguf_path=path, dtype=torch.float32)
+    experts = list(model.ktcy_experts().values())
+    assert {(m.moe.format, m.moe.gate[0].group_size) for m in experts} == {("INT4", 32)}
+    ref_model = stock(folder)  # its experts replaced by the file's values, decoded by the gguf package
+    reader = gguf.GGUFReader(path)
+    stacks = {t.name: torch.from_numpy(np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32))
+              for t in reader.tensors if "_exps" in t.name}
+    for L, layer in enumerate(ref_model.model.layers):
+        e = layer.mlp.experts
+        with torch.no_grad():
+            e.gate_up_proj.copy_(torch.cat([stacks[f"blk.{L}.ffn_gate_exps.weight"], stacks[f"blk.{L}.ffn_up_exps.weight"]], 1))
+            e.down_proj.copy_(stacks[f"blk.{L}.ffn_down_exps.weight"])
+    ref = logits(ref_model, PROMPT)
+    assert float((logits(model, PROMPT) - ref).norm() / ref.norm()) < 0.03  # int8 activations' error only
+    changed = model.inject_expert_backend(r"model\.layers\.0\.", "BF16")
+    assert changed == ["model.layers.0.mlp.experts"] and model.ktcy_experts()[changed[0]].moe.format == "BF16"
+
+
+def test_gguf_files_ktcy_hf_does_not_read_are_refused(tmp_path):
+    folder = ckpts.build("qwen3_moe", tmp_path / "hf", seed=0)
+    cfg = config_only(folder, tmp_path / "cfg")
+    other = ckpts.build("qwen2_moe", tmp_path / "hf2", seed=0)
+    with pytest.raises(CheckpointError, match="a qwen2moe model, but .*config.json describes model_type 'qwen3_moe'"):
+        ktcy.hf.from_pretrained(cfg, gguf_path=write_gguf(other, str(tmp_path / "q2.gguf"), "qwen2_moe"))
+    fewer = ckpts.build("qwen3_moe", tmp_path / "hf3", seed=0, num_experts=4)
+    with pytest.raises(CheckpointError, match="not the model .* describes .num_experts 4 there, 8 in config.json"):
+        ktcy.hf.from_pretrained(cfg, gguf_path=write_gguf(fewer, str(tmp_path / "e4.gguf"), "qwen3_moe"))
+    with pytest.raises(CheckpointError, match="1 tensors the model needs are missing from the GGUF model "
+                                              r"\(first: model.layers.1.self_attn.q_proj.weight\)"):
+        ktcy.hf.from_pretrained(cfg, gguf_path=write_gguf(folder, str(tmp_path / "d.gguf"), "qwen3_moe",
+                                                          drop=("blk.1.attn_q.weight",)))
+    mixtral = ckpts.build("mixtral", tmp_path / "hf4", seed=0)  # llama.cpp permutes its query and key rows
+    with pytest.raises(CheckpointError, match="ktcy.hf reads the weights of qwen2moe, qwen3moe GGUF models, not llama"):
+        ktcy.hf.from_pretrained(config_only(mixtral, tmp_path / "cfg4"),
+                                gguf_path=write_gguf(mixtral, str(tmp_path / "m.gguf"), "mixtral"))
+
+
+def test_ktcy_generate_reads_a_gguf_model(tmp_path):
+    import io
+    from ktcy.cli import build_parser
+    from ktcy.hf import generate_cli
+    folder = ckpts.build("qwen3_moe", tmp_path / "hf", seed=ckpts.GREEDY_SEEDS["qwen3_moe"])
+    path = write_gguf(folder, str(tmp_path / "model.gguf"), "qwen3_moe")
+    cfg = config_only(folder, tmp_path / "cfg")
+    out = io.StringIO()
+    args = build_parser().parse_args(["generate", "--model", cfg, "--gguf", path, "--input-ids", "3,4,5,6",
+                                      "--max-new-tokens", "5", "--threads", "1", "--dtype", "float32"])
+    assert generate_cli.run(args, out) == 0
+    tokens = [int(t) for t in out.getvalue().splitlines()[0].split()]
+    with torch.no_grad():
+        ref = stock(folder).generate(torch.tensor([[3, 4, 5, 6]]), max_new_tokens=5, min_new_tokens=5, do_sample=False)
+    assert tokens == ref[0, 4:].tolist()
