@@ -17,6 +17,7 @@ pytest.importorskip("transformers")
 import ktcy.hf  # noqa: E402
 from ktcy.safetensors_io import CheckpointError  # noqa: E402
 from hf_compare import assert_same_greedy, logits, stock  # noqa: E402
+from test_hf import NEW_TOKENS, PROMPT as GREEDY_PROMPT  # noqa: E402  (the prompt the greedy seeds were chosen for)
 from test_gguf_model import hf_tensors  # noqa: E402
 
 T = gguf.GGMLQuantizationType
@@ -56,6 +57,9 @@ def write_gguf(folder, path, model_type, expert_type="BF16", drop=()):
         if target in drop:
             continue
         value = t[key]
+        if model_type == "mixtral" and target.endswith(("attn_q.weight", "attn_k.weight")):
+            value = llama_cpp_rope_order(value, cfg["num_attention_heads"] if "attn_q" in target
+                                         else cfg["num_key_value_heads"])
         if value.ndim == 1:
             w.add_tensor(target, value.astype(np.float32))
         else:
@@ -74,6 +78,13 @@ def write_gguf(folder, path, model_type, expert_type="BF16", drop=()):
     return path
 
 
+def llama_cpp_rope_order(w, heads):
+    """The row order llama.cpp's converter writes a `llama` model's query / key weights in: each
+    head's rows [first half | second half] interleaved as pairs (half[0][0], half[1][0], ...)."""
+    rows = w.shape[0]
+    return w.reshape(heads, 2, rows // heads // 2, -1).swapaxes(1, 2).reshape(w.shape)
+
+
 def config_only(folder, dest):
     """The checkpoint folder without its weights: config.json and the generation config."""
     os.makedirs(dest)
@@ -83,7 +94,7 @@ def config_only(folder, dest):
     return str(dest)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_moe", "qwen2_moe"])
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "qwen2_moe", "mixtral"])
 def test_gguf_model_equals_the_checkpoint_model(tmp_path, model_type):
     folder = ckpts.build(model_type, tmp_path / "hf", seed=ckpts.GREEDY_SEEDS[model_type])
     path = write_gguf(folder, str(tmp_path / "model.gguf"), model_type)
@@ -92,7 +103,7 @@ def test_gguf_model_equals_the_checkpoint_model(tmp_path, model_type):
     from_checkpoint = ktcy.hf.from_pretrained(folder, dtype=torch.float32)
     assert {m.moe.format for m in from_gguf.ktcy_experts().values()} == {"BF16"}
     assert torch.equal(logits(from_gguf, PROMPT), logits(from_checkpoint, PROMPT))
-    assert_same_greedy(stock(folder), from_gguf, PROMPT, 8)
+    assert_same_greedy(stock(folder), from_gguf, GREEDY_PROMPT, NEW_TOKENS)
 
 
 def test_q4_0_experts_run_as_stored(tmp_path):
@@ -129,10 +140,9 @@ def test_gguf_files_ktcy_hf_does_not_read_are_refused(tmp_path):
                                               r"\(first: model.layers.1.self_attn.q_proj.weight\)"):
         ktcy.hf.from_pretrained(cfg, gguf_path=write_gguf(folder, str(tmp_path / "d.gguf"), "qwen3_moe",
                                                           drop=("blk.1.attn_q.weight",)))
-    mixtral = ckpts.build("mixtral", tmp_path / "hf4", seed=0)  # llama.cpp permutes its query and key rows
-    with pytest.raises(CheckpointError, match="ktcy.hf reads the weights of qwen2moe, qwen3moe GGUF models, not llama"):
-        ktcy.hf.from_pretrained(config_only(mixtral, tmp_path / "cfg4"),
-                                gguf_path=write_gguf(mixtral, str(tmp_path / "m.gguf"), "mixtral"))
+    mixtral = ckpts.build("mixtral", tmp_path / "hf4", seed=0)
+    with pytest.raises(CheckpointError, match="a llama model, but .*config.json describes model_type 'qwen3_moe'"):
+        ktcy.hf.from_pretrained(cfg, gguf_path=write_gguf(mixtral, str(tmp_path / "m.gguf"), "mixtral"))
 
 
 def test_ktcy_generate_reads_a_gguf_model(tmp_path):

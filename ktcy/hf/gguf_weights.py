@@ -4,9 +4,10 @@ every weight from the GGUF).  The routed experts come from the file through ktcy
 (GGUFCheckpoint: Q4_0 kept as INT4, MXFP4 as MXFP4, ...); every other tensor is decoded
 exactly (ktcy.gguf_quants) and copied into the model under its Hugging Face name.
 
-Only architectures whose llama.cpp tensors are the Hugging Face ones renamed are read: Qwen2-MoE
-and Qwen3-MoE.  Others store some tensors transformed (Mixtral's `llama` permutes its query and
-key rows for rotary embeddings, DeepSeek's splits its latent attention's kv_b) and are refused."""
+Read: Qwen2-MoE and Qwen3-MoE (llama.cpp's tensors are the Hugging Face ones renamed) and Mixtral
+(`llama`: its converter reorders each head's query and key rows for llama.cpp's rotary
+embedding, undone here).  Others (DeepSeek's files split the latent attention's kv_b, ...) are
+refused."""
 import re
 
 import numpy as np
@@ -32,6 +33,7 @@ _COMMON = (
     (r"blk\.(\d+)\.ffn_(gate|up|down)\.weight", r"model.layers.\1.mlp.\2_proj.weight"),  # dense layers
 )
 NAMES = {
+    "llama": _COMMON,
     "qwen2moe": _COMMON + (
         (r"blk\.(\d+)\.ffn_(gate|up|down)_shexp\.weight", r"model.layers.\1.mlp.shared_expert.\2_proj.weight"),
         (r"blk\.(\d+)\.ffn_gate_inp_shexp\.weight", r"model.layers.\1.mlp.shared_expert_gate.weight"),
@@ -89,3 +91,21 @@ def values(ckpt, name, shape):
         raise CheckpointError(f"{ckpt.path}: {name} is {list(t.shape)} (outermost first), the model expects "
                               f"{list(shape)}")
     return dequantize(t.type_name, ckpt.model.raw(name), t.shape).reshape(shape)
+
+
+_QK = re.compile(r"blk\.\d+\.attn_(q|k)\.weight")
+
+
+def restore(architecture, gguf_name, values, config):
+    """A tensor as transformers holds it, from the values a GGUF file stores: a `llama` file's
+    query and key rows are reordered per head (llama.cpp's rotary embedding rotates adjacent
+    pairs, transformers' the two halves of a head), so row 2i + j of a head came from row
+    j * head_dim / 2 + i."""
+    m = _QK.fullmatch(gguf_name) if architecture == "llama" else None
+    if m is None:
+        return values
+    heads = config.num_attention_heads if m[1] == "q" else config.num_key_value_heads
+    rows, cols = values.shape
+    if rows % (2 * heads):
+        raise CheckpointError(f"{gguf_name}: {rows} rows do not split into {heads} heads of rotary pairs")
+    return values.reshape(heads, rows // heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)

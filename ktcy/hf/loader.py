@@ -73,7 +73,7 @@ def from_pretrained(path: PathLike, rules: Union[PathLike, List[Dict[str, Any]],
         one, or a folder holding one), as KTransformers runs GGUF models: `path` then needs only
         config.json (and the tokenizer, for generating).  The routed experts stay as the file
         stores them where a ktcy format holds them (Q4_0 -> INT4, BF16), else need a backend;
-        the rest is decoded exactly.  Qwen2-MoE and Qwen3-MoE files (ktcy.hf.gguf_weights).
+        the rest is decoded exactly.  Qwen2-MoE, Qwen3-MoE and Mixtral files (ktcy.hf.gguf_weights).
       hf_kwargs: `dtype` (or `torch_dtype`; default the config's dtype, else float32) for the
         torch part of the model, `attn_implementation`, `isa` (force ktcy's instruction set),
         `group` (a torch.distributed process group: the routed experts run expert-parallel,
@@ -400,8 +400,10 @@ def _load_gguf_dense_weights(model, ckpt, arch):
             unexpected.append(name)
             continue
         dest = targets[target]
+        value = gguf_weights.restore(ckpt.architecture, name, gguf_weights.values(ckpt, name, tuple(dest.shape)),
+                                     model.config)
         with torch.no_grad():
-            dest.copy_(torch.from_numpy(gguf_weights.values(ckpt, name, tuple(dest.shape))))
+            dest.copy_(torch.from_numpy(np.ascontiguousarray(value)))
         loaded.add(dest.data_ptr())
     missing = [n for n, t in targets.items() if t.data_ptr() not in loaded]
     if missing:
