@@ -59,18 +59,15 @@ def expert_stacks(t, p, E):
     return tuple(np.stack([t[f"{p}.experts.{e}.{n}.weight"] for e in range(E)]) for n in names)
 
 
-def write_gguf(hf_folder, path, model_type):
-    """hf_folder's MoE blocks as llama.cpp's convert_hf_to_gguf.py names them, with the metadata
-    keys it writes for the family; the experts in BF16, routers and biases in F32."""
-    import json
-    cfg = json.load(open(os.path.join(hf_folder, "config.json")))
-    cfg = cfg.get("text_config", cfg)
+def expert_count(cfg):
+    return cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg["moe_num_experts"]
+
+
+def add_family_metadata(w, cfg, model_type):
+    """The `{arch}.` keys llama.cpp's converter writes for the family's MoE blocks."""
     arch = FAMILIES[model_type]
-    t = hf_tensors(hf_folder)
-    E = cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg["moe_num_experts"]
     inter = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
-    w = gguf.GGUFWriter(path, arch)
-    keys = {"block_count": cfg["num_hidden_layers"], "expert_count": E,
+    keys = {"block_count": cfg["num_hidden_layers"], "expert_count": expert_count(cfg),
             "expert_used_count": cfg.get("num_experts_per_tok") or cfg.get("moe_k"),
             "embedding_length": cfg["hidden_size"]}
     keys["feed_forward_length" if arch == "llama" else "expert_feed_forward_length"] = inter
@@ -86,6 +83,19 @@ def write_gguf(hf_folder, path, model_type):
     if arch in ("deepseek2", "glm4moe", "dots1"):
         w.add_float32(f"{arch}.expert_weights_scale", cfg["routed_scaling_factor"])
         w.add_bool(f"{arch}.expert_weights_norm", bool(cfg.get("norm_topk_prob", False)))
+
+
+def write_gguf(hf_folder, path, model_type):
+    """hf_folder's MoE blocks as llama.cpp's convert_hf_to_gguf.py names them, with the metadata
+    keys it writes for the family; the experts in BF16, routers and biases in F32."""
+    import json
+    cfg = json.load(open(os.path.join(hf_folder, "config.json")))
+    cfg = cfg.get("text_config", cfg)
+    arch = FAMILIES[model_type]
+    t = hf_tensors(hf_folder)
+    E = expert_count(cfg)
+    w = gguf.GGUFWriter(path, arch)
+    add_family_metadata(w, cfg, model_type)
     layers = sorted({int(k.split(".")[2]) for k in t if ".experts." in k})
     for L in layers:
         p = next(f"model.layers.{L}.{m}" for m in ("mlp", "block_sparse_moe") if f"model.layers.{L}.{m}.experts.0.w1.weight" in t

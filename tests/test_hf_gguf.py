@@ -18,58 +18,69 @@ import ktcy.hf  # noqa: E402
 from ktcy.safetensors_io import CheckpointError  # noqa: E402
 from hf_compare import assert_same_greedy, logits, stock  # noqa: E402
 from test_hf import NEW_TOKENS, PROMPT as GREEDY_PROMPT  # noqa: E402  (the prompt the greedy seeds were chosen for)
-from test_gguf_model import hf_tensors  # noqa: E402
+from test_gguf_model import FAMILIES, add_family_metadata, expert_count, hf_tensors  # noqa: E402
 
 T = gguf.GGMLQuantizationType
-ARCHS = {"qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE, "qwen2_moe": gguf.MODEL_ARCH.QWEN2MOE,
-         "mixtral": gguf.MODEL_ARCH.LLAMA}
+ARCHS = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
 PROMPT = torch.tensor([[3, 4, 5, 6, 7, 8, 9, 10]])
 
 
 def write_gguf(folder, path, model_type, expert_type="BF16", drop=()):
     """Every tensor of the checkpoint in `folder` under the name llama.cpp's converter gives it
-    (gguf.get_tensor_name_map), 2-D ones in BF16 and 1-D ones in F32 as the converter keeps
-    them, the experts stacked per projection [E, N, K] in expert_type; the metadata the MoE
-    shape is read from."""
+    (gguf.get_tensor_name_map, after the converter's own e_score_correction_bias rename), 2-D
+    ones in BF16 and 1-D ones in F32 as the converter keeps them, the experts stacked per
+    projection [E, N, K] in expert_type (GPT-OSS's interleaved gate_up split, biases F32); the
+    family's metadata (test_gguf_model.add_family_metadata)."""
     cfg = json.load(open(os.path.join(folder, "config.json")))
-    arch = ARCHS[model_type]
-    name = gguf.MODEL_ARCH_NAMES[arch]
+    name = FAMILIES[model_type]
     t = hf_tensors(folder)
-    names = gguf.get_tensor_name_map(arch, cfg["num_hidden_layers"])
-    E = cfg.get("num_experts") or cfg["num_local_experts"]
+    names = gguf.get_tensor_name_map(ARCHS[name], cfg["num_hidden_layers"])
+    E = expert_count(cfg)
     w = gguf.GGUFWriter(path, name)
-    meta = {"block_count": cfg["num_hidden_layers"], "expert_count": E, "expert_used_count": cfg["num_experts_per_tok"],
-            "embedding_length": cfg["hidden_size"]}
-    if "moe_intermediate_size" in cfg:
-        meta["expert_feed_forward_length"] = cfg["moe_intermediate_size"]
-    else:  # Mixtral's files state the expert width as the model's
-        meta["feed_forward_length"] = cfg["intermediate_size"]
-    for key, value in meta.items():
-        w.add_uint32(f"{name}.{key}", value)
+    add_family_metadata(w, cfg, model_type)
     experts = {}
     for key in sorted(t):
+        value = t[key]
         if ".experts." in key:
-            layer, e, proj = key.split(".")[2], int(key.split(".")[5]), key.split(".")[6]
-            experts.setdefault((layer, proj), {})[e] = t[key]
+            layer, rest = key.split(".")[2], key.split(".experts.")[1]
+            if rest.startswith(("gate_up_proj", "down_proj")):  # GPT-OSS: [E, in, out] stacks and their biases
+                if rest == "gate_up_proj":
+                    experts[layer, "gate"], experts[layer, "up"] = (value[:, :, 0::2].transpose(0, 2, 1),
+                                                                   value[:, :, 1::2].transpose(0, 2, 1))
+                elif rest == "gate_up_proj_bias":
+                    experts[layer, "gate_bias"], experts[layer, "up_bias"] = value[:, 0::2], value[:, 1::2]
+                elif rest == "down_proj":
+                    experts[layer, "down"] = value.transpose(0, 2, 1)
+                else:
+                    experts[layer, "down_bias"] = value
+                continue
+            e, proj = int(rest.split(".")[0]), rest.split(".")[1]
+            proj = {"w1": "gate", "w3": "up", "w2": "down"}.get(proj, proj.split("_")[0])  # Mixtral's names
+            experts.setdefault((layer, proj), {})[e] = value
             continue
-        target = names.get_name(key, try_suffixes=(".weight", ".bias"))
+        target = names.get_name(key.replace("e_score_correction_bias", "e_score_correction.bias"),
+                                try_suffixes=(".weight", ".bias"))
         assert target is not None, key
         if target in drop:
             continue
-        value = t[key]
         if model_type == "mixtral" and target.endswith(("attn_q.weight", "attn_k.weight")):
             value = llama_cpp_rope_order(value, cfg["num_attention_heads"] if "attn_q" in target
                                          else cfg["num_key_value_heads"])
+        if value.ndim == 2 and value.shape[0] == 1 and "e_score_correction" in key:
+            value = value.reshape(-1)  # ERNIE's [1, E] statics
         if value.ndim == 1:
             w.add_tensor(target, value.astype(np.float32))
         else:
             raw = gguf.quants.quantize(np.ascontiguousarray(value, np.float32), T.BF16)
             w.add_tensor(target, raw, raw_dtype=T.BF16)
-    for (layer, proj), per_expert in experts.items():
-        stack = np.stack([per_expert[e] for e in range(E)]).astype(np.float32)
+    for (layer, proj), stack in experts.items():
+        if proj.endswith("_bias"):
+            w.add_tensor(f"blk.{layer}.ffn_{proj[:-5]}_exps.bias", np.ascontiguousarray(stack, np.float32))
+            continue
+        if isinstance(stack, dict):
+            stack = np.stack([stack[e] for e in range(E)])
         kind = T[expert_type]
-        raw = gguf.quants.quantize(stack, kind)
-        proj = {"w1": "gate", "w3": "up", "w2": "down"}.get(proj, proj.split("_")[0])  # Mixtral's names
+        raw = gguf.quants.quantize(np.ascontiguousarray(stack, np.float32), kind)
         w.add_tensor(f"blk.{layer}.ffn_{proj}_exps.weight", raw, raw_dtype=kind)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -94,16 +105,21 @@ def config_only(folder, dest):
     return str(dest)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_moe", "qwen2_moe", "mixtral"])
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "glm4_moe", "dots1",
+                                        "ernie4_5_moe", "minimax_m2", "gpt_oss"])
 def test_gguf_model_equals_the_checkpoint_model(tmp_path, model_type):
-    folder = ckpts.build(model_type, tmp_path / "hf", seed=ckpts.GREEDY_SEEDS[model_type])
+    if model_type == "gpt_oss":  # llama.cpp's clamp (GGUF stores none); its seeds were chosen for another
+        folder = ckpts.build(model_type, tmp_path / "hf", seed=0, swiglu_limit=7.0)
+    else:
+        folder = ckpts.build(model_type, tmp_path / "hf", seed=ckpts.GREEDY_SEEDS[model_type])
     path = write_gguf(folder, str(tmp_path / "model.gguf"), model_type)
     cfg = config_only(folder, tmp_path / "cfg")
     from_gguf = ktcy.hf.from_pretrained(cfg, gguf_path=path, dtype=torch.float32)
     from_checkpoint = ktcy.hf.from_pretrained(folder, dtype=torch.float32)
     assert {m.moe.format for m in from_gguf.ktcy_experts().values()} == {"BF16"}
     assert torch.equal(logits(from_gguf, PROMPT), logits(from_checkpoint, PROMPT))
-    assert_same_greedy(stock(folder), from_gguf, GREEDY_PROMPT, NEW_TOKENS)
+    if model_type != "gpt_oss":
+        assert_same_greedy(stock(folder), from_gguf, GREEDY_PROMPT, NEW_TOKENS)
 
 
 def test_q4_0_experts_run_as_stored(tmp_path):
@@ -160,3 +176,27 @@ def test_ktcy_generate_reads_a_gguf_model(tmp_path):
     with torch.no_grad():
         ref = stock(folder).generate(torch.tensor([[3, 4, 5, 6]]), max_new_tokens=5, min_new_tokens=5, do_sample=False)
     assert tokens == ref[0, 4:].tolist()
+
+
+def test_gpt_oss_mxfp4_experts_stay_mxfp4_and_its_clamp_must_agree(tmp_path):
+    folder = ckpts.build("gpt_oss", tmp_path / "hf", seed=0, swiglu_limit=7.0)
+    path = write_gguf(folder, str(tmp_path / "model.gguf"), "gpt_oss", expert_type="MXFP4")
+    model = ktcy.hf.from_pretrained(config_only(folder, tmp_path / "cfg"), gguf_path=path, dtype=torch.float32)
+    assert {m.moe.format for m in model.ktcy_experts().values()} == {"MXFP4"}
+    ref_model = stock(folder)  # its experts replaced by the file's values, decoded by the gguf package
+    reader = gguf.GGUFReader(path)
+    stacks = {t.name: torch.from_numpy(np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32))
+              for t in reader.tensors if "_exps.weight" in t.name}
+    for L, layer in enumerate(ref_model.model.layers):
+        e = layer.mlp.experts
+        gate_up = torch.empty_like(e.gate_up_proj)
+        gate_up[:, :, 0::2] = stacks[f"blk.{L}.ffn_gate_exps.weight"].transpose(1, 2)
+        gate_up[:, :, 1::2] = stacks[f"blk.{L}.ffn_up_exps.weight"].transpose(1, 2)
+        with torch.no_grad():
+            e.gate_up_proj.copy_(gate_up)
+            e.down_proj.copy_(stacks[f"blk.{L}.ffn_down_exps.weight"].transpose(1, 2))
+    ref = logits(ref_model, PROMPT)
+    assert float((logits(model, PROMPT) - ref).norm() / ref.norm()) < 0.01  # bf16 activations' error only
+    other = ckpts.build("gpt_oss", tmp_path / "hf3", seed=0)  # the tests' GPT-OSS clamps at 3.0
+    with pytest.raises(CheckpointError, match="swiglu_limit 7.0 there, 3.0 in config.json"):
+        ktcy.hf.from_pretrained(config_only(other, tmp_path / "cfg3"), gguf_path=path)

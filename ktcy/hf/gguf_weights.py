@@ -4,10 +4,11 @@ every weight from the GGUF).  The routed experts come from the file through ktcy
 (GGUFCheckpoint: Q4_0 kept as INT4, MXFP4 as MXFP4, ...); every other tensor is decoded
 exactly (ktcy.gguf_quants) and copied into the model under its Hugging Face name.
 
-Read: Qwen2-MoE and Qwen3-MoE (llama.cpp's tensors are the Hugging Face ones renamed) and Mixtral
-(`llama`: its converter reorders each head's query and key rows for llama.cpp's rotary
-embedding, undone here).  Others (DeepSeek's files split the latent attention's kv_b, ...) are
-refused."""
+Read (NAMES): Qwen2-MoE, Qwen3-MoE, OLMoE, GLM-4.5, dots.llm1, ERNIE-4.5-MoE, MiniMax-M2 and
+GPT-OSS, whose llama.cpp tensors are the Hugging Face ones renamed, and Mixtral (`llama`: its
+converter reorders each head's query and key rows for llama.cpp's rotary embedding, undone
+here).  Others are refused (DeepSeek's files split the latent attention's kv_b; Qwen3-Next's
+store its linear attention transformed)."""
 import re
 
 import numpy as np
@@ -17,33 +18,53 @@ from ktcy.gguf_checkpoint import ARCHITECTURES, GGUFCheckpoint
 from ktcy.gguf_quants import dequantize, supported
 from ktcy.safetensors_io import CheckpointError
 
-# GGUF name -> Hugging Face checkpoint name, per architecture read (the names llama.cpp's
-# converter gives the Hugging Face tensors, reversed)
-_COMMON = (
+# GGUF name -> Hugging Face checkpoint name, per architecture read: the names llama.cpp's
+# converter gives the Hugging Face tensors (gguf-py's tensor_mapping), reversed
+
+
+def _block(gguf_pattern, hf_template):
+    return rf"blk\.(\d+)\.{gguf_pattern}", rf"model.layers.\1.{hf_template}"
+
+
+_BASE = (
     (r"token_embd\.weight", "model.embed_tokens.weight"),
     (r"output_norm\.weight", "model.norm.weight"),
     (r"output\.weight", "lm_head.weight"),
-    (r"blk\.(\d+)\.attn_norm\.weight", r"model.layers.\1.input_layernorm.weight"),
-    (r"blk\.(\d+)\.ffn_norm\.weight", r"model.layers.\1.post_attention_layernorm.weight"),
-    (r"blk\.(\d+)\.attn_q\.(weight|bias)", r"model.layers.\1.self_attn.q_proj.\2"),
-    (r"blk\.(\d+)\.attn_k\.(weight|bias)", r"model.layers.\1.self_attn.k_proj.\2"),
-    (r"blk\.(\d+)\.attn_v\.(weight|bias)", r"model.layers.\1.self_attn.v_proj.\2"),
-    (r"blk\.(\d+)\.attn_output\.weight", r"model.layers.\1.self_attn.o_proj.weight"),
-    (r"blk\.(\d+)\.ffn_gate_inp\.weight", r"model.layers.\1.mlp.gate.weight"),
-    (r"blk\.(\d+)\.ffn_(gate|up|down)\.weight", r"model.layers.\1.mlp.\2_proj.weight"),  # dense layers
+    _block(r"attn_norm\.weight", "input_layernorm.weight"),
+    _block(r"attn_q\.(weight|bias)", r"self_attn.q_proj.\2"),
+    _block(r"attn_k\.(weight|bias)", r"self_attn.k_proj.\2"),
+    _block(r"attn_v\.(weight|bias)", r"self_attn.v_proj.\2"),
+    _block(r"attn_output\.(weight|bias)", r"self_attn.o_proj.\2"),
+    _block(r"ffn_(gate|up|down)\.weight", r"mlp.\2_proj.weight"),  # dense layers
 )
+_FFN_NORM = (_block(r"ffn_norm\.weight", "post_attention_layernorm.weight"),)
+_POST_ATTENTION_NORM = (_block(r"post_attention_norm\.weight", "post_attention_layernorm.weight"),)
+_QK_NORM = (_block(r"attn_q_norm\.weight", "self_attn.q_norm.weight"),
+            _block(r"attn_k_norm\.weight", "self_attn.k_norm.weight"))
+_ROUTER = (_block(r"ffn_gate_inp\.weight", "mlp.gate.weight"),)
+_SHARED = (_block(r"ffn_(gate|up|down)_shexp\.weight", r"mlp.shared_experts.\2_proj.weight"),)
+
+
+def _bias(hf_template):
+    return (_block(r"exp_probs_b\.bias", hf_template),)
+
+
 NAMES = {
-    "llama": _COMMON,
-    "qwen2moe": _COMMON + (
-        (r"blk\.(\d+)\.ffn_(gate|up|down)_shexp\.weight", r"model.layers.\1.mlp.shared_expert.\2_proj.weight"),
-        (r"blk\.(\d+)\.ffn_gate_inp_shexp\.weight", r"model.layers.\1.mlp.shared_expert_gate.weight"),
-    ),
-    "qwen3moe": _COMMON + (
-        (r"blk\.(\d+)\.attn_q_norm\.weight", r"model.layers.\1.self_attn.q_norm.weight"),
-        (r"blk\.(\d+)\.attn_k_norm\.weight", r"model.layers.\1.self_attn.k_norm.weight"),
-    ),
+    "llama": _BASE + _FFN_NORM + _ROUTER,
+    "qwen2moe": _BASE + _FFN_NORM + _ROUTER + (
+        _block(r"ffn_(gate|up|down)_shexp\.weight", r"mlp.shared_expert.\2_proj.weight"),
+        _block(r"ffn_gate_inp_shexp\.weight", "mlp.shared_expert_gate.weight")),
+    "qwen3moe": _BASE + _FFN_NORM + _ROUTER + _QK_NORM,
+    "olmoe": _BASE + _FFN_NORM + _ROUTER + _QK_NORM,
+    "glm4moe": _BASE + _POST_ATTENTION_NORM + _ROUTER + _QK_NORM + _SHARED + _bias("mlp.gate.e_score_correction_bias"),
+    "dots1": _BASE + _FFN_NORM + _ROUTER + _QK_NORM + _SHARED + _bias("mlp.gate.e_score_correction_bias"),
+    "ernie4_5-moe": _BASE + _FFN_NORM + _ROUTER + _SHARED + _bias("mlp.moe_statics.e_score_correction_bias"),
+    "minimax-m2": _BASE + _FFN_NORM + _QK_NORM + (_block(r"ffn_gate_inp\.weight", "block_sparse_moe.gate.weight"),)
+    + _bias("block_sparse_moe.e_score_correction_bias"),
+    "gpt-oss": _BASE + _POST_ATTENTION_NORM + (_block(r"ffn_gate_inp\.(weight|bias)", r"mlp.router.\2"),
+                                               _block(r"attn_sinks", "self_attn.sinks")),
 }
-_EXPERTS = re.compile(r"blk\.\d+\.ffn_(gate|up|down)(_exps|\.\d+)\.weight")
+_EXPERTS = re.compile(r"blk\.\d+\.ffn_(gate|up|down)(_exps|\.\d+)\.(weight|bias)")
 
 
 def open_gguf(gguf_path, config, config_file):
@@ -61,6 +82,9 @@ def open_gguf(gguf_path, config, config_file):
     diffs = [f"{key} {getattr(ours, key)} there, {getattr(theirs, key)} in config.json"
              for key in ("num_experts", "top_k", "hidden_size", "intermediate_size", "moe_layers")
              if getattr(ours, key) != getattr(theirs, key)]
+    # the experts' activation: GPT-OSS's clamp is not stored in GGUF (llama.cpp's is GPT-OSS's 7.0)
+    diffs += [f"{key} {value} there, {theirs.activation_settings().get(key)} in config.json"
+              for key, value in ours.activation_settings().items() if theirs.activation_settings().get(key) != value]
     if diffs:
         raise CheckpointError(f"{ckpt.path}: not the model {config_file} describes ({'; '.join(diffs)})")
     return ckpt

@@ -73,7 +73,7 @@ def from_pretrained(path: PathLike, rules: Union[PathLike, List[Dict[str, Any]],
         one, or a folder holding one), as KTransformers runs GGUF models: `path` then needs only
         config.json (and the tokenizer, for generating).  The routed experts stay as the file
         stores them where a ktcy format holds them (Q4_0 -> INT4, BF16), else need a backend;
-        the rest is decoded exactly.  Qwen2-MoE, Qwen3-MoE and Mixtral files (ktcy.hf.gguf_weights).
+        the rest is decoded exactly.  The architectures of ktcy.hf.gguf_weights.NAMES.
       hf_kwargs: `dtype` (or `torch_dtype`; default the config's dtype, else float32) for the
         torch part of the model, `attn_implementation`, `isa` (force ktcy's instruction set),
         `group` (a torch.distributed process group: the routed experts run expert-parallel,
