@@ -26,6 +26,7 @@ FAMILIES = {
     "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "qwen3_next": "qwen3next", "olmoe": "olmoe",
     "mixtral": "llama", "deepseek_v3": "deepseek2", "deepseek_v2": "deepseek2", "glm4_moe": "glm4moe",
     "dots1": "dots1", "ernie4_5_moe": "ernie4_5-moe", "minimax_m2": "minimax-m2", "gpt_oss": "gpt-oss",
+    "glm4_moe_lite": "deepseek2",
 }
 
 
@@ -63,11 +64,12 @@ def expert_count(cfg):
     return cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg["moe_num_experts"]
 
 
-def add_family_metadata(w, cfg, model_type):
-    """The `{arch}.` keys llama.cpp's converter writes for the family's MoE blocks."""
+def add_family_metadata(w, cfg, model_type, extra_blocks=0):
+    """The `{arch}.` keys llama.cpp's converter writes for the family's MoE blocks (extra_blocks:
+    multi-token-prediction blocks counted in block_count)."""
     arch = FAMILIES[model_type]
     inter = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
-    keys = {"block_count": cfg["num_hidden_layers"], "expert_count": expert_count(cfg),
+    keys = {"block_count": cfg["num_hidden_layers"] + extra_blocks, "expert_count": expert_count(cfg),
             "expert_used_count": cfg.get("num_experts_per_tok") or cfg.get("moe_k"),
             "embedding_length": cfg["hidden_size"]}
     keys["feed_forward_length" if arch == "llama" else "expert_feed_forward_length"] = inter

@@ -25,7 +25,7 @@ ARCHS = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
 PROMPT = torch.tensor([[3, 4, 5, 6, 7, 8, 9, 10]])
 
 
-def write_gguf(folder, path, model_type, expert_type="BF16", drop=()):
+def write_gguf(folder, path, model_type, expert_type="BF16", drop=(), split_kv_b=True, mtp=False):
     """Every tensor of the checkpoint in `folder` under the name llama.cpp's converter gives it
     (gguf.get_tensor_name_map, after the converter's own e_score_correction_bias rename), 2-D
     ones in BF16 and 1-D ones in F32 as the converter keeps them, the experts stacked per
@@ -37,7 +37,9 @@ def write_gguf(folder, path, model_type, expert_type="BF16", drop=()):
     names = gguf.get_tensor_name_map(ARCHS[name], cfg["num_hidden_layers"])
     E = expert_count(cfg)
     w = gguf.GGUFWriter(path, name)
-    add_family_metadata(w, cfg, model_type)
+    add_family_metadata(w, cfg, model_type, extra_blocks=int(mtp))
+    if mtp:
+        w.add_uint32(f"{name}.nextn_predict_layers", 1)
     experts = {}
     for key in sorted(t):
         value = t[key]
@@ -58,10 +60,18 @@ def write_gguf(folder, path, model_type, expert_type="BF16", drop=()):
             proj = {"w1": "gate", "w3": "up", "w2": "down"}.get(proj, proj.split("_")[0])  # Mixtral's names
             experts.setdefault((layer, proj), {})[e] = value
             continue
-        target = names.get_name(key.replace("e_score_correction_bias", "e_score_correction.bias"),
-                                try_suffixes=(".weight", ".bias"))
+        key = key.replace("e_score_correction_bias", "e_score_correction.bias")  # the converter's renames
+        key = key + ".weight" if key.endswith(".sinks") else key
+        target = names.get_name(key, try_suffixes=(".weight", ".bias"))
         assert target is not None, key
         if target in drop:
+            continue
+        if target.endswith("attn_kv_b.weight") and split_kv_b:  # llama.cpp since April 2025: per head, k half transposed
+            heads, nope, v = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["v_head_dim"]
+            kv_b = value.reshape(heads, nope + v, -1)
+            for half, part in (("attn_k_b", kv_b[:, :nope].transpose(0, 2, 1)), ("attn_v_b", kv_b[:, nope:])):
+                raw = gguf.quants.quantize(np.ascontiguousarray(part, np.float32), T.BF16)
+                w.add_tensor(target.replace("attn_kv_b", half), raw, raw_dtype=T.BF16)
             continue
         if model_type == "mixtral" and target.endswith(("attn_q.weight", "attn_k.weight")):
             value = llama_cpp_rope_order(value, cfg["num_attention_heads"] if "attn_q" in target
@@ -82,6 +92,12 @@ def write_gguf(folder, path, model_type, expert_type="BF16", drop=()):
         kind = T[expert_type]
         raw = gguf.quants.quantize(np.ascontiguousarray(stack, np.float32), kind)
         w.add_tensor(f"blk.{layer}.ffn_{proj}_exps.weight", raw, raw_dtype=kind)
+    if mtp:  # GLM-4.5's multi-token-prediction block after the decoder layers, as llama.cpp writes it
+        L = cfg["num_hidden_layers"]
+        for name, value in (("attn_norm.weight", np.ones(cfg["hidden_size"], np.float32)),
+                            ("nextn.eh_proj.weight", np.zeros((cfg["hidden_size"], 2 * cfg["hidden_size"]), np.float32)),
+                            ("ffn_gate_exps.weight", np.zeros((E, cfg["moe_intermediate_size"], cfg["hidden_size"]), np.float32))):
+            w.add_tensor(f"blk.{L}.{name}", value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -106,18 +122,27 @@ def config_only(folder, dest):
 
 
 @pytest.mark.parametrize("model_type", ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "glm4_moe", "dots1",
-                                        "ernie4_5_moe", "minimax_m2", "gpt_oss"])
-def test_gguf_model_equals_the_checkpoint_model(tmp_path, model_type):
+                                        "ernie4_5_moe", "minimax_m2", "gpt_oss", "deepseek_v3", "deepseek_v2",
+                                        "glm4_moe_lite"])
+def test_gguf_model_equals_the_checkpoint_model(tmp_path, model_type, caplog):
     if model_type == "gpt_oss":  # llama.cpp's clamp (GGUF stores none); its seeds were chosen for another
         folder = ckpts.build(model_type, tmp_path / "hf", seed=0, swiglu_limit=7.0)
     else:
         folder = ckpts.build(model_type, tmp_path / "hf", seed=ckpts.GREEDY_SEEDS[model_type])
-    path = write_gguf(folder, str(tmp_path / "model.gguf"), model_type)
+    path = write_gguf(folder, str(tmp_path / "model.gguf"), model_type, mtp=model_type == "glm4_moe")
+    if model_type == "deepseek_v3":  # a file from before llama.cpp split kv_b: the same model
+        old = ktcy.hf.from_pretrained(config_only(folder, tmp_path / "cfg_old"), dtype=torch.float32,
+                                      gguf_path=write_gguf(folder, str(tmp_path / "old.gguf"), model_type, split_kv_b=False))
     cfg = config_only(folder, tmp_path / "cfg")
-    from_gguf = ktcy.hf.from_pretrained(cfg, gguf_path=path, dtype=torch.float32)
+    with caplog.at_level("INFO", logger="ktcy"):
+        from_gguf = ktcy.hf.from_pretrained(cfg, gguf_path=path, dtype=torch.float32)
+    assert "not used by the model" not in caplog.text  # every tensor has its place (or is an MTP block's)
+    assert ("multi-token-prediction" in caplog.text) == (model_type == "glm4_moe")
     from_checkpoint = ktcy.hf.from_pretrained(folder, dtype=torch.float32)
     assert {m.moe.format for m in from_gguf.ktcy_experts().values()} == {"BF16"}
     assert torch.equal(logits(from_gguf, PROMPT), logits(from_checkpoint, PROMPT))
+    if model_type == "deepseek_v3":
+        assert torch.equal(logits(old, PROMPT), logits(from_checkpoint, PROMPT))
     if model_type != "gpt_oss":
         assert_same_greedy(stock(folder), from_gguf, GREEDY_PROMPT, NEW_TOKENS)
 

@@ -7,8 +7,9 @@ exactly (ktcy.gguf_quants) and copied into the model under its Hugging Face name
 Read (NAMES): Qwen2-MoE, Qwen3-MoE, OLMoE, GLM-4.5, dots.llm1, ERNIE-4.5-MoE, MiniMax-M2 and
 GPT-OSS, whose llama.cpp tensors are the Hugging Face ones renamed, and Mixtral (`llama`: its
 converter reorders each head's query and key rows for llama.cpp's rotary embedding, undone
-here).  Others are refused (DeepSeek's files split the latent attention's kv_b; Qwen3-Next's
-store its linear attention transformed)."""
+here), and DeepSeek-V2/V3, Kimi-K2 and GLM-4.7-Flash (`deepseek2`: the latent attention's
+kv_b_proj, which newer files store split per head into attn_k_b and attn_v_b, put together).
+Others are refused (Qwen3-Next's files store its linear attention transformed)."""
 import re
 
 import numpy as np
@@ -62,8 +63,20 @@ NAMES = {
     "minimax-m2": _BASE + _FFN_NORM + _QK_NORM + (_block(r"ffn_gate_inp\.weight", "block_sparse_moe.gate.weight"),)
     + _bias("block_sparse_moe.e_score_correction_bias"),
     "gpt-oss": _BASE + _POST_ATTENTION_NORM + (_block(r"ffn_gate_inp\.(weight|bias)", r"mlp.router.\2"),
-                                               _block(r"attn_sinks", "self_attn.sinks")),
+                                               _block(r"attn_sinks(?:\.weight)?", "self_attn.sinks")),
+    # DeepSeek's latent attention; kv_b_proj is stored whole (attn_kv_b, files from before April
+    # 2025) or split per head into attn_k_b and attn_v_b (restore_kv_b puts it together)
+    "deepseek2": _BASE + _FFN_NORM + _ROUTER + _SHARED + _bias("mlp.gate.e_score_correction_bias") + (
+        _block(r"attn_q_a\.weight", "self_attn.q_a_proj.weight"),
+        _block(r"attn_q_a_norm\.weight", "self_attn.q_a_layernorm.weight"),
+        _block(r"attn_q_b\.weight", "self_attn.q_b_proj.weight"),
+        _block(r"attn_kv_a_mqa\.weight", "self_attn.kv_a_proj_with_mqa.weight"),
+        _block(r"attn_kv_a_norm\.weight", "self_attn.kv_a_layernorm.weight"),
+        _block(r"attn_(kv_b|k_b)\.weight", "self_attn.kv_b_proj.weight")),
 }
+# the Hugging Face model_types a GGUF architecture may be run as (their configs name the
+# same tensors): llama.cpp writes DeepSeek-V2/V3, Kimi-K2 and GLM-4.7-Flash as deepseek2
+MODEL_TYPES = {"deepseek2": ("deepseek_v3", "deepseek_v2", "kimi_k2", "glm4_moe_lite")}
 _EXPERTS = re.compile(r"blk\.\d+\.ffn_(gate|up|down)(_exps|\.\d+)\.(weight|bias)")
 
 
@@ -75,7 +88,8 @@ def open_gguf(gguf_path, config, config_file):
         raise CheckpointError(f"{ckpt.path}: ktcy.hf reads the weights of {', '.join(sorted(NAMES))} GGUF models, not "
                               f"{ckpt.architecture} (ktcy.MoEModel and ktcy.load_experts read its MoE blocks)")
     theirs = MoEArchitecture.from_config(config, config_file)
-    if str(config.get("model_type", "")).lower() != ARCHITECTURES[ckpt.architecture]:
+    if str(config.get("model_type", "")).lower() not in MODEL_TYPES.get(ckpt.architecture,
+                                                                        (ARCHITECTURES[ckpt.architecture],)):
         raise CheckpointError(f"{ckpt.path}: a {ckpt.architecture} model, but {config_file} describes model_type "
                               f"{config.get('model_type')!r:.40}")
     ours = ckpt.arch
@@ -117,19 +131,47 @@ def values(ckpt, name, shape):
     return dequantize(t.type_name, ckpt.model.raw(name), t.shape).reshape(shape)
 
 
-_QK = re.compile(r"blk\.\d+\.attn_(q|k)\.weight")
+_QK = re.compile(r"blk\.\d+\.attn_(q|k)\.(weight|bias)")
 
 
 def restore(architecture, gguf_name, values, config):
     """A tensor as transformers holds it, from the values a GGUF file stores: a `llama` file's
-    query and key rows are reordered per head (llama.cpp's rotary embedding rotates adjacent
-    pairs, transformers' the two halves of a head), so row 2i + j of a head came from row
-    j * head_dim / 2 + i."""
+    query and key rows (weights and biases) are reordered per head (llama.cpp's rotary embedding
+    rotates adjacent pairs, transformers' the two halves of a head), so row 2i + j of a head came
+    from row j * head_dim / 2 + i."""
     m = _QK.fullmatch(gguf_name) if architecture == "llama" else None
     if m is None:
         return values
     heads = config.num_attention_heads if m[1] == "q" else config.num_key_value_heads
-    rows, cols = values.shape
+    rows = values.shape[0]
     if rows % (2 * heads):
         raise CheckpointError(f"{gguf_name}: {rows} rows do not split into {heads} heads of rotary pairs")
-    return values.reshape(heads, rows // heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+    return values.reshape((heads, rows // heads // 2, 2) + values.shape[1:]).swapaxes(1, 2).reshape(values.shape)
+
+
+def restore_kv_b(ckpt, k_b_name, config, shape):
+    """DeepSeek's kv_b_proj [heads * (nope + v), kv_lora_rank] from the halves llama.cpp splits
+    it into: attn_k_b [heads, kv_lora_rank, nope] (each head's nope rows, transposed) and
+    attn_v_b [heads, v, kv_lora_rank] (its v rows)."""
+    v_b_name = k_b_name.replace("attn_k_b", "attn_v_b")
+    if v_b_name not in ckpt.model:
+        raise CheckpointError(f"{ckpt.path}: {k_b_name} is stored without its other half {v_b_name}")
+    heads, rank = config.num_attention_heads, config.kv_lora_rank
+    nope, v = config.qk_nope_head_dim, config.v_head_dim
+    k_b = values(ckpt, k_b_name, (heads, rank, nope))
+    v_b = values(ckpt, v_b_name, (heads, v, rank))
+    kv_b = np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1).reshape(heads * (nope + v), rank)
+    if kv_b.shape != tuple(shape):
+        raise CheckpointError(f"{ckpt.path}: {k_b_name} and {v_b_name} make a {list(kv_b.shape)} kv_b_proj, the model "
+                              f"expects {list(shape)}")
+    return kv_b
+
+
+_BLOCK = re.compile(r"blk\.(\d+)\.")
+
+
+def beyond_layers(gguf_name, num_layers):
+    """A tensor of a block past the decoder layers: GLM-4.5's multi-token-prediction layer, which
+    llama.cpp counts in block_count and transformers' causal LM does not have."""
+    m = _BLOCK.match(gguf_name)
+    return m is not None and int(m[1]) >= num_layers

@@ -388,11 +388,14 @@ def _load_gguf_dense_weights(model, ckpt, arch):
     """Copies every non-expert tensor of a GGUF model into the model under its Hugging Face name
     (ktcy.hf.gguf_weights), decoded exactly, one tensor at a time."""
     targets = model.state_dict()
-    loaded, unexpected = set(), []
+    loaded, unexpected, left_out = set(), [], 0
     for name in ckpt.model.tensor_names():
+        if gguf_weights.beyond_layers(name, model.config.num_hidden_layers):
+            left_out += 1
+            continue
         hf = gguf_weights.hf_name(ckpt.architecture, name)
         if hf is None:
-            if not gguf_weights.is_expert_tensor(name):
+            if not gguf_weights.is_expert_tensor(name) and not name.endswith(".attn_v_b.weight"):  # k_b's half
                 unexpected.append(name)
             continue
         target = arch.model_name(hf)
@@ -400,8 +403,11 @@ def _load_gguf_dense_weights(model, ckpt, arch):
             unexpected.append(name)
             continue
         dest = targets[target]
-        value = gguf_weights.restore(ckpt.architecture, name, gguf_weights.values(ckpt, name, tuple(dest.shape)),
-                                     model.config)
+        if name.endswith(".attn_k_b.weight"):
+            value = gguf_weights.restore_kv_b(ckpt, name, model.config, tuple(dest.shape))
+        else:
+            value = gguf_weights.restore(ckpt.architecture, name, gguf_weights.values(ckpt, name, tuple(dest.shape)),
+                                         model.config)
         with torch.no_grad():
             dest.copy_(torch.from_numpy(np.ascontiguousarray(value)))
         loaded.add(dest.data_ptr())
@@ -409,6 +415,9 @@ def _load_gguf_dense_weights(model, ckpt, arch):
     if missing:
         raise CheckpointError(f"{ckpt.path}: {len(missing)} tensors the model needs are missing from the GGUF model "
                               f"(first: {', '.join(missing[:3])})")
+    if left_out:
+        log.info("%s: %d tensors of blocks past the %d decoder layers not loaded (a multi-token-prediction layer)",
+                 ckpt.path, left_out, model.config.num_hidden_layers)
     if unexpected:
         log.warning("%s: %d tensors are not used by the model (first: %s)", ckpt.path, len(unexpected), unexpected[0])
 
