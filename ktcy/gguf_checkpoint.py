@@ -228,7 +228,7 @@ class GGUFLayerExperts:
     def needs_method(self):
         """The CheckpointError for method=None when no ktcy format holds the stored codes."""
         return CheckpointError(f"{self.ckpt.path}: layer {self.layer} stores {self.stored}, which no ktcy format "
-                               "holds as stored; pass a method (e.g. 'INT4', 'INT8' or 'BF16'): the values are "
+                               "holds as stored; pass a method (backend= in MoEModel and ktcy.hf), e.g. 'INT4', 'INT8' or 'BF16': the values are "
                                "dequantized exactly and quantized again")
 
     def _raw(self, proj, e):

@@ -152,7 +152,7 @@ def require_folder(path, what="checkpoint"):
     except OSError as e:
         raise CheckpointError(f"{path}: cannot open ({e.strerror})") from None
     if not stat.S_ISDIR(mode):
-        hint = ("; a GGUF model's MoE blocks load with ktcy.load_experts, ktcy.MoEModel or ktcy convert, the rest "
-                "of the model needs its Hugging Face checkpoint") if os.fspath(path).endswith(".gguf") else ""
+        hint = ("; a GGUF model's MoE blocks load with ktcy.load_experts, ktcy.MoEModel or ktcy convert, and "
+                "ktcy.hf takes the file as gguf_path= beside a folder holding its config.json") if os.fspath(path).endswith(".gguf") else ""
         raise CheckpointError(f"{path}: not a folder (a {what} is a folder holding config.json and .safetensors files)"
                               + hint)

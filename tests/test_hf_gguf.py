@@ -25,7 +25,31 @@ ARCHS = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
 PROMPT = torch.tensor([[3, 4, 5, 6, 7, 8, 9, 10]])
 
 
-def write_gguf(folder, path, model_type, expert_type="BF16", drop=(), split_kv_b=True, mtp=False):
+def add_attention_metadata(w, cfg, name, **changed):
+    """The attention keys llama.cpp's converter writes (`changed` replaces some: another model's)."""
+    heads = cfg["num_attention_heads"]
+    rope = cfg.get("rope_parameters", {}).get("rope_theta", cfg.get("rope_theta"))
+    ints = {"attention.head_count": heads}
+    if name == "deepseek2":  # latent attention written as MQA over the compressed kv, as since April 2025
+        nope, rot = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"]
+        ints.update({"attention.head_count_kv": 1, "attention.key_length": cfg["kv_lora_rank"] + rot,
+                     "attention.value_length": cfg["kv_lora_rank"], "attention.key_length_mla": nope + rot,
+                     "attention.value_length_mla": cfg["v_head_dim"], "attention.kv_lora_rank": cfg["kv_lora_rank"],
+                     "rope.dimension_count": rot})
+        if cfg.get("q_lora_rank"):
+            ints["attention.q_lora_rank"] = cfg["q_lora_rank"]
+    else:
+        ints.update({"attention.head_count_kv": cfg.get("num_key_value_heads", heads),
+                     "attention.key_length": cfg.get("head_dim") or cfg["hidden_size"] // heads})
+    floats = {"rope.freq_base": rope, "attention.layer_norm_rms_epsilon": cfg.get("rms_norm_eps")}
+    for key, value in {**ints, **floats, **changed}.items():
+        if value is None:
+            continue
+        (w.add_float32 if key in floats else w.add_uint32)(f"{name}.{key}", value)
+
+
+def write_gguf(folder, path, model_type, expert_type="BF16", drop=(), split_kv_b=True, mtp=False, meta=None,
+               extra=None, dense_type="BF16"):
     """Every tensor of the checkpoint in `folder` under the name llama.cpp's converter gives it
     (gguf.get_tensor_name_map, after the converter's own e_score_correction_bias rename), 2-D
     ones in BF16 and 1-D ones in F32 as the converter keeps them, the experts stacked per
@@ -38,6 +62,7 @@ def write_gguf(folder, path, model_type, expert_type="BF16", drop=(), split_kv_b
     E = expert_count(cfg)
     w = gguf.GGUFWriter(path, name)
     add_family_metadata(w, cfg, model_type, extra_blocks=int(mtp))
+    add_attention_metadata(w, cfg, name, **(meta or {}))
     if mtp:
         w.add_uint32(f"{name}.nextn_predict_layers", 1)
     experts = {}
@@ -81,8 +106,8 @@ def write_gguf(folder, path, model_type, expert_type="BF16", drop=(), split_kv_b
         if value.ndim == 1:
             w.add_tensor(target, value.astype(np.float32))
         else:
-            raw = gguf.quants.quantize(np.ascontiguousarray(value, np.float32), T.BF16)
-            w.add_tensor(target, raw, raw_dtype=T.BF16)
+            raw = gguf.quants.quantize(np.ascontiguousarray(value, np.float32), T[dense_type])
+            w.add_tensor(target, raw, raw_dtype=T[dense_type])
     for (layer, proj), stack in experts.items():
         if proj.endswith("_bias"):
             w.add_tensor(f"blk.{layer}.ffn_{proj[:-5]}_exps.bias", np.ascontiguousarray(stack, np.float32))
@@ -92,6 +117,8 @@ def write_gguf(folder, path, model_type, expert_type="BF16", drop=(), split_kv_b
         kind = T[expert_type]
         raw = gguf.quants.quantize(np.ascontiguousarray(stack, np.float32), kind)
         w.add_tensor(f"blk.{layer}.ffn_{proj}_exps.weight", raw, raw_dtype=kind)
+    for target, value in (extra or {}).items():
+        w.add_tensor(target, value)
     if mtp:  # GLM-4.5's multi-token-prediction block after the decoder layers, as llama.cpp writes it
         L = cfg["num_hidden_layers"]
         for name, value in (("attn_norm.weight", np.ones(cfg["hidden_size"], np.float32)),
@@ -225,3 +252,89 @@ def test_gpt_oss_mxfp4_experts_stay_mxfp4_and_its_clamp_must_agree(tmp_path):
     other = ckpts.build("gpt_oss", tmp_path / "hf3", seed=0)  # the tests' GPT-OSS clamps at 3.0
     with pytest.raises(CheckpointError, match="swiglu_limit 7.0 there, 3.0 in config.json"):
         ktcy.hf.from_pretrained(config_only(other, tmp_path / "cfg3"), gguf_path=path)
+
+
+def _edited_config(folder, dest, **changes):
+    cfg = config_only(folder, dest)
+    doc = json.load(open(os.path.join(cfg, "config.json")))
+    doc.update(changes)
+    json.dump(doc, open(os.path.join(cfg, "config.json"), "w"))
+    return cfg
+
+
+def test_a_config_of_another_model_with_the_same_shapes_is_refused(tmp_path):
+    """The torch part runs on config.json: a file whose own attention, rope, norm or routing
+    metadata says otherwise would run silently wrong (every tensor shape still fits)."""
+    folder = ckpts.build("qwen3_moe", tmp_path / "hf", seed=0)
+    path = write_gguf(folder, str(tmp_path / "m.gguf"), "qwen3_moe")
+    cases = [({"rope_theta": 12345.0, "rope_parameters": {"rope_type": "default", "rope_theta": 12345.0}},
+              r"rope.freq_base 10000.0 there, 12345.0 in config.json"),
+             ({"rms_norm_eps": 1e-3}, r"attention.layer_norm_rms_epsilon .* there, 0.001 in config.json")]
+    for i, (changes, message) in enumerate(cases):
+        with pytest.raises(CheckpointError, match=message):
+            ktcy.hf.from_pretrained(_edited_config(folder, tmp_path / f"c{i}", **changes), gguf_path=path)
+    mixtral = ckpts.build("mixtral", tmp_path / "mx", seed=0)  # 4 heads of 16 there, 8 of 8 here: the same shapes
+    with pytest.raises(CheckpointError, match=r"attention.head_count 4 there, 8 in config.json"):
+        ktcy.hf.from_pretrained(_edited_config(mixtral, tmp_path / "cm", num_attention_heads=8, head_dim=8),
+                                gguf_path=write_gguf(mixtral, str(tmp_path / "mx.gguf"), "mixtral"))
+    deepseek = ckpts.build("deepseek_v3", tmp_path / "ds", seed=0)
+    with pytest.raises(CheckpointError, match=r"expert_weights_scale 2.5 there, 1.0 in config.json"):
+        ktcy.hf.from_pretrained(_edited_config(deepseek, tmp_path / "cd", routed_scaling_factor=1.0),
+                                gguf_path=write_gguf(deepseek, str(tmp_path / "ds.gguf"), "deepseek_v3"))
+
+
+def test_tied_embeddings_load_from_the_checkpoint_and_from_gguf(tmp_path):
+    """ERNIE-4.5-21B-A3B ties lm_head to the embeddings; transformers ties them in init_weights,
+    which ktcy.hf skips, so both paths used to refuse the model for a missing lm_head."""
+    folder = ckpts.build("ernie4_5_moe", tmp_path / "hf", seed=0, tie_word_embeddings=True)
+    ref = logits(stock(folder), PROMPT)
+    from_checkpoint = ktcy.hf.from_pretrained(folder, dtype=torch.float32)
+    path = write_gguf(folder, str(tmp_path / "m.gguf"), "ernie4_5_moe")
+    from_gguf = ktcy.hf.from_pretrained(config_only(folder, tmp_path / "cfg"), gguf_path=path, dtype=torch.float32)
+    assert from_gguf.lm_head.weight.data_ptr() == from_gguf.model.embed_tokens.weight.data_ptr()
+    assert torch.equal(logits(from_gguf, PROMPT), logits(from_checkpoint, PROMPT))
+    assert float((logits(from_checkpoint, PROMPT) - ref).norm() / ref.norm()) < 0.01  # BF16 experts
+    untied = ckpts.build("ernie4_5_moe", tmp_path / "hf2", seed=0)
+    with pytest.raises(CheckpointError, match="ties lm_head to the embeddings, but the file stores its own output.weight"):
+        ktcy.hf.from_pretrained(_edited_config(untied, tmp_path / "c2", tie_word_embeddings=True),
+                                gguf_path=write_gguf(untied, str(tmp_path / "u.gguf"), "ernie4_5_moe"))
+
+
+def test_tensors_llama_cpp_applies_without_a_place_or_twice_are_refused_before_packing(tmp_path, monkeypatch):
+    import ktcy.hf.loader
+    packed = []
+    monkeypatch.setattr(ktcy.hf.loader, "experts_from_checkpoint", lambda *a, **k: packed.append(a) or 1 / 0)
+    mixtral = ckpts.build("mixtral", tmp_path / "mx", seed=0)  # transformers' Mixtral has no attention bias
+    path = write_gguf(mixtral, str(tmp_path / "b.gguf"), "mixtral", extra={"blk.0.attn_q.bias": np.ones(64, np.float32)})
+    with pytest.raises(CheckpointError, match=r"blk.0.attn_q.bias \(model.layers.0.self_attn.q_proj.bias\) has no place"):
+        ktcy.hf.from_pretrained(config_only(mixtral, tmp_path / "c1"), gguf_path=path)
+    deepseek = ckpts.build("deepseek_v3", tmp_path / "ds", seed=0)
+    whole = np.zeros((4 * (16 + 16), 16), np.float32)  # an old file's kv_b beside the split halves
+    path = write_gguf(deepseek, str(tmp_path / "d.gguf"), "deepseek_v3", extra={"blk.1.attn_kv_b.weight": whole})
+    with pytest.raises(CheckpointError, match="both hold model.layers.1.self_attn.kv_b_proj.weight"):
+        ktcy.hf.from_pretrained(config_only(deepseek, tmp_path / "c2"), gguf_path=path)
+    qwen = ckpts.build("qwen3_moe", tmp_path / "q", seed=0)
+    path = write_gguf(qwen, str(tmp_path / "q.gguf"), "qwen3_moe", drop=("token_embd.weight",),
+                      extra={"token_embd.weight": np.zeros((32, 64), np.int32)})
+    with pytest.raises(CheckpointError, match="token_embd.weight is I32, a ggml type ktcy does not decode"):
+        ktcy.hf.from_pretrained(config_only(qwen, tmp_path / "c3"), gguf_path=path)
+    assert not packed
+
+
+def test_dense_tensors_decode_a_block_of_rows_at_a_time(tmp_path):
+    from ktcy.gguf_checkpoint import GGUFCheckpoint
+    from ktcy.gguf_quants import dequantize
+    from ktcy.hf import gguf_weights
+    qwen = ckpts.build("qwen3_moe", tmp_path / "q", seed=0)
+    path = write_gguf(qwen, str(tmp_path / "q.gguf"), "qwen3_moe", dense_type="Q4_0")
+    ckpt = GGUFCheckpoint(path)
+    t = ckpt.model.entry("token_embd.weight")
+    whole = dequantize(t.type_name, ckpt.model.raw("token_embd.weight"), t.shape)
+    pieces = np.full(t.shape, np.nan, np.float32)
+    sizes = []
+
+    def put(start, v):
+        pieces[start:start + len(v)] = v
+        sizes.append(len(v))
+    gguf_weights.decode_rows(ckpt, "token_embd.weight", put, chunk_bytes=5 * 4 * t.shape[1])  # 5 rows a block
+    assert np.array_equal(pieces, whole) and sizes == [5] * 6 + [2]

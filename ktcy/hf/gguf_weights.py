@@ -120,18 +120,44 @@ def hf_name(architecture, gguf_name):
     return None
 
 
-def values(ckpt, name, shape):
-    """GGUF tensor `name` decoded to float32 of `shape` (the model's: a [1, H] gate stored [H] fits)."""
+def check(ckpt, name, shape):
+    """CheckpointError unless GGUF tensor `name` decodes (a type ktcy reads) to `shape`, the
+    model's (a [1, H] gate stored [H] fits); nothing is read."""
     t = ckpt.model.entry(name)
     if not supported(t.type_name):
         raise CheckpointError(f"{ckpt.path}: {name} is {t.type_name}, a ggml type ktcy does not decode")
     if int(np.prod(t.shape)) != int(np.prod(shape)) or [d for d in t.shape if d != 1] != [d for d in shape if d != 1]:
         raise CheckpointError(f"{ckpt.path}: {name} is {list(t.shape)} (outermost first), the model expects "
                               f"{list(shape)}")
+    return t
+
+
+def values(ckpt, name, shape):
+    """GGUF tensor `name` decoded to float32 of `shape` (checked as check() does)."""
+    t = check(ckpt, name, shape)
     return dequantize(t.type_name, ckpt.model.raw(name), t.shape).reshape(shape)
 
 
+def decode_rows(ckpt, name, rows_out, chunk_bytes=16 << 20):
+    """GGUF tensor `name` decoded a block of rows at a time, rows_out(start, float32 [n, K]) for
+    each: a large embedding table never exists whole as float32 beside the model's copy."""
+    t = ckpt.model.entry(name)
+    cols = t.shape[-1]
+    rows = int(np.prod(t.shape[:-1]))
+    raw = ckpt.model.raw(name)
+    row_bytes = raw.size // rows
+    step = max(1, chunk_bytes // (4 * cols))
+    for start in range(0, rows, step):
+        n = min(step, rows - start)
+        rows_out(start, dequantize(t.type_name, raw[start * row_bytes:(start + n) * row_bytes], (n, cols)))
+
+
 _QK = re.compile(r"blk\.\d+\.attn_(q|k)\.(weight|bias)")
+
+
+def transformed(architecture, gguf_name):
+    """True for the tensors restore() changes (a `llama` file's query and key rows)."""
+    return architecture == "llama" and _QK.fullmatch(gguf_name) is not None
 
 
 def restore(architecture, gguf_name, values, config):
@@ -149,22 +175,77 @@ def restore(architecture, gguf_name, values, config):
     return values.reshape((heads, rows // heads // 2, 2) + values.shape[1:]).swapaxes(1, 2).reshape(values.shape)
 
 
-def restore_kv_b(ckpt, k_b_name, config, shape):
-    """DeepSeek's kv_b_proj [heads * (nope + v), kv_lora_rank] from the halves llama.cpp splits
-    it into: attn_k_b [heads, kv_lora_rank, nope] (each head's nope rows, transposed) and
-    attn_v_b [heads, v, kv_lora_rank] (its v rows)."""
+def _kv_b_halves(ckpt, k_b_name, config, shape):
     v_b_name = k_b_name.replace("attn_k_b", "attn_v_b")
     if v_b_name not in ckpt.model:
         raise CheckpointError(f"{ckpt.path}: {k_b_name} is stored without its other half {v_b_name}")
     heads, rank = config.num_attention_heads, config.kv_lora_rank
     nope, v = config.qk_nope_head_dim, config.v_head_dim
-    k_b = values(ckpt, k_b_name, (heads, rank, nope))
-    v_b = values(ckpt, v_b_name, (heads, v, rank))
-    kv_b = np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1).reshape(heads * (nope + v), rank)
-    if kv_b.shape != tuple(shape):
-        raise CheckpointError(f"{ckpt.path}: {k_b_name} and {v_b_name} make a {list(kv_b.shape)} kv_b_proj, the model "
-                              f"expects {list(shape)}")
-    return kv_b
+    if (heads * (nope + v), rank) != tuple(shape):
+        raise CheckpointError(f"{ckpt.path}: config.json's latent attention makes a {[heads * (nope + v), rank]} "
+                              f"kv_b_proj, the model holds {list(shape)}")
+    return ((k_b_name, (heads, rank, nope)), (v_b_name, (heads, v, rank)))
+
+
+def check_kv_b(ckpt, k_b_name, config, shape):
+    for name, want in _kv_b_halves(ckpt, k_b_name, config, shape):
+        check(ckpt, name, want)
+
+
+def restore_kv_b(ckpt, k_b_name, config, shape):
+    """DeepSeek's kv_b_proj [heads * (nope + v), kv_lora_rank] from the halves llama.cpp splits
+    it into: attn_k_b [heads, kv_lora_rank, nope] (each head's nope rows, transposed) and
+    attn_v_b [heads, v, kv_lora_rank] (its v rows)."""
+    (k_b_name, k_shape), (v_b_name, v_shape) = _kv_b_halves(ckpt, k_b_name, config, shape)
+    k_b, v_b = values(ckpt, k_b_name, k_shape), values(ckpt, v_b_name, v_shape)
+    return np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1).reshape(shape)
+
+
+def _rope_theta(config):
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and "rope_theta" in params:
+        return params["rope_theta"]
+    return getattr(config, "rope_theta", None)
+
+
+def config_differences(ckpt, config):
+    """What the GGUF file's own attention, normalisation and routing metadata says that the
+    transformers config built from config.json does not (the torch part runs on the config, so
+    another model's config.json of the same tensor shapes would run silently wrong)."""
+    meta, a = ckpt.model.metadata, ckpt.architecture
+    mla = a == "deepseek2" and f"{a}.attention.key_length_mla" in meta
+    heads = config.num_attention_heads
+    checks = [("attention.head_count", heads)]
+    if mla:
+        nope, rope = config.qk_nope_head_dim, config.qk_rope_head_dim
+        checks += [("attention.key_length_mla", nope + rope), ("attention.value_length_mla", config.v_head_dim),
+                   ("attention.kv_lora_rank", config.kv_lora_rank), ("rope.dimension_count", rope)]
+        if getattr(config, "q_lora_rank", None):
+            checks.append(("attention.q_lora_rank", config.q_lora_rank))
+    elif a != "deepseek2":
+        checks += [("attention.head_count_kv", getattr(config, "num_key_value_heads", heads)),
+                   ("attention.key_length", getattr(config, "head_dim", None) or config.hidden_size // heads)]
+    checks += [("rope.freq_base", _rope_theta(config)), ("attention.layer_norm_rms_epsilon", getattr(config, "rms_norm_eps", None))]
+    if a in ("deepseek2", "glm4moe", "dots1"):
+        scale = meta.get(f"{a}.expert_weights_scale", 0.0)
+        checks += [("expert_weights_scale", getattr(config, "routed_scaling_factor", 1.0), scale or 1.0),
+                   ("expert_weights_norm", bool(getattr(config, "norm_topk_prob", False)),
+                    meta.get(f"{a}.expert_weights_norm", False)),
+                   ("expert_group_count", getattr(config, "n_group", None) or 1, meta.get(f"{a}.expert_group_count", 1) or 1),
+                   ("expert_group_used_count", getattr(config, "topk_group", None) or 1,
+                    meta.get(f"{a}.expert_group_used_count", 1) if meta.get(f"{a}.expert_group_count", 1) not in (0, 1) else 1)]
+    diffs = []
+    for key, ours, *stored in checks:
+        theirs = stored[0] if stored else meta.get(f"{a}.{key}")
+        if theirs is None or ours is None or isinstance(theirs, (str, bytes)) or not np.isscalar(theirs):
+            continue
+        same = np.isclose(float(theirs), float(ours), rtol=1e-5, atol=0) if isinstance(theirs, float) else theirs == ours
+        if not same:
+            diffs.append(f"{key} {theirs} there, {ours} in config.json")
+    if config.num_hidden_layers != ckpt.arch.num_layers:
+        diffs.append(f"{ckpt.arch.num_layers} decoder blocks there, num_hidden_layers {config.num_hidden_layers} "
+                     "in config.json")
+    return diffs
 
 
 _BLOCK = re.compile(r"blk\.(\d+)\.")

@@ -94,6 +94,9 @@ def from_pretrained(path: PathLike, rules: Union[PathLike, List[Dict[str, Any]],
     path = original_checkpoint(path, "from_pretrained", "attention, embeddings, routers")
     if backend is not None:
         canonical_format(backend)
+    if "gguf_file" in hf_kwargs:  # transformers' spelling, which would parse the file for its own loader
+        raise ValueError("from_pretrained: gguf_file= is transformers' keyword; ktcy.hf takes gguf_path= (the .gguf "
+                         "file), with path the folder holding its config.json")
     for key in _NOT_APPLICABLE:
         if key in hf_kwargs:
             raise ValueError(f"from_pretrained: {key}= does not apply to ktcy.hf (the model runs on the CPU with "
@@ -139,7 +142,13 @@ def from_pretrained(path: PathLike, rules: Union[PathLike, List[Dict[str, Any]],
     with _experts_on_meta(experts_type), _no_init_weights(), _transformers_errors(config_file, "the model"):
         extra = {"attn_implementation": attn} if attn is not None else {}
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, **extra)
+    # transformers ties lm_head to the embeddings in init_weights, which no_init_weights skips
+    # (ERNIE-4.5-21B-A3B ties them): without this lm_head stays an unloaded tensor of its own
+    model.tie_weights()
     model.eval()
+    # a GGUF file's dense tensors are checked (names, places, shapes, types) before any expert
+    # is packed: a refusal after minutes of packing would waste them
+    plan = _gguf_dense_plan(model, ckpt, arch) if gguf_path is not None else None
     state = _KtcyState(ckpt, arch, parsed, backend, converted, isa, group)
     replaced = [name for name, module in list(model.named_modules()) if isinstance(module, experts_type)]
     if len(replaced) != len(ckpt.arch.moe_layers):
@@ -151,7 +160,7 @@ def from_pretrained(path: PathLike, rules: Union[PathLike, List[Dict[str, Any]],
     if gguf_path is None:
         _load_dense_weights(model, ckpt, arch, model.config)  # an image-text config: its language model's
     else:
-        _load_gguf_dense_weights(model, ckpt, arch)
+        _load_gguf_dense_weights(model, ckpt, plan)
     ckpt.release_pages()
     _attach_generation_config(model, path)
     model._ktcy = state
@@ -384,42 +393,75 @@ def _load_dense_weights(model, ckpt, arch, config):
                     unexpected[0])
 
 
-def _load_gguf_dense_weights(model, ckpt, arch):
-    """Copies every non-expert tensor of a GGUF model into the model under its Hugging Face name
-    (ktcy.hf.gguf_weights), decoded exactly, one tensor at a time."""
+def _gguf_dense_plan(model, ckpt, arch):
+    """[(GGUF name, model tensor)] for every non-expert tensor of a GGUF model, after checking
+    that the file is the model config.json describes and that each tensor has one place in the
+    model, of its shape, in a type ktcy decodes (nothing decoded yet).  A tensor the
+    architecture's table names but the model has no place for is refused (llama.cpp applies it:
+    leaving it out would run another model); an unknown one gets a warning, as unknown
+    checkpoint tensors do."""
+    config = model.config.get_text_config()
+    diffs = gguf_weights.config_differences(ckpt, config)
+    if diffs:
+        raise CheckpointError(f"{ckpt.path}: not the model config.json describes ({'; '.join(diffs)})")
     targets = model.state_dict()
-    loaded, unexpected, left_out = set(), [], 0
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    plan, placed, unexpected, left_out = [], {}, [], 0
     for name in ckpt.model.tensor_names():
-        if gguf_weights.beyond_layers(name, model.config.num_hidden_layers):
+        if gguf_weights.beyond_layers(name, config.num_hidden_layers):
             left_out += 1
             continue
+        if gguf_weights.is_expert_tensor(name) or (ckpt.architecture == "deepseek2" and name.endswith(".attn_v_b.weight")):
+            continue  # ktcy's experts; attn_k_b's other half
         hf = gguf_weights.hf_name(ckpt.architecture, name)
         if hf is None:
-            if not gguf_weights.is_expert_tensor(name) and not name.endswith(".attn_v_b.weight"):  # k_b's half
-                unexpected.append(name)
+            unexpected.append(name)
             continue
         target = arch.model_name(hf)
         if target not in targets:
-            unexpected.append(name)
-            continue
+            raise CheckpointError(f"{ckpt.path}: {name} ({hf}) has no place in the model transformers builds from "
+                                  "config.json; llama.cpp applies it, so leaving it out would run another model")
+        if tied and name == "output.weight":
+            raise CheckpointError(f"{ckpt.path}: config.json ties lm_head to the embeddings, but the file stores its own "
+                                  "output.weight: not the model config.json describes")
         dest = targets[target]
+        if dest.data_ptr() in placed:
+            raise CheckpointError(f"{ckpt.path}: {name} and {placed[dest.data_ptr()]} both hold {target}")
+        placed[dest.data_ptr()] = name
         if name.endswith(".attn_k_b.weight"):
-            value = gguf_weights.restore_kv_b(ckpt, name, model.config, tuple(dest.shape))
+            gguf_weights.check_kv_b(ckpt, name, config, tuple(dest.shape))
         else:
-            value = gguf_weights.restore(ckpt.architecture, name, gguf_weights.values(ckpt, name, tuple(dest.shape)),
-                                         model.config)
-        with torch.no_grad():
-            dest.copy_(torch.from_numpy(np.ascontiguousarray(value)))
-        loaded.add(dest.data_ptr())
-    missing = [n for n, t in targets.items() if t.data_ptr() not in loaded]
+            gguf_weights.check(ckpt, name, tuple(dest.shape))
+        plan.append((name, dest))
+    missing = [n for n, t in targets.items() if not t.is_meta and t.data_ptr() not in placed]  # meta: ktcy's experts
     if missing:
         raise CheckpointError(f"{ckpt.path}: {len(missing)} tensors the model needs are missing from the GGUF model "
                               f"(first: {', '.join(missing[:3])})")
     if left_out:
         log.info("%s: %d tensors of blocks past the %d decoder layers not loaded (a multi-token-prediction layer)",
-                 ckpt.path, left_out, model.config.num_hidden_layers)
+                 ckpt.path, left_out, config.num_hidden_layers)
     if unexpected:
         log.warning("%s: %d tensors are not used by the model (first: %s)", ckpt.path, len(unexpected), unexpected[0])
+    return plan
+
+
+def _load_gguf_dense_weights(model, ckpt, plan):
+    """Copies the planned tensors into the model, decoded exactly: a block of rows at a time
+    where the values are used as stored, whole where llama.cpp stored them transformed."""
+    config = model.config.get_text_config()
+    for name, dest in plan:
+        with torch.no_grad():
+            if name.endswith(".attn_k_b.weight"):
+                dest.copy_(torch.from_numpy(gguf_weights.restore_kv_b(ckpt, name, config, tuple(dest.shape))))
+            elif gguf_weights.transformed(ckpt.architecture, name):
+                value = gguf_weights.values(ckpt, name, tuple(dest.shape))
+                dest.copy_(torch.from_numpy(np.ascontiguousarray(gguf_weights.restore(ckpt.architecture, name, value,
+                                                                                      config))))
+            else:
+                cols = ckpt.model.entry(name).shape[-1]
+                rows = dest.view(-1, cols)
+                gguf_weights.decode_rows(ckpt, name, lambda start, v: rows[start:start + len(v)].copy_(torch.from_numpy(v)))
+        ckpt.release_pages()
 
 
 def _warn_if_threads_spin():
