@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")  # CI installs the hf extra: this never ski
 pytest.importorskip("transformers")
 import ktcy  # noqa: E402
 from ktcy.convert import convert  # noqa: E402
+from test_gguf import _close  # noqa: E402
 from ktcy.model import MoEModel  # noqa: E402
 from ktcy.safetensors_io import CheckpointError  # noqa: E402
 
@@ -122,10 +123,7 @@ def write_gguf(hf_folder, path, model_type):
         if f"{p}.shared_expert_gate.weight" in t:
             w.add_tensor(f"blk.{L}.ffn_gate_inp_shexp.weight", t[f"{p}.shared_expert_gate.weight"].reshape(-1))
     w.add_tensor("output_norm.weight", np.ones(cfg["hidden_size"], np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _close(w)
     return path
 
 
@@ -262,10 +260,7 @@ def write_block_model(path, arch, meta=None, bias=False, shared=None, shared_gat
     for name, value in (extra or {}).items():
         w.add_tensor(name, value)
     w.add_tensor("output_norm.weight", np.ones(H, np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _close(w)
     return truth
 
 

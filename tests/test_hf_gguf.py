@@ -18,6 +18,7 @@ import ktcy.hf  # noqa: E402
 from ktcy.safetensors_io import CheckpointError  # noqa: E402
 from hf_compare import assert_same_greedy, logits, stock  # noqa: E402
 from test_hf import NEW_TOKENS, PROMPT as GREEDY_PROMPT  # noqa: E402  (the prompt the greedy seeds were chosen for)
+from test_gguf import _close  # noqa: E402
 from test_gguf_model import FAMILIES, add_family_metadata, expert_count, hf_tensors  # noqa: E402
 
 T = gguf.GGMLQuantizationType
@@ -125,11 +126,29 @@ def write_gguf(folder, path, model_type, expert_type="BF16", drop=(), split_kv_b
                             ("nextn.eh_proj.weight", np.zeros((cfg["hidden_size"], 2 * cfg["hidden_size"]), np.float32)),
                             ("ffn_gate_exps.weight", np.zeros((E, cfg["moe_intermediate_size"], cfg["hidden_size"]), np.float32))):
             w.add_tensor(f"blk.{L}.{name}", value)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _close(w)
     return path
+
+
+def stock_with_file_experts(folder, path):
+    """Stock transformers' model of `folder` with its experts replaced by the GGUF file's, as
+    the gguf package decodes them (GPT-OSS's [E, in, out] stacks with gate and up interleaved)."""
+    model = stock(folder)
+    reader = gguf.GGUFReader(path)
+    stacks = {t.name: torch.from_numpy(np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32))
+              for t in reader.tensors if "_exps.weight" in t.name}
+    for L, layer in enumerate(model.model.layers):
+        e = layer.mlp.experts
+        gate, up, down = (stacks[f"blk.{L}.ffn_{p}_exps.weight"] for p in ("gate", "up", "down"))
+        with torch.no_grad():
+            if model.config.model_type != "gpt_oss":  # [E, 2I, H], gate first
+                e.gate_up_proj.copy_(torch.cat([gate, up], 1))
+                e.down_proj.copy_(down)
+            else:
+                e.gate_up_proj[:, :, 0::2] = gate.transpose(1, 2)
+                e.gate_up_proj[:, :, 1::2] = up.transpose(1, 2)
+                e.down_proj.copy_(down.transpose(1, 2))
+    return model
 
 
 def llama_cpp_rope_order(w, heads):
@@ -180,16 +199,7 @@ def test_q4_0_experts_run_as_stored(tmp_path):
     model = ktcy.hf.from_pretrained(config_only(folder, tmp_path / "cfg"), gguf_path=path, dtype=torch.float32)
     experts = list(model.ktcy_experts().values())
     assert {(m.moe.format, m.moe.gate[0].group_size) for m in experts} == {("INT4", 32)}
-    ref_model = stock(folder)  # its experts replaced by the file's values, decoded by the gguf package
-    reader = gguf.GGUFReader(path)
-    stacks = {t.name: torch.from_numpy(np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32))
-              for t in reader.tensors if "_exps" in t.name}
-    for L, layer in enumerate(ref_model.model.layers):
-        e = layer.mlp.experts
-        with torch.no_grad():
-            e.gate_up_proj.copy_(torch.cat([stacks[f"blk.{L}.ffn_gate_exps.weight"], stacks[f"blk.{L}.ffn_up_exps.weight"]], 1))
-            e.down_proj.copy_(stacks[f"blk.{L}.ffn_down_exps.weight"])
-    ref = logits(ref_model, PROMPT)
+    ref = logits(stock_with_file_experts(folder, path), PROMPT)
     assert float((logits(model, PROMPT) - ref).norm() / ref.norm()) < 0.03  # int8 activations' error only
     changed = model.inject_expert_backend(r"model\.layers\.0\.", "BF16")
     assert changed == ["model.layers.0.mlp.experts"] and model.ktcy_experts()[changed[0]].moe.format == "BF16"
@@ -235,19 +245,7 @@ def test_gpt_oss_mxfp4_experts_stay_mxfp4_and_its_clamp_must_agree(tmp_path):
     path = write_gguf(folder, str(tmp_path / "model.gguf"), "gpt_oss", expert_type="MXFP4")
     model = ktcy.hf.from_pretrained(config_only(folder, tmp_path / "cfg"), gguf_path=path, dtype=torch.float32)
     assert {m.moe.format for m in model.ktcy_experts().values()} == {"MXFP4"}
-    ref_model = stock(folder)  # its experts replaced by the file's values, decoded by the gguf package
-    reader = gguf.GGUFReader(path)
-    stacks = {t.name: torch.from_numpy(np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32))
-              for t in reader.tensors if "_exps.weight" in t.name}
-    for L, layer in enumerate(ref_model.model.layers):
-        e = layer.mlp.experts
-        gate_up = torch.empty_like(e.gate_up_proj)
-        gate_up[:, :, 0::2] = stacks[f"blk.{L}.ffn_gate_exps.weight"].transpose(1, 2)
-        gate_up[:, :, 1::2] = stacks[f"blk.{L}.ffn_up_exps.weight"].transpose(1, 2)
-        with torch.no_grad():
-            e.gate_up_proj.copy_(gate_up)
-            e.down_proj.copy_(stacks[f"blk.{L}.ffn_down_exps.weight"].transpose(1, 2))
-    ref = logits(ref_model, PROMPT)
+    ref = logits(stock_with_file_experts(folder, path), PROMPT)
     assert float((logits(model, PROMPT) - ref).norm() / ref.norm()) < 0.01  # bf16 activations' error only
     other = ckpts.build("gpt_oss", tmp_path / "hf3", seed=0)  # the tests' GPT-OSS clamps at 3.0
     with pytest.raises(CheckpointError, match="swiglu_limit 7.0 there, 3.0 in config.json"):
