@@ -43,10 +43,16 @@ def add_attention_metadata(w, cfg, name, **changed):
         ints.update({"attention.head_count_kv": cfg.get("num_key_value_heads", heads),
                      "attention.key_length": cfg.get("head_dim") or cfg["hidden_size"] // heads})
     floats = {"rope.freq_base": rope, "attention.layer_norm_rms_epsilon": cfg.get("rms_norm_eps")}
-    for key, value in {**ints, **floats, **changed}.items():
+    scaling = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    strings = {"rope.scaling.type": scaling.get("rope_type", scaling.get("type"))} if scaling.get("factor") else {}
+    if strings:
+        floats["rope.scaling.factor"] = scaling["factor"]
+        ints["rope.scaling.original_context_length"] = scaling.get("original_max_position_embeddings")
+    for key, value in {**ints, **floats, **strings, **changed}.items():
         if value is None:
             continue
-        (w.add_float32 if key in floats else w.add_uint32)(f"{name}.{key}", value)
+        add = w.add_string if isinstance(value, str) else w.add_float32 if isinstance(value, float) else w.add_uint32
+        add(f"{name}.{key}", value)
 
 
 def write_gguf(folder, path, model_type, expert_type="BF16", drop=(), split_kv_b=True, mtp=False, meta=None,
@@ -271,6 +277,15 @@ def test_a_config_of_another_model_with_the_same_shapes_is_refused(tmp_path):
     for i, (changes, message) in enumerate(cases):
         with pytest.raises(CheckpointError, match=message):
             ktcy.hf.from_pretrained(_edited_config(folder, tmp_path / f"c{i}", **changes), gguf_path=path)
+    scaled = write_gguf(folder, str(tmp_path / "y.gguf"), "qwen3_moe",
+                        meta={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0})
+    with pytest.raises(CheckpointError, match="rope.scaling.type yarn there, rope_type default in config.json"):
+        ktcy.hf.from_pretrained(config_only(folder, tmp_path / "cy"), gguf_path=scaled)
+    gpt_oss = ckpts.build("gpt_oss", tmp_path / "go", seed=0, swiglu_limit=7.0)  # YaRN, factor 32 over 4 positions
+    with pytest.raises(CheckpointError, match="rope scaling factor 32.0 there, 8.0 in config.json"):
+        doc_rope = json.load(open(os.path.join(gpt_oss, "config.json")))["rope_parameters"]
+        ktcy.hf.from_pretrained(_edited_config(gpt_oss, tmp_path / "cg", rope_parameters={**doc_rope, "factor": 8.0}),
+                                gguf_path=write_gguf(gpt_oss, str(tmp_path / "go.gguf"), "gpt_oss"))
     mixtral = ckpts.build("mixtral", tmp_path / "mx", seed=0)  # 4 heads of 16 there, 8 of 8 here: the same shapes
     with pytest.raises(CheckpointError, match=r"attention.head_count 4 there, 8 in config.json"):
         ktcy.hf.from_pretrained(_edited_config(mixtral, tmp_path / "cm", num_attention_heads=8, head_dim=8),

@@ -245,6 +245,26 @@ def config_differences(ckpt, config):
     if config.num_hidden_layers != ckpt.arch.num_layers:
         diffs.append(f"{ckpt.arch.num_layers} decoder blocks there, num_hidden_layers {config.num_hidden_layers} "
                      "in config.json")
+    return diffs + _rope_scaling_differences(meta, a, getattr(config, "rope_parameters", None))
+
+
+def _rope_scaling_differences(meta, a, params):
+    """The file's rope scaling (rope.scaling.type / factor / original_context_length, where it
+    states them) against config.json's rope_parameters (transformers 5)."""
+    stated = meta.get(f"{a}.rope.scaling.type")
+    if not isinstance(stated, str) or not isinstance(params, dict):
+        return []
+    ours = params.get("rope_type", "default")
+    if stated in ("none", "") and ours == "default":
+        return []
+    if stated != ours:
+        return [f"rope.scaling.type {stated} there, rope_type {ours} in config.json"]
+    diffs = []
+    for key, theirs in (("factor", meta.get(f"{a}.rope.scaling.factor")),
+                        ("original_max_position_embeddings", meta.get(f"{a}.rope.scaling.original_context_length"))):
+        if isinstance(theirs, (int, float)) and not isinstance(theirs, bool) and key in params \
+                and not np.isclose(float(theirs), float(params[key]), rtol=1e-5, atol=0):
+            diffs.append(f"rope scaling {key} {theirs} there, {params[key]} in config.json")
     return diffs
 
 
