@@ -192,7 +192,7 @@ class MoEBlock:
 class MoEModel:
     """Every MoE block of a Hugging Face checkpoint folder, by the names the checkpoint uses
     (model.layers.3.mlp.experts, Mixtral's model.layers.3.block_sparse_moe.experts, ...), or of a
-    GGUF model (by transformers' module names, model.layers.3.mlp.experts)."""
+    GGUF model (named as the model's Hugging Face checkpoint names them: ktcy.gguf_blocks)."""
 
     def __init__(self, ckpt, blocks, rules, default_backend, isa, converted=None, group=None):
         self.checkpoint, self.blocks, self.rules = ckpt, blocks, rules

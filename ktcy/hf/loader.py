@@ -52,7 +52,8 @@ _EXPERT_SETTINGS = ("num_experts", "num_local_experts", "n_routed_experts", "num
 
 def from_pretrained(path: PathLike, rules: Union[PathLike, List[Dict[str, Any]], None] = None,
                     backend: Optional[str] = None, experts_path: Optional[PathLike] = None,
-                    gguf_path: Optional[PathLike] = None, **hf_kwargs: Any) -> Any:  # a transformers model class with ktcy's methods added
+                    gguf_path: Optional[PathLike] = None,
+                    **hf_kwargs: Any) -> Any:  # a transformers model class with ktcy's methods added
     """A transformers causal LM (eval mode, CPU) whose MoE experts modules run on ktcy.
 
     Parameters
