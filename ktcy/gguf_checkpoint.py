@@ -228,8 +228,9 @@ class GGUFLayerExperts:
     def needs_method(self):
         """The CheckpointError for method=None when no ktcy format holds the stored codes."""
         return CheckpointError(f"{self.ckpt.path}: layer {self.layer} stores {self.stored}, which no ktcy format "
-                               "holds as stored; pass a method (backend= in MoEModel and ktcy.hf), e.g. 'INT4', 'INT8' or 'BF16': the values are "
-                               "dequantized exactly and quantized again")
+                               "holds as stored; pass a method (backend= in MoEModel and ktcy.hf): the values are "
+                               "dequantized exactly and quantized again (on bench/gguf_requant.py's weight BF16 adds "
+                               "0.2% error, INT8 about 2%, INT4 about 8-9%)")
 
     def _raw(self, proj, e):
         """(type name, bytes of expert e's [N, K] values, [N, K])."""
