@@ -55,7 +55,7 @@ def add_attention_metadata(w, cfg, name, **changed):
         add(f"{name}.{key}", value)
 
 
-def write_gguf(folder, path, model_type, expert_type="BF16", drop=(), split_kv_b=True, mtp=False, meta=None,
+def write_gguf(folder, path, model_type, expert_type="BF16", drop=(), split=True, mtp=False, meta=None,
                extra=None, dense_type="BF16"):
     """Every tensor of the checkpoint in `folder` under the name llama.cpp's converter gives it
     (gguf.get_tensor_name_map, after the converter's own e_score_correction_bias rename), 2-D
@@ -94,11 +94,31 @@ def write_gguf(folder, path, model_type, expert_type="BF16", drop=(), split_kv_b
             continue
         key = key.replace("e_score_correction_bias", "e_score_correction.bias")  # the converter's renames
         key = key + ".weight" if key.endswith(".sinks") else key
+        if model_type == "qwen3_next":  # its converter's transforms (written from their description)
+            key = key.replace(".linear_attn.dt_bias", ".linear_attn.dt_proj.bias")
+            if key.endswith("norm.weight") and not key.endswith("linear_attn.norm.weight"):
+                value = value.astype(np.float32) + np.float32(1)  # zero-centred norms stored as 1 + w
+            elif key.endswith(".A_log"):
+                value = -np.exp(value.astype(np.float32))
+            elif key.endswith("conv1d.weight"):
+                value = value.squeeze(1)
+            elif key.endswith("in_proj_qkvz.weight") and split:  # per key-head group [q k v z] -> all q, k, v | z
+                groups, k_dim = cfg["linear_num_key_heads"], cfg["linear_key_head_dim"]
+                vz = cfg["linear_num_value_heads"] // groups * cfg["linear_value_head_dim"]
+                per = value.reshape(groups, 2 * k_dim + 2 * vz, -1)
+                layer = key.split(".")[2]
+                for half, part in (("attn_qkv", np.concatenate([per[:, :k_dim].reshape(-1, per.shape[-1]),
+                                                                per[:, k_dim:2 * k_dim].reshape(-1, per.shape[-1]),
+                                                                per[:, 2 * k_dim:2 * k_dim + vz].reshape(-1, per.shape[-1])])),
+                                   ("attn_gate", per[:, 2 * k_dim + vz:].reshape(-1, per.shape[-1]))):
+                    raw = gguf.quants.quantize(np.ascontiguousarray(part, np.float32), T.BF16)
+                    w.add_tensor(f"blk.{layer}.{half}.weight", raw, raw_dtype=T.BF16)
+                continue
         target = names.get_name(key, try_suffixes=(".weight", ".bias"))
         assert target is not None, key
         if target in drop:
             continue
-        if target.endswith("attn_kv_b.weight") and split_kv_b:  # llama.cpp since April 2025: per head, k half transposed
+        if target.endswith("attn_kv_b.weight") and split:  # llama.cpp since April 2025: per head, k half transposed
             heads, nope, v = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["v_head_dim"]
             kv_b = value.reshape(heads, nope + v, -1)
             for half, part in (("attn_k_b", kv_b[:, :nope].transpose(0, 2, 1)), ("attn_v_b", kv_b[:, nope:])):
@@ -175,16 +195,16 @@ def config_only(folder, dest):
 
 @pytest.mark.parametrize("model_type", ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "glm4_moe", "dots1",
                                         "ernie4_5_moe", "minimax_m2", "gpt_oss", "deepseek_v3", "deepseek_v2",
-                                        "glm4_moe_lite"])
+                                        "glm4_moe_lite", "qwen3_next"])
 def test_gguf_model_equals_the_checkpoint_model(tmp_path, model_type, caplog):
     if model_type == "gpt_oss":  # llama.cpp's clamp (GGUF stores none); its seeds were chosen for another
         folder = ckpts.build(model_type, tmp_path / "hf", seed=0, swiglu_limit=7.0)
     else:
         folder = ckpts.build(model_type, tmp_path / "hf", seed=ckpts.GREEDY_SEEDS[model_type])
     path = write_gguf(folder, str(tmp_path / "model.gguf"), model_type, mtp=model_type == "glm4_moe")
-    if model_type == "deepseek_v3":  # a file from before llama.cpp split kv_b: the same model
+    if model_type in ("deepseek_v3", "qwen3_next"):  # a file from before llama.cpp split kv_b / in_proj_qkvz
         old = ktcy.hf.from_pretrained(config_only(folder, tmp_path / "cfg_old"), dtype=torch.float32,
-                                      gguf_path=write_gguf(folder, str(tmp_path / "old.gguf"), model_type, split_kv_b=False))
+                                      gguf_path=write_gguf(folder, str(tmp_path / "old.gguf"), model_type, split=False))
     cfg = config_only(folder, tmp_path / "cfg")
     with caplog.at_level("INFO", logger="ktcy"):
         from_gguf = ktcy.hf.from_pretrained(cfg, gguf_path=path, dtype=torch.float32)
@@ -193,7 +213,7 @@ def test_gguf_model_equals_the_checkpoint_model(tmp_path, model_type, caplog):
     from_checkpoint = ktcy.hf.from_pretrained(folder, dtype=torch.float32)
     assert {m.moe.format for m in from_gguf.ktcy_experts().values()} == {"BF16"}
     assert torch.equal(logits(from_gguf, PROMPT), logits(from_checkpoint, PROMPT))
-    if model_type == "deepseek_v3":
+    if model_type in ("deepseek_v3", "qwen3_next"):
         assert torch.equal(logits(old, PROMPT), logits(from_checkpoint, PROMPT))
     if model_type != "gpt_oss":
         assert_same_greedy(stock(folder), from_gguf, GREEDY_PROMPT, NEW_TOKENS)

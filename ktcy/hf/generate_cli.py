@@ -40,7 +40,7 @@ def add_arguments(parser):
     parser.add_argument("--experts", default=None, help="folder written by `ktcy convert` for this model: the routed "
                         "experts are mapped from it")
     parser.add_argument("--gguf", default=None, help="every weight from this GGUF model (Qwen2/3-MoE, Mixtral, OLMoE, GLM-4.5, dots.llm1, ERNIE-4.5, MiniMax-M2, "
-                        "GPT-OSS, DeepSeek-V2/V3, Kimi-K2, GLM-4.7-Flash); "
+                        "GPT-OSS, DeepSeek-V2/V3, Kimi-K2, GLM-4.7-Flash, Qwen3-Next); "
                         "--model then needs only config.json and the tokenizer")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--backend", default=None, help="experts format: AMXINT8, AMXBF16, AMXINT4, INT8, INT4, "

@@ -7,9 +7,10 @@ exactly (ktcy.gguf_quants) and copied into the model under its Hugging Face name
 Read (NAMES): Qwen2-MoE, Qwen3-MoE, OLMoE, GLM-4.5, dots.llm1, ERNIE-4.5-MoE, MiniMax-M2 and
 GPT-OSS, whose llama.cpp tensors are the Hugging Face ones renamed, and Mixtral (`llama`: its
 converter reorders each head's query and key rows for llama.cpp's rotary embedding, undone
-here), and DeepSeek-V2/V3, Kimi-K2 and GLM-4.7-Flash (`deepseek2`: the latent attention's
-kv_b_proj, which newer files store split per head into attn_k_b and attn_v_b, put together).
-Others are refused (Qwen3-Next's files store its linear attention transformed)."""
+here), DeepSeek-V2/V3, Kimi-K2 and GLM-4.7-Flash (`deepseek2`: the latent attention's
+kv_b_proj, which newer files store split per head into attn_k_b and attn_v_b, put together) and
+Qwen3-Next (its zero-centred norms stored as 1 + w, A_log as -exp(A_log), the linear
+attention's in_proj_qkvz split into attn_qkv and attn_gate: each undone).  Others are refused."""
 import re
 
 import numpy as np
@@ -74,6 +75,18 @@ NAMES = {
         _block(r"attn_kv_a_norm\.weight", "self_attn.kv_a_layernorm.weight"),
         _block(r"attn_(kv_b|k_b)\.weight", "self_attn.kv_b_proj.weight")),
 }
+# Qwen3-Next: zero-centred norms stored as 1 + w, A_log as -exp(A_log), the linear attention's
+# in_proj_qkvz whole (ssm_in, older files) or split into attn_qkv + attn_gate (restore_qkvz)
+NAMES["qwen3next"] = _BASE + _POST_ATTENTION_NORM + _ROUTER + _QK_NORM + (
+    _block(r"ffn_(gate|up|down)_shexp\.weight", r"mlp.shared_expert.\2_proj.weight"),
+    _block(r"ffn_gate_inp_shexp\.weight", "mlp.shared_expert_gate.weight"),
+    _block(r"(?:ssm_in|attn_qkv)\.weight", "linear_attn.in_proj_qkvz.weight"),
+    _block(r"ssm_ba\.weight", "linear_attn.in_proj_ba.weight"),
+    _block(r"ssm_conv1d\.weight", "linear_attn.conv1d.weight"),
+    _block(r"ssm_dt\.bias", "linear_attn.dt_bias"),
+    _block(r"ssm_a", "linear_attn.A_log"),
+    _block(r"ssm_norm\.weight", "linear_attn.norm.weight"),
+    _block(r"ssm_out\.weight", "linear_attn.out_proj.weight"))
 # the Hugging Face model_types a GGUF architecture may be run as (their configs name the
 # same tensors): llama.cpp writes DeepSeek-V2/V3, Kimi-K2 and GLM-4.7-Flash as deepseek2
 MODEL_TYPES = {"deepseek2": ("deepseek_v3", "deepseek_v2", "kimi_k2", "glm4_moe_lite")}
@@ -155,16 +168,33 @@ def decode_rows(ckpt, name, rows_out, chunk_bytes=16 << 20):
 _QK = re.compile(r"blk\.\d+\.attn_(q|k)\.(weight|bias)")
 
 
+_ZERO_CENTRED_NORM = re.compile(r"(?:blk\.\d+\.(?:attn_norm|post_attention_norm|attn_q_norm|attn_k_norm)|output_norm)"
+                                r"\.weight")
+
+
 def transformed(architecture, gguf_name):
-    """True for the tensors restore() changes (a `llama` file's query and key rows)."""
-    return architecture == "llama" and _QK.fullmatch(gguf_name) is not None
+    """True for the tensors restore() changes (a `llama` file's query and key rows; Qwen3-Next's
+    norms and A)."""
+    if architecture == "llama":
+        return _QK.fullmatch(gguf_name) is not None
+    return architecture == "qwen3next" and (_ZERO_CENTRED_NORM.fullmatch(gguf_name) is not None
+                                            or re.fullmatch(r"blk\.\d+\.ssm_a", gguf_name) is not None)
 
 
 def restore(architecture, gguf_name, values, config):
-    """A tensor as transformers holds it, from the values a GGUF file stores: a `llama` file's
+    """A tensor as transformers holds it, from the values a GGUF file stores.  A `llama` file's
     query and key rows (weights and biases) are reordered per head (llama.cpp's rotary embedding
     rotates adjacent pairs, transformers' the two halves of a head), so row 2i + j of a head came
-    from row j * head_dim / 2 + i."""
+    from row j * head_dim / 2 + i.  Qwen3-Next's zero-centred RMS norms (x * (1 + w)) are stored
+    as 1 + w, its decay as A = -exp(A_log) (llama.cpp multiplies by both as they are)."""
+    if architecture == "qwen3next":
+        if _ZERO_CENTRED_NORM.fullmatch(gguf_name):
+            return values - np.float32(1)
+        if re.fullmatch(r"blk\.\d+\.ssm_a", gguf_name):
+            if not (values < 0).all():
+                raise CheckpointError(f"{gguf_name}: A = -exp(A_log) must be negative")
+            return np.log(-values.astype(np.float64)).astype(np.float32)
+        return values
     m = _QK.fullmatch(gguf_name) if architecture == "llama" else None
     if m is None:
         return values
@@ -276,3 +306,35 @@ def beyond_layers(gguf_name, num_layers):
     llama.cpp counts in block_count and transformers' causal LM does not have."""
     m = _BLOCK.match(gguf_name)
     return m is not None and int(m[1]) >= num_layers
+
+
+def _qkvz_parts(ckpt, qkv_name, config, shape):
+    gate_name = qkv_name.replace("attn_qkv", "attn_gate")
+    if gate_name not in ckpt.model:
+        raise CheckpointError(f"{ckpt.path}: {qkv_name} is stored without its other half {gate_name}")
+    groups, key = config.linear_num_key_heads, config.linear_key_head_dim
+    value = config.linear_num_value_heads * config.linear_value_head_dim
+    H = config.hidden_size
+    if (2 * groups * key + 2 * value, H) != tuple(shape):
+        raise CheckpointError(f"{ckpt.path}: config.json's linear attention makes a {[2 * groups * key + 2 * value, H]} "
+                              f"in_proj_qkvz, the model holds {list(shape)}")
+    return ((qkv_name, (2 * groups * key + value, H)), (gate_name, (value, H)))
+
+
+def check_qkvz(ckpt, qkv_name, config, shape):
+    for name, want in _qkvz_parts(ckpt, qkv_name, config, shape):
+        check(ckpt, name, want)
+
+
+def restore_qkvz(ckpt, qkv_name, config, shape):
+    """Qwen3-Next's in_proj_qkvz from the halves llama.cpp's converter splits it into: attn_qkv
+    (all query rows, all key rows, all value rows, each in key-head-group order) and attn_gate
+    (the z rows).  transformers keeps them per key-head group: [q, k, v, z] of group 0, then
+    group 1, ... (v and z each the group's value heads)."""
+    (qkv_name, qkv_shape), (gate_name, gate_shape) = _qkvz_parts(ckpt, qkv_name, config, shape)
+    qkv, z = values(ckpt, qkv_name, qkv_shape), values(ckpt, gate_name, gate_shape)
+    groups, key = config.linear_num_key_heads, config.linear_key_head_dim
+    H, qk = config.hidden_size, groups * key
+    parts = (qkv[:qk].reshape(groups, key, H), qkv[qk:2 * qk].reshape(groups, key, H),
+             qkv[2 * qk:].reshape(groups, -1, H), z.reshape(groups, -1, H))
+    return np.concatenate(parts, axis=1).reshape(shape)

@@ -412,8 +412,9 @@ def _gguf_dense_plan(model, ckpt, arch):
         if gguf_weights.beyond_layers(name, config.num_hidden_layers):
             left_out += 1
             continue
-        if gguf_weights.is_expert_tensor(name) or (ckpt.architecture == "deepseek2" and name.endswith(".attn_v_b.weight")):
-            continue  # ktcy's experts; attn_k_b's other half
+        if gguf_weights.is_expert_tensor(name) or (ckpt.architecture == "deepseek2" and name.endswith(".attn_v_b.weight")) \
+                or (ckpt.architecture == "qwen3next" and name.endswith(".attn_gate.weight")):
+            continue  # ktcy's experts; attn_k_b's and attn_qkv's other halves
         hf = gguf_weights.hf_name(ckpt.architecture, name)
         if hf is None:
             unexpected.append(name)
@@ -431,6 +432,8 @@ def _gguf_dense_plan(model, ckpt, arch):
         placed[dest.data_ptr()] = name
         if name.endswith(".attn_k_b.weight"):
             gguf_weights.check_kv_b(ckpt, name, config, tuple(dest.shape))
+        elif ckpt.architecture == "qwen3next" and name.endswith(".attn_qkv.weight"):
+            gguf_weights.check_qkvz(ckpt, name, config, tuple(dest.shape))
         else:
             gguf_weights.check(ckpt, name, tuple(dest.shape))
         plan.append((name, dest))
@@ -454,6 +457,8 @@ def _load_gguf_dense_weights(model, ckpt, plan):
         with torch.no_grad():
             if name.endswith(".attn_k_b.weight"):
                 dest.copy_(torch.from_numpy(gguf_weights.restore_kv_b(ckpt, name, config, tuple(dest.shape))))
+            elif ckpt.architecture == "qwen3next" and name.endswith(".attn_qkv.weight"):
+                dest.copy_(torch.from_numpy(gguf_weights.restore_qkvz(ckpt, name, config, tuple(dest.shape))))
             elif gguf_weights.transformed(ckpt.architecture, name):
                 value = gguf_weights.values(ckpt, name, tuple(dest.shape))
                 dest.copy_(torch.from_numpy(np.ascontiguousarray(gguf_weights.restore(ckpt.architecture, name, value,
