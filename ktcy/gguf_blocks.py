@@ -39,7 +39,7 @@ from typing import Optional
 import numpy as np
 
 from ktcy.gguf_checkpoint import KEPT, stored_form
-from ktcy.gguf_quants import dequantize, supported
+from ktcy.gguf_quants import dequantize, require_decodable
 from ktcy.gpt_oss import GptOssRouter
 from ktcy.routing import Router
 from ktcy.safetensors_io import CheckpointError
@@ -114,8 +114,7 @@ def float_tensor(ckpt, name, shape):
     extra = len(t.shape) - len(shape)
     if extra < 0 or t.shape[extra:] != tuple(shape) or any(d != 1 for d in t.shape[:extra]):
         raise CheckpointError(f"{ckpt.path}: {name} is {list(t.shape)} (outermost first); expected {list(shape)}")
-    if not supported(t.type_name):
-        raise CheckpointError(f"{ckpt.path}: {name} is {t.type_name}, a ggml type ktcy does not decode")
+    require_decodable(ckpt.path, name, t.type_name)
     values = dequantize(t.type_name, model.raw(name), t.shape).reshape(shape)
     if not np.isfinite(values).all():
         raise CheckpointError(f"{ckpt.path}: {name} holds NaN or infinity")
@@ -245,8 +244,7 @@ def shared_tensors(ckpt, L):
         if width < 1 or t.shape != want:
             raise CheckpointError(f"{where}: {name} is {list(t.shape)} (outermost first); expected {list(want)}"
                                   + ("" if width else " with a width of at least 1"))
-        if not supported(t.type_name):
-            raise CheckpointError(f"{where}: {name} is {t.type_name}, a ggml type ktcy does not decode")
+        require_decodable(where, name, t.type_name)
         types.add(t.type_name)
     stated = meta.get(f"{arch}.expert_shared_feed_forward_length")
     if stated is None and f"{arch}.expert_shared_count" in meta:

@@ -19,7 +19,7 @@ import numpy as np
 
 from ktcy.checkpoint import MAX_LAYERS, MoEArchitecture, check_expert_index, layer_number
 from ktcy.gguf_io import ArrayValue, GGUFModel
-from ktcy.gguf_quants import dequantize, supported
+from ktcy.gguf_quants import dequantize, require_decodable
 from ktcy.log import warn_once
 from ktcy.safetensors_io import CheckpointError
 
@@ -167,9 +167,7 @@ class GGUFLayerExperts:
                 if t.shape != want:
                     raise CheckpointError(f"{ckpt.path}: {name} is {list(t.shape)} (outermost first); the metadata "
                                           f"implies {list(want)}")
-                if not supported(t.type_name):
-                    raise CheckpointError(f"{ckpt.path}: {name} is {t.type_name}, a ggml type ktcy does not decode "
-                                          "(it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS, MXFP4)")
+                require_decodable(ckpt.path, name, t.type_name)
                 self.types.setdefault(proj, set()).add(t.type_name)
         kept = {KEPT.get(t) for types in self.types.values() for t in types}
         # kept as stored only when every tensor of the layer has a ktcy twin, the same one

@@ -31,6 +31,7 @@ import numpy as np
 
 from ktcy.gguf_io import BLOCK_SIZES
 from ktcy.kernels import E2M1_VALUES
+from ktcy.safetensors_io import CheckpointError
 
 _NIBBLE_SHIFTS = np.array([0, 4], np.uint8)
 
@@ -203,6 +204,13 @@ def dequantize(type_name, raw, shape):
     blocks = raw.reshape(-1, BLOCK_SIZES[type_name][1])
     with np.errstate(invalid="ignore", over="ignore"):  # a NaN or inf block scale: refused where packed
         return DECODERS[type_name](blocks).astype(np.float32, copy=False).reshape(shape)
+
+
+def require_decodable(where, name, type_name):
+    """CheckpointError naming the tensor unless ktcy decodes its ggml type."""
+    if not supported(type_name):
+        raise CheckpointError(f"{where}: {name} is {type_name}, a ggml type ktcy does not decode (it reads "
+                              f"{', '.join(list(PLAIN) + list(DECODERS))})")
 
 
 def supported(type_name):

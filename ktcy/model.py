@@ -282,6 +282,18 @@ class MoEModel:
     def _rule_for(self, name):
         return next((r for r in self.rules if r.matches(name)), None)
 
+    def _rule_and_backend(self, name, forced_backend):
+        """The rule that names block `name` and the backend it gets: forced, the rule's, else the default."""
+        rule = self._rule_for(name)
+        return rule, forced_backend or (rule.backend if rule is not None and rule.backend else None) or self.default_backend
+
+    def _shared_expert(self, pairs, fmt, width, backend, gate):
+        """A SharedExpert of one dense MLP (pairs as MoE.from_experts takes expert 0) packed in fmt."""
+        H = self.checkpoint.arch.hidden_size
+        config = MoeConfig(1, 1, H, width, QuantConfig(fmt, group_size=_kept_group(pairs, fmt)), backend=backend,
+                           isa=self.isa)
+        return SharedExpert(MoE.from_experts(config, lambda e: pairs), gate)
+
     def _experts(self, L, backend, repacked):
         """(routed experts of layer L in `backend`, where they came from).  With a converted
         folder: its file when the backend keeps its format, else packed from the checkpoint
@@ -315,8 +327,7 @@ class MoEModel:
             return self._build_gguf(L, forced_backend, repacked)
         layer = ckpt.layer(L)
         name = layer.block_name
-        rule = self._rule_for(name)
-        backend = forced_backend or (rule.backend if rule is not None and rule.backend else None) or self.default_backend
+        rule, backend = self._rule_and_backend(name, forced_backend)
         experts, origin = self._experts(L, backend, repacked)
         if arch.gpt_oss:
             router = read_router(ckpt, layer.mlp_prefix, arch.num_experts, arch.hidden_size, arch.top_k)
@@ -345,8 +356,7 @@ class MoEModel:
         ckpt = self.checkpoint
         ckpt.layer(L)  # refuses a layer that is not an MoE layer first
         name = gguf_blocks.block_name(ckpt, L)
-        rule = self._rule_for(name)
-        backend = forced_backend or (rule.backend if rule is not None and rule.backend else None) or self.default_backend
+        rule, backend = self._rule_and_backend(name, forced_backend)
         router = gguf_blocks.router(ckpt, L)
         found = gguf_blocks.shared_tensors(ckpt, L)
         experts, origin = self._experts(L, backend, repacked)
@@ -356,10 +366,8 @@ class MoEModel:
             # a type no ktcy format holds as stored, Q8_0 say, becomes BF16)
             fmt = experts.format if backend is not None else found.native
             pairs, gate = gguf_blocks.shared_expert(ckpt, L, found)
-            config = MoeConfig(1, 1, ckpt.arch.hidden_size, found.width,
-                               QuantConfig(fmt, group_size=_kept_group(pairs, fmt)), backend=backend, isa=self.isa)
             with naming(f"{ckpt.path}: layer {L} shared experts", CheckpointError):
-                shared = SharedExpert(MoE.from_experts(config, lambda e: pairs), gate)
+                shared = self._shared_expert(pairs, fmt, found.width, backend, gate)
         return MoEBlock(name, L, router, experts, shared, rule, backend, origin)
 
     def _bias(self, name):
@@ -389,9 +397,7 @@ class MoEModel:
         if biased:  # ERNIE's use_bias: ktcy's experts have no biases but GPT-OSS's
             raise CheckpointError(f"{where}: {biased[0]} is stored: shared experts with biases are not supported")
         pairs, kind = layer.dense_mlp(name, H, inter)
-        config = MoeConfig(1, 1, H, inter, QuantConfig(fmt, group_size=_kept_group(pairs, fmt)), backend=backend,
-                           isa=self.isa)
-        return SharedExpert(MoE.from_experts(config, source_for(fmt, kind, lambda e: pairs)), gate)
+        return self._shared_expert(source_for(fmt, kind, lambda e: pairs)(0), fmt, inter, backend, gate)
 
     def inject_expert_backend(self, layer_regex: str, backend: str) -> List[str]:
         """Re-packs the routed experts of every block whose name matches layer_regex (re.match,

@@ -17,7 +17,7 @@ import numpy as np
 
 from ktcy.checkpoint import MoEArchitecture
 from ktcy.gguf_checkpoint import ARCHITECTURES, GGUFCheckpoint
-from ktcy.gguf_quants import dequantize, supported
+from ktcy.gguf_quants import dequantize, require_decodable
 from ktcy.safetensors_io import CheckpointError
 
 # GGUF name -> Hugging Face checkpoint name, per architecture read: the names llama.cpp's
@@ -45,6 +45,9 @@ _QK_NORM = (_block(r"attn_q_norm\.weight", "self_attn.q_norm.weight"),
             _block(r"attn_k_norm\.weight", "self_attn.k_norm.weight"))
 _ROUTER = (_block(r"ffn_gate_inp\.weight", "mlp.gate.weight"),)
 _SHARED = (_block(r"ffn_(gate|up|down)_shexp\.weight", r"mlp.shared_experts.\2_proj.weight"),)
+# Qwen's one shared expert, scaled by a sigmoid gate
+_SHARED_GATED = (_block(r"ffn_(gate|up|down)_shexp\.weight", r"mlp.shared_expert.\2_proj.weight"),
+                 _block(r"ffn_gate_inp_shexp\.weight", "mlp.shared_expert_gate.weight"))
 
 
 def _bias(hf_template):
@@ -53,9 +56,7 @@ def _bias(hf_template):
 
 NAMES = {
     "llama": _BASE + _FFN_NORM + _ROUTER,
-    "qwen2moe": _BASE + _FFN_NORM + _ROUTER + (
-        _block(r"ffn_(gate|up|down)_shexp\.weight", r"mlp.shared_expert.\2_proj.weight"),
-        _block(r"ffn_gate_inp_shexp\.weight", "mlp.shared_expert_gate.weight")),
+    "qwen2moe": _BASE + _FFN_NORM + _ROUTER + _SHARED_GATED,
     "qwen3moe": _BASE + _FFN_NORM + _ROUTER + _QK_NORM,
     "olmoe": _BASE + _FFN_NORM + _ROUTER + _QK_NORM,
     "glm4moe": _BASE + _POST_ATTENTION_NORM + _ROUTER + _QK_NORM + _SHARED + _bias("mlp.gate.e_score_correction_bias"),
@@ -66,7 +67,7 @@ NAMES = {
     "gpt-oss": _BASE + _POST_ATTENTION_NORM + (_block(r"ffn_gate_inp\.(weight|bias)", r"mlp.router.\2"),
                                                _block(r"attn_sinks(?:\.weight)?", "self_attn.sinks")),
     # DeepSeek's latent attention; kv_b_proj is stored whole (attn_kv_b, files from before April
-    # 2025) or split per head into attn_k_b and attn_v_b (restore_kv_b puts it together)
+    # 2025) or split per head into attn_k_b and attn_v_b (joined again: HALVES)
     "deepseek2": _BASE + _FFN_NORM + _ROUTER + _SHARED + _bias("mlp.gate.e_score_correction_bias") + (
         _block(r"attn_q_a\.weight", "self_attn.q_a_proj.weight"),
         _block(r"attn_q_a_norm\.weight", "self_attn.q_a_layernorm.weight"),
@@ -74,19 +75,17 @@ NAMES = {
         _block(r"attn_kv_a_mqa\.weight", "self_attn.kv_a_proj_with_mqa.weight"),
         _block(r"attn_kv_a_norm\.weight", "self_attn.kv_a_layernorm.weight"),
         _block(r"attn_(kv_b|k_b)\.weight", "self_attn.kv_b_proj.weight")),
+    # Qwen3-Next: zero-centred norms stored as 1 + w, A_log as -exp(A_log) (_transform), the linear
+    # attention's in_proj_qkvz whole (ssm_in, older files) or split into attn_qkv + attn_gate (HALVES)
+    "qwen3next": _BASE + _POST_ATTENTION_NORM + _ROUTER + _QK_NORM + _SHARED_GATED + (
+        _block(r"(?:ssm_in|attn_qkv)\.weight", "linear_attn.in_proj_qkvz.weight"),
+        _block(r"ssm_ba\.weight", "linear_attn.in_proj_ba.weight"),
+        _block(r"ssm_conv1d\.weight", "linear_attn.conv1d.weight"),
+        _block(r"ssm_dt\.bias", "linear_attn.dt_bias"),
+        _block(r"ssm_a", "linear_attn.A_log"),
+        _block(r"ssm_norm\.weight", "linear_attn.norm.weight"),
+        _block(r"ssm_out\.weight", "linear_attn.out_proj.weight")),
 }
-# Qwen3-Next: zero-centred norms stored as 1 + w, A_log as -exp(A_log), the linear attention's
-# in_proj_qkvz whole (ssm_in, older files) or split into attn_qkv + attn_gate (restore_qkvz)
-NAMES["qwen3next"] = _BASE + _POST_ATTENTION_NORM + _ROUTER + _QK_NORM + (
-    _block(r"ffn_(gate|up|down)_shexp\.weight", r"mlp.shared_expert.\2_proj.weight"),
-    _block(r"ffn_gate_inp_shexp\.weight", "mlp.shared_expert_gate.weight"),
-    _block(r"(?:ssm_in|attn_qkv)\.weight", "linear_attn.in_proj_qkvz.weight"),
-    _block(r"ssm_ba\.weight", "linear_attn.in_proj_ba.weight"),
-    _block(r"ssm_conv1d\.weight", "linear_attn.conv1d.weight"),
-    _block(r"ssm_dt\.bias", "linear_attn.dt_bias"),
-    _block(r"ssm_a", "linear_attn.A_log"),
-    _block(r"ssm_norm\.weight", "linear_attn.norm.weight"),
-    _block(r"ssm_out\.weight", "linear_attn.out_proj.weight"))
 # the Hugging Face model_types a GGUF architecture may be run as (their configs name the
 # same tensors): llama.cpp writes DeepSeek-V2/V3, Kimi-K2 and GLM-4.7-Flash as deepseek2
 MODEL_TYPES = {"deepseek2": ("deepseek_v3", "deepseek_v2", "kimi_k2", "glm4_moe_lite")}
@@ -137,8 +136,7 @@ def check(ckpt, name, shape):
     """CheckpointError unless GGUF tensor `name` decodes (a type ktcy reads) to `shape`, the
     model's (a [1, H] gate stored [H] fits); nothing is read."""
     t = ckpt.model.entry(name)
-    if not supported(t.type_name):
-        raise CheckpointError(f"{ckpt.path}: {name} is {t.type_name}, a ggml type ktcy does not decode")
+    require_decodable(ckpt.path, name, t.type_name)
     if int(np.prod(t.shape)) != int(np.prod(shape)) or [d for d in t.shape if d != 1] != [d for d in shape if d != 1]:
         raise CheckpointError(f"{ckpt.path}: {name} is {list(t.shape)} (outermost first), the model expects "
                               f"{list(shape)}")
@@ -163,72 +161,6 @@ def decode_rows(ckpt, name, rows_out, chunk_bytes=16 << 20):
     for start in range(0, rows, step):
         n = min(step, rows - start)
         rows_out(start, dequantize(t.type_name, raw[start * row_bytes:(start + n) * row_bytes], (n, cols)))
-
-
-_QK = re.compile(r"blk\.\d+\.attn_(q|k)\.(weight|bias)")
-
-
-_ZERO_CENTRED_NORM = re.compile(r"(?:blk\.\d+\.(?:attn_norm|post_attention_norm|attn_q_norm|attn_k_norm)|output_norm)"
-                                r"\.weight")
-
-
-def transformed(architecture, gguf_name):
-    """True for the tensors restore() changes (a `llama` file's query and key rows; Qwen3-Next's
-    norms and A)."""
-    if architecture == "llama":
-        return _QK.fullmatch(gguf_name) is not None
-    return architecture == "qwen3next" and (_ZERO_CENTRED_NORM.fullmatch(gguf_name) is not None
-                                            or re.fullmatch(r"blk\.\d+\.ssm_a", gguf_name) is not None)
-
-
-def restore(architecture, gguf_name, values, config):
-    """A tensor as transformers holds it, from the values a GGUF file stores.  A `llama` file's
-    query and key rows (weights and biases) are reordered per head (llama.cpp's rotary embedding
-    rotates adjacent pairs, transformers' the two halves of a head), so row 2i + j of a head came
-    from row j * head_dim / 2 + i.  Qwen3-Next's zero-centred RMS norms (x * (1 + w)) are stored
-    as 1 + w, its decay as A = -exp(A_log) (llama.cpp multiplies by both as they are)."""
-    if architecture == "qwen3next":
-        if _ZERO_CENTRED_NORM.fullmatch(gguf_name):
-            return values - np.float32(1)
-        if re.fullmatch(r"blk\.\d+\.ssm_a", gguf_name):
-            if not (values < 0).all():
-                raise CheckpointError(f"{gguf_name}: A = -exp(A_log) must be negative")
-            return np.log(-values.astype(np.float64)).astype(np.float32)
-        return values
-    m = _QK.fullmatch(gguf_name) if architecture == "llama" else None
-    if m is None:
-        return values
-    heads = config.num_attention_heads if m[1] == "q" else config.num_key_value_heads
-    rows = values.shape[0]
-    if rows % (2 * heads):
-        raise CheckpointError(f"{gguf_name}: {rows} rows do not split into {heads} heads of rotary pairs")
-    return values.reshape((heads, rows // heads // 2, 2) + values.shape[1:]).swapaxes(1, 2).reshape(values.shape)
-
-
-def _kv_b_halves(ckpt, k_b_name, config, shape):
-    v_b_name = k_b_name.replace("attn_k_b", "attn_v_b")
-    if v_b_name not in ckpt.model:
-        raise CheckpointError(f"{ckpt.path}: {k_b_name} is stored without its other half {v_b_name}")
-    heads, rank = config.num_attention_heads, config.kv_lora_rank
-    nope, v = config.qk_nope_head_dim, config.v_head_dim
-    if (heads * (nope + v), rank) != tuple(shape):
-        raise CheckpointError(f"{ckpt.path}: config.json's latent attention makes a {[heads * (nope + v), rank]} "
-                              f"kv_b_proj, the model holds {list(shape)}")
-    return ((k_b_name, (heads, rank, nope)), (v_b_name, (heads, v, rank)))
-
-
-def check_kv_b(ckpt, k_b_name, config, shape):
-    for name, want in _kv_b_halves(ckpt, k_b_name, config, shape):
-        check(ckpt, name, want)
-
-
-def restore_kv_b(ckpt, k_b_name, config, shape):
-    """DeepSeek's kv_b_proj [heads * (nope + v), kv_lora_rank] from the halves llama.cpp splits
-    it into: attn_k_b [heads, kv_lora_rank, nope] (each head's nope rows, transposed) and
-    attn_v_b [heads, v, kv_lora_rank] (its v rows)."""
-    (k_b_name, k_shape), (v_b_name, v_shape) = _kv_b_halves(ckpt, k_b_name, config, shape)
-    k_b, v_b = values(ckpt, k_b_name, k_shape), values(ckpt, v_b_name, v_shape)
-    return np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1).reshape(shape)
 
 
 def _rope_theta(config):
@@ -308,33 +240,129 @@ def beyond_layers(gguf_name, num_layers):
     return m is not None and int(m[1]) >= num_layers
 
 
-def _qkvz_parts(ckpt, qkv_name, config, shape):
-    gate_name = qkv_name.replace("attn_qkv", "attn_gate")
-    if gate_name not in ckpt.model:
-        raise CheckpointError(f"{ckpt.path}: {qkv_name} is stored without its other half {gate_name}")
-    groups, key = config.linear_num_key_heads, config.linear_key_head_dim
+# --- tensors llama.cpp stores transformed ---------------------------------------------------
+
+_QK = re.compile(r"blk\.\d+\.attn_(q|k)\.(weight|bias)")
+_ZERO_CENTRED_NORM = re.compile(r"(?:blk\.\d+\.(?:attn_norm|post_attention_norm|attn_q_norm|attn_k_norm)|output_norm)"
+                                r"\.weight")
+_SSM_A = re.compile(r"blk\.\d+\.ssm_a")
+
+
+def _rope_halves(values, heads):
+    """A `llama` file's query / key rows (weights and biases) back in transformers' order: llama.cpp's
+    rotary embedding rotates adjacent pairs, transformers' the two halves of a head, so row 2i + j
+    of a head came from row j * head_dim / 2 + i."""
+    rows = values.shape[0]
+    if rows % (2 * heads):
+        raise CheckpointError(f"{rows} query/key rows do not split into {heads} heads of rotary pairs")
+    return values.reshape((heads, rows // heads // 2, 2) + values.shape[1:]).swapaxes(1, 2).reshape(values.shape)
+
+
+def _a_log(values):
+    """Qwen3-Next's A_log from the A = -exp(A_log) llama.cpp multiplies by."""
+    if not (values < 0).all():
+        raise CheckpointError("ssm_a: A = -exp(A_log) must be negative")
+    return np.log(-values.astype(np.float64)).astype(np.float32)
+
+
+def _transform(architecture, gguf_name, config):
+    """The function that turns the values llama.cpp stores for `gguf_name` into transformers'
+    (None: they are transformers' own).  Qwen3-Next's zero-centred RMS norms (x * (1 + w)) are
+    stored as 1 + w, its decay as A = -exp(A_log)."""
+    if architecture == "llama":
+        m = _QK.fullmatch(gguf_name)
+        if m:
+            heads = config.num_attention_heads if m[1] == "q" else config.num_key_value_heads
+            return lambda v: _rope_halves(v, heads)
+    elif architecture == "qwen3next":
+        if _ZERO_CENTRED_NORM.fullmatch(gguf_name):
+            return lambda v: v - np.float32(1)
+        if _SSM_A.fullmatch(gguf_name):
+            return _a_log
+    return None
+
+
+# model tensors llama.cpp stores split in two: architecture -> (first half, second half); the
+# first one's name (NAMES) says which model tensor, the second is read with it
+HALVES = {"deepseek2": ("attn_k_b", "attn_v_b"), "qwen3next": ("attn_qkv", "attn_gate")}
+
+
+def _is_half(architecture, gguf_name, which):
+    pair = HALVES.get(architecture)
+    return pair is not None and re.fullmatch(rf"blk\.\d+\.{pair[which]}\.weight", gguf_name) is not None
+
+
+def is_second_half(architecture, gguf_name):
+    return _is_half(architecture, gguf_name, 1)
+
+
+def _kv_b_shapes(config, shape):
+    """DeepSeek's kv_b_proj [heads * (nope + v), kv_lora_rank], split per head into attn_k_b
+    [heads, kv_lora_rank, nope] (each head's nope rows, transposed) and attn_v_b [heads, v,
+    kv_lora_rank] (its v rows) since April 2025."""
+    heads, rank = config.num_attention_heads, config.kv_lora_rank
+    nope, v = config.qk_nope_head_dim, config.v_head_dim
+    return (heads * (nope + v), rank), (heads, rank, nope), (heads, v, rank)
+
+
+def _join_kv_b(k_b, v_b, config, shape):
+    return np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1).reshape(shape)
+
+
+def _qkvz_shapes(config, shape):
+    """Qwen3-Next's in_proj_qkvz [2 key + 2 value, H], per key-head group [q, k, v, z] in
+    transformers, split by llama.cpp's converter into attn_qkv (all q rows, all k rows, all v
+    rows, each in group order) and attn_gate (the z rows)."""
+    key = config.linear_num_key_heads * config.linear_key_head_dim
     value = config.linear_num_value_heads * config.linear_value_head_dim
     H = config.hidden_size
-    if (2 * groups * key + 2 * value, H) != tuple(shape):
-        raise CheckpointError(f"{ckpt.path}: config.json's linear attention makes a {[2 * groups * key + 2 * value, H]} "
-                              f"in_proj_qkvz, the model holds {list(shape)}")
-    return ((qkv_name, (2 * groups * key + value, H)), (gate_name, (value, H)))
+    return (2 * key + 2 * value, H), (2 * key + value, H), (value, H)
 
 
-def check_qkvz(ckpt, qkv_name, config, shape):
-    for name, want in _qkvz_parts(ckpt, qkv_name, config, shape):
-        check(ckpt, name, want)
-
-
-def restore_qkvz(ckpt, qkv_name, config, shape):
-    """Qwen3-Next's in_proj_qkvz from the halves llama.cpp's converter splits it into: attn_qkv
-    (all query rows, all key rows, all value rows, each in key-head-group order) and attn_gate
-    (the z rows).  transformers keeps them per key-head group: [q, k, v, z] of group 0, then
-    group 1, ... (v and z each the group's value heads)."""
-    (qkv_name, qkv_shape), (gate_name, gate_shape) = _qkvz_parts(ckpt, qkv_name, config, shape)
-    qkv, z = values(ckpt, qkv_name, qkv_shape), values(ckpt, gate_name, gate_shape)
-    groups, key = config.linear_num_key_heads, config.linear_key_head_dim
-    H, qk = config.hidden_size, groups * key
+def _join_qkvz(qkv, z, config, shape):
+    groups, key, H = config.linear_num_key_heads, config.linear_key_head_dim, config.hidden_size
+    qk = groups * key
     parts = (qkv[:qk].reshape(groups, key, H), qkv[qk:2 * qk].reshape(groups, key, H),
              qkv[2 * qk:].reshape(groups, -1, H), z.reshape(groups, -1, H))
     return np.concatenate(parts, axis=1).reshape(shape)
+
+
+_SPLIT = {"deepseek2": (_kv_b_shapes, _join_kv_b), "qwen3next": (_qkvz_shapes, _join_qkvz)}
+
+
+def parts(ckpt, gguf_name, config, shape):
+    """[(GGUF name, shape)] of what the model tensor of `shape` named by `gguf_name` is made from:
+    that tensor, or it and its second half (HALVES), each checked as check() does."""
+    a = ckpt.architecture
+    if not _is_half(a, gguf_name, 0):
+        check(ckpt, gguf_name, shape)
+        return [(gguf_name, shape)]
+    second = gguf_name.replace(HALVES[a][0], HALVES[a][1])
+    if second not in ckpt.model:
+        raise CheckpointError(f"{ckpt.path}: {gguf_name} is stored without its other half {second}")
+    whole, first_shape, second_shape = _SPLIT[a][0](config, shape)
+    if whole != tuple(shape):
+        raise CheckpointError(f"{ckpt.path}: config.json's sizes make {gguf_name} and {second} a {list(whole)} tensor, "
+                              f"the model holds {list(shape)}")
+    found = [(gguf_name, first_shape), (second, second_shape)]
+    for name, want in found:
+        check(ckpt, name, want)
+    return found
+
+
+def streamed(architecture, gguf_name, config):
+    """True where the model takes the stored values as they are (decode_rows may fill it)."""
+    return not _is_half(architecture, gguf_name, 0) and _transform(architecture, gguf_name, config) is None
+
+
+def read(ckpt, gguf_name, config, shape):
+    """The model tensor of `shape` named by `gguf_name`, as transformers holds it: the stored
+    values with llama.cpp's transform undone, or joined from their two halves."""
+    found = parts(ckpt, gguf_name, config, shape)
+    if len(found) == 2:
+        (first, first_shape), (second, second_shape) = found
+        return _SPLIT[ckpt.architecture][1](values(ckpt, first, first_shape), values(ckpt, second, second_shape),
+                                            config, shape)
+    value = values(ckpt, gguf_name, shape)
+    transform = _transform(ckpt.architecture, gguf_name, config)
+    return value if transform is None else np.ascontiguousarray(transform(value))

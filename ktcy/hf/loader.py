@@ -412,9 +412,8 @@ def _gguf_dense_plan(model, ckpt, arch):
         if gguf_weights.beyond_layers(name, config.num_hidden_layers):
             left_out += 1
             continue
-        if gguf_weights.is_expert_tensor(name) or (ckpt.architecture == "deepseek2" and name.endswith(".attn_v_b.weight")) \
-                or (ckpt.architecture == "qwen3next" and name.endswith(".attn_gate.weight")):
-            continue  # ktcy's experts; attn_k_b's and attn_qkv's other halves
+        if gguf_weights.is_expert_tensor(name) or gguf_weights.is_second_half(ckpt.architecture, name):
+            continue  # ktcy's experts; read with the first half
         hf = gguf_weights.hf_name(ckpt.architecture, name)
         if hf is None:
             unexpected.append(name)
@@ -430,12 +429,7 @@ def _gguf_dense_plan(model, ckpt, arch):
         if dest.data_ptr() in placed:
             raise CheckpointError(f"{ckpt.path}: {name} and {placed[dest.data_ptr()]} both hold {target}")
         placed[dest.data_ptr()] = name
-        if name.endswith(".attn_k_b.weight"):
-            gguf_weights.check_kv_b(ckpt, name, config, tuple(dest.shape))
-        elif ckpt.architecture == "qwen3next" and name.endswith(".attn_qkv.weight"):
-            gguf_weights.check_qkvz(ckpt, name, config, tuple(dest.shape))
-        else:
-            gguf_weights.check(ckpt, name, tuple(dest.shape))
+        gguf_weights.parts(ckpt, name, config, tuple(dest.shape))
         plan.append((name, dest))
     missing = [n for n, t in targets.items() if not t.is_meta and t.data_ptr() not in placed]  # meta: ktcy's experts
     if missing:
@@ -455,18 +449,12 @@ def _load_gguf_dense_weights(model, ckpt, plan):
     config = model.config.get_text_config()
     for name, dest in plan:
         with torch.no_grad():
-            if name.endswith(".attn_k_b.weight"):
-                dest.copy_(torch.from_numpy(gguf_weights.restore_kv_b(ckpt, name, config, tuple(dest.shape))))
-            elif ckpt.architecture == "qwen3next" and name.endswith(".attn_qkv.weight"):
-                dest.copy_(torch.from_numpy(gguf_weights.restore_qkvz(ckpt, name, config, tuple(dest.shape))))
-            elif gguf_weights.transformed(ckpt.architecture, name):
-                value = gguf_weights.values(ckpt, name, tuple(dest.shape))
-                dest.copy_(torch.from_numpy(np.ascontiguousarray(gguf_weights.restore(ckpt.architecture, name, value,
-                                                                                      config))))
-            else:
+            if gguf_weights.streamed(ckpt.architecture, name, config):
                 cols = ckpt.model.entry(name).shape[-1]
                 rows = dest.view(-1, cols)
                 gguf_weights.decode_rows(ckpt, name, lambda start, v: rows[start:start + len(v)].copy_(torch.from_numpy(v)))
+            else:
+                dest.copy_(torch.from_numpy(gguf_weights.read(ckpt, name, config, tuple(dest.shape))))
         ckpt.release_pages()
 
 
