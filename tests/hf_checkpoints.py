@@ -125,6 +125,40 @@ def build(arch, folder, seed=0, **overrides):
     return str(folder)
 
 
+# the image-text models' special tokens, inside the tiny vocabulary (ids past TEXT_TOKENS)
+TEXT_TOKENS = VOCAB - 6
+IMAGE_TOKENS = {
+    "qwen3_vl_moe": dict(vision_start_token_id=26, vision_end_token_id=27, image_token_id=28, video_token_id=29),
+    "glm4v_moe": dict(image_start_token_id=26, image_end_token_id=27, image_token_id=28, video_token_id=29,
+                      video_start_token_id=30, video_end_token_id=31),
+}
+
+
+# image_prompt seeds whose greedy continuations keep a clear top-2 margin (as GREEDY_SEEDS)
+IMAGE_GREEDY_SEEDS = {"qwen3_vl_moe": 1, "glm4v_moe": 8}
+
+
+def image_prompt(config, grid=(1, 4, 6), text=5, seed=0):
+    """Model inputs of an image-text model: `text` random text tokens, one image of grid (t, h, w)
+    patches of random pixels between its start and end tokens (a placeholder per merged patch), then
+    `text` more tokens; as the models' processors give them (mm_token_type_ids: 1 marks an image
+    placeholder)."""
+    import torch
+    v = config.vision_config
+    g = torch.Generator().manual_seed(seed)
+    patches = grid[0] * grid[1] * grid[2]
+    placeholders = patches // v.spatial_merge_size ** 2
+    start = getattr(config, "vision_start_token_id", None) or config.image_start_token_id
+    end = getattr(config, "vision_end_token_id", None) or config.image_end_token_id
+    ids = torch.randint(3, TEXT_TOKENS, (1, 2 * text + placeholders + 2), generator=g)
+    ids[0, text] = start
+    ids[0, text + 1: text + 1 + placeholders] = config.image_token_id
+    ids[0, text + 1 + placeholders] = end
+    pixels = torch.randn(patches, v.in_channels * v.temporal_patch_size * v.patch_size ** 2, generator=g)
+    return dict(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixels,
+                image_grid_thw=torch.tensor([grid]), mm_token_type_ids=(ids == config.image_token_id).int())
+
+
 def build_qwen3_vl_moe(folder, seed=0, as_released=True):
     """A tiny Qwen3-VL-MoE image-text model (BF16), its language model under model.language_model.
     as_released: the fused expert stacks stored [in, out] (gate_up_proj [E, H, 2I], down_proj
@@ -138,7 +172,8 @@ def build_qwen3_vl_moe(folder, seed=0, as_released=True):
                 intermediate_size=96, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                        "mrope_section": [2, 3, 3]})
     config = Qwen3VLMoeConfig(text_config=text, vision_config=dict(depth=1, hidden_size=32, intermediate_size=64,
-                                                                     num_heads=2, out_hidden_size=64))
+                                                                     num_heads=2, out_hidden_size=64),
+                              **IMAGE_TOKENS["qwen3_vl_moe"])
     torch.manual_seed(seed)
     AutoModelForImageTextToText.from_config(config, dtype=torch.float32).to(torch.bfloat16).save_pretrained(folder)
     if as_released:
@@ -157,9 +192,13 @@ def build_glm4v_moe(folder, seed=0):
     from transformers import AutoModelForImageTextToText, Glm4vMoeConfig
     text = dict(**{**COMMON, "num_hidden_layers": 3}, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
                 topk_group=1, n_shared_experts=1, moe_intermediate_size=24, intermediate_size=96,
-                first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True)
+                first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+                # half of each 16-wide head rotates: 4 frequencies, split over time, height and width
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                                 "mrope_section": [1, 1, 2]})
     config = Glm4vMoeConfig(text_config=text, vision_config=dict(depth=1, hidden_size=32, intermediate_size=64,
-                                                                   num_heads=2, out_hidden_size=64))
+                                                                   num_heads=2, out_hidden_size=64),
+                            **IMAGE_TOKENS["glm4v_moe"])
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
     _spread_router_bias(model)

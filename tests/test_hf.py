@@ -1,5 +1,6 @@
 """ktcy.hf against stock transformers on tiny random checkpoints (tests/hf_checkpoints.py)."""
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -174,6 +175,59 @@ def test_an_image_text_release_runs_its_language_model(folders, caplog):
     assert not [r for r in caplog.records if r.levelname == "WARNING" and "not used" in r.getMessage()]
     assert any("model.visual." in r.getMessage() and "not loaded" in r.getMessage() for r in caplog.records)
     assert [b["router"] for b in ktcy.MoEModel.from_pretrained(folders["qwen3_5_moe"]).describe()] == ["softmax"] * 2
+
+
+@pytest.fixture(scope="module")
+def image_text_folders(tmp_path_factory):
+    """Qwen3-VL-MoE (expert stacks stored [in, out] as released) and GLM-4.5V (first layer dense)."""
+    root = tmp_path_factory.mktemp("image_text")
+    return {"qwen3_vl_moe": ckpts.build_qwen3_vl_moe(root / "qwen3_vl_moe"),
+            "glm4v_moe": ckpts.build_glm4v_moe(root / "glm4v_moe")}
+
+
+def image_text_stock(folder):
+    return transformers.AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("arch", ["qwen3_vl_moe", "glm4v_moe"])
+def test_an_image_text_model_runs_whole_with_its_vision_tower(image_text_folders, arch):
+    """Qwen3-VL-MoE and GLM-4.5V have no causal LM in transformers: ktcy.hf builds the image-text
+    model itself, vision tower and all, with its language model's experts on ktcy.  Text alone and
+    text with an image give stock's logits; the image reaches them (another image moves them)."""
+    folder = image_text_folders[arch]
+    model, ref = ktcy.hf.from_pretrained(folder, dtype=torch.float32), image_text_stock(folder)
+    assert type(model).__name__ == type(ref).__name__ and type(model).__name__.endswith("ForConditionalGeneration")
+    experts = model.ktcy_experts()
+    assert sorted(experts) == sorted(n for n, m in ref.named_modules() if type(m).__name__.endswith("TextExperts"))
+    assert all(m.kernel.startswith("BF16 on ") for m in experts.values())
+    assert not any(".experts." in n for n, _ in model.named_parameters())
+    assert any(n.startswith("model.visual.") for n, _ in model.named_parameters())
+    assert rel_l2(logits(model, PROMPT % ckpts.TEXT_TOKENS), logits(ref, PROMPT % ckpts.TEXT_TOKENS)) < 0.01
+    image = ckpts.image_prompt(model.config)
+    ids = image.pop("input_ids")
+    with_image = logits(model, ids, **image)
+    assert rel_l2(with_image, logits(ref, ids, **image)) < 0.01
+    other = {**image, "pixel_values": torch.randn(image["pixel_values"].shape, generator=torch.Generator().manual_seed(9))}
+    assert rel_l2(logits(model, ids, **other), with_image) > 0.05
+    # the block names a rule or inject_expert_backend selects are the model's own
+    last = max(experts)
+    assert model.inject_expert_backend(re.escape(last), "INT8") == [last]
+    assert model.ktcy_experts()[last].kernel.startswith("INT8 on ")
+    assert 1e-5 < rel_l2(logits(model, ids, **image), logits(ref, ids, **image)) < 0.05
+
+
+@pytest.mark.parametrize("arch", ["qwen3_vl_moe", "glm4v_moe"])
+def test_an_image_text_models_greedy_answer_to_an_image_equals_stock(image_text_folders, arch):
+    folder = image_text_folders[arch]
+    image = ckpts.image_prompt(image_text_stock(folder).config, seed=ckpts.IMAGE_GREEDY_SEEDS[arch])
+    ids = image.pop("input_ids")
+    assert_same_greedy(image_text_stock(folder), ktcy.hf.from_pretrained(folder, dtype=torch.float32), ids,
+                       NEW_TOKENS, suppress=range(ckpts.TEXT_TOKENS, ckpts.VOCAB), **image)
+
+
+def test_an_image_text_model_from_gguf_is_refused_before_the_file_is_read(image_text_folders, tmp_path):
+    with pytest.raises(CheckpointError, match="mmproj"):
+        ktcy.hf.from_pretrained(image_text_folders["qwen3_vl_moe"], gguf_path=tmp_path / "absent.gguf")
 
 
 def test_glm_4_5v_blocks_equal_the_stock_language_model(tmp_path):

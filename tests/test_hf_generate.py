@@ -137,3 +137,18 @@ def test_characters_split_over_tokens_print_whole():
         printer.put(torch.tensor([i]))
     printer.end()
     assert out.getvalue() == text + "\n"
+
+
+def test_generate_runs_an_image_text_model_on_text(tmp_path):
+    """Qwen3-VL-MoE built whole (its vocabulary in the text part of the config): the command's
+    tokens are the library's greedy ones."""
+    folder = ckpts.build_qwen3_vl_moe(tmp_path / "m")
+    out = io.StringIO()
+    assert generate_cli.run(parse(["--model", folder, "--input-ids", "3,4,5", "--max-new-tokens", "5"]), out) == 0
+    tokens = [int(t) for t in out.getvalue().splitlines()[0].split()]
+    model = ktcy.hf.from_pretrained(folder)
+    with torch.no_grad():
+        ref = model.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=5, min_new_tokens=5, do_sample=False)
+    assert tokens == ref[0, 3:].tolist()
+    with pytest.raises(ValueError, match=r"outside the model's vocabulary \[0, 32\)"):
+        generate_cli.run(parse(["--model", folder, "--input-ids", "3,32"]), io.StringIO())

@@ -1,4 +1,5 @@
-"""ktcy.hf: Hugging Face transformers causal LMs whose MoE experts run on ktcy's kernels.
+"""ktcy.hf: Hugging Face transformers causal LMs (and image-text models that have none) whose MoE
+experts run on ktcy's kernels.
 
 Needs the optional extra `hf` (torch, transformers >= 5): ``pip install ktcy[hf]``.  Importing
 ktcy.hf works without it (so `ktcy --help` can list `generate`); using any of its names raises

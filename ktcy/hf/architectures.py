@@ -29,6 +29,14 @@ class Architecture:
     # checkpoint tensors the causal LM has no place for by design (an image-text release's vision
     # tower, Qwen's multi-token-prediction head)
     unused_prefixes: tuple = ()
+    # an image-text model transformers has no causal LM for: built whole (vision tower included)
+    # as transformers' image-text-to-text class, its language model's experts on ktcy
+    image_text: bool = False
+
+    def model_class(self):
+        """The transformers auto class that builds the model from its config."""
+        import transformers
+        return transformers.AutoModelForImageTextToText if self.image_text else transformers.AutoModelForCausalLM
 
     def experts_type(self):
         """The transformers class; UnsupportedArchitectureError where the installed transformers
@@ -65,6 +73,11 @@ _TABLE = {a.model_type: a for a in (
     # causal LM leaves unused); transformers' causal LM is its language model, as here
     Architecture("qwen3_5_moe", "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe", "Qwen3_5MoeExperts",
                  renames=(("model.language_model.", "model."),), unused_prefixes=("model.visual.", "mtp.")),
+    # Qwen3-VL-MoE and GLM-4.5V: image-text models whole, the vision tower in torch
+    Architecture("qwen3_vl_moe", "transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe", "Qwen3VLMoeTextExperts",
+                 image_text=True),
+    Architecture("glm4v_moe", "transformers.models.glm4v_moe.modeling_glm4v_moe", "Glm4vMoeTextExperts",
+                 image_text=True),
     Architecture("qwen3_5_moe_text", "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe", "Qwen3_5MoeExperts",
                  unused_prefixes=("mtp.",)),
     Architecture("mixtral", "transformers.models.mixtral.modeling_mixtral", "MixtralExperts",

@@ -146,7 +146,7 @@ def run(args, out=None):
         if ids.shape[1] == 0:
             raise ValueError("--prompt gives no tokens")
     else:
-        vocab = model.config.vocab_size
+        vocab = model.config.get_text_config().vocab_size  # an image-text config holds it in its text part
         bad = [i for i in args.input_ids if i >= vocab]
         if bad:
             raise ValueError(f"--input-ids holds {bad[0]}, outside the model's vocabulary [0, {vocab})")

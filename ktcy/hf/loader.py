@@ -1,4 +1,5 @@
-"""ktcy.hf.from_pretrained: a transformers causal LM built on CPU with its routed experts on ktcy.
+"""ktcy.hf.from_pretrained: a transformers causal LM (an image-text model where transformers has no
+causal LM for it) built on CPU with its routed experts on ktcy.
 
 How the experts stay out of torch: the model is built from its config with the experts modules'
 parameters on the meta device (no memory), each experts module is then replaced by a KtcyExperts
@@ -54,7 +55,8 @@ def from_pretrained(path: PathLike, rules: Union[PathLike, List[Dict[str, Any]],
                     backend: Optional[str] = None, experts_path: Optional[PathLike] = None,
                     gguf_path: Optional[PathLike] = None,
                     **hf_kwargs: Any) -> Any:  # a transformers model class with ktcy's methods added
-    """A transformers causal LM (eval mode, CPU) whose MoE experts modules run on ktcy.
+    """A transformers causal LM (eval mode, CPU) whose MoE experts modules run on ktcy; for
+    Qwen3-VL-MoE and GLM-4.5V, which have none, the image-text model with its vision tower.
 
     Parameters
       path: the original Hugging Face checkpoint folder (config.json + safetensors), `~/...`, or a
@@ -115,6 +117,10 @@ def from_pretrained(path: PathLike, rules: Union[PathLike, List[Dict[str, Any]],
     arch = architecture(config_json, config_file)  # before any MoE-specific check
     # a transformers that predates the family is named as such, before its AutoConfig fails on the model_type
     experts_type, config_type = arch.experts_type(), arch.config_type() or transformers.AutoConfig
+    if gguf_path is not None and arch.image_text:
+        raise CheckpointError(f"{gguf_path}: {arch.model_type} is an image-text model, and a GGUF file holds only its "
+                              "language model (llama.cpp keeps the vision tower in a separate mmproj file, which "
+                              "ktcy.hf does not read); load it from its Hugging Face checkpoint")
     if gguf_path is None:
         ckpt = Checkpoint(path)
     else:
@@ -142,7 +148,7 @@ def from_pretrained(path: PathLike, rules: Union[PathLike, List[Dict[str, Any]],
     # refuses a missing one): random initialisation first cost seconds per billion weights
     with _experts_on_meta(experts_type), _no_init_weights(), _transformers_errors(config_file, "the model"):
         extra = {"attn_implementation": attn} if attn is not None else {}
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, **extra)
+        model = arch.model_class().from_config(config, dtype=dtype, **extra)
     # transformers ties lm_head to the embeddings in init_weights, which no_init_weights skips
     # (ERNIE-4.5-21B-A3B ties them): without this lm_head stays an unloaded tensor of its own
     model.tie_weights()
@@ -353,9 +359,9 @@ def _is_scale_of_stored_weight(ckpt, name):
 
 
 def _beyond_layers(name, num_layers):
-    """DeepSeek-V3's multi-token-prediction layers are stored after the decoder layers; the causal
-    LM does not use them."""
-    m = re.match(r"model\.layers\.(\d+)\.", name)
+    """DeepSeek-V3's multi-token-prediction layers are stored after the decoder layers (GLM-4.5V's
+    after its language model's); the model does not use them."""
+    m = re.match(r"model\.(?:language_model\.)?layers\.(\d+)\.", name)
     return m is not None and int(m.group(1)) >= num_layers
 
 
@@ -365,7 +371,7 @@ def _load_dense_weights(model, ckpt, arch, config):
     loaded, unexpected, left_out = set(), [], 0
     for name in ckpt.tensor_names():
         if ROUTED_EXPERT_TENSOR.search(name) or _is_scale_of_stored_weight(ckpt, name) \
-                or _beyond_layers(name, config.num_hidden_layers) or name.endswith("rotary_emb.inv_freq"):
+                or _beyond_layers(name, config.get_text_config().num_hidden_layers) or name.endswith("rotary_emb.inv_freq"):
             continue
         if arch.unused_prefixes and name.startswith(arch.unused_prefixes):
             left_out += 1
