@@ -33,6 +33,7 @@ from cython.parallel cimport parallel
 
 cdef enum:
     MOE_ITEM_PANELS = 8   # about this many output panels (x16 channels) per work item
+    MOE_AMX_ITEM_PANELS = 24  # ...for experts on the AMX kernel (see __init__)
     MOE_DECODE_ITEM_PANELS = 48  # the same for experts of a few rows (decode)...
     MOE_DECODE_ITEM_BYTES = 1536 * 1024  # ...but no more packed bytes than this, nor under 16 panels
     MOE_DECODE_ITEMS_PER_THREAD = 4  # decode items are smaller where a phase would give fewer
@@ -144,7 +145,8 @@ cdef class MoEEngine:
     cdef int64_t[::1] a_row_token, a_slot
     cdef uint8_t[:, ::1] a_messages
     # the routing's bookkeeping, sized by the expert count once: a call allocates nothing
-    cdef int64_t per_i, per_h, items_i, items_h
+    cdef int64_t per_i, per_h, items_i, items_h, amx_per_i, amx_per_h
+    cdef bint big_on_amx
     cdef int ready  # __init__ finished: the buffers above exist
     cdef bint made  # __init__ began (once only)
     cdef int64_t[::1] counts, seg, fill, pending
@@ -224,6 +226,14 @@ cdef class MoEEngine:
         self.per_h = ktcy_split_panels(panels_h, (panels_h + MOE_ITEM_PANELS - 1) // MOE_ITEM_PANELS)
         self.items_i = (panels_i + self.per_i - 1) // self.per_i  # the larger counts: buffers fit both
         self.items_h = (panels_h + self.per_h - 1) // self.per_h
+        # Experts on the AMX kernel take items three times larger: each GEMM call there packs its
+        # rows into tile order and its panel pairs' weights start a stream cold, and the larger
+        # items halve how often (a Xeon with AMX, 128 experts of about 32 rows, 2 threads: INT8
+        # T = 512 0.93x the time; AVX-512 experts, with AMX off, gained 2-4%, not measured on
+        # AMD: they keep theirs).  amx_emu runs the same split, so hosts without AMX test it.
+        self.big_on_amx = isa_big in ("amx", "amx_emu")
+        self.amx_per_i = ktcy_split_panels(panels_i, (panels_i + MOE_AMX_ITEM_PANELS - 1) // MOE_AMX_ITEM_PANELS)
+        self.amx_per_h = ktcy_split_panels(panels_h, (panels_h + MOE_AMX_ITEM_PANELS - 1) // MOE_AMX_ITEM_PANELS)
         self.counts, self.seg, self.fill = np.zeros(E, np.int64), np.zeros(E + 1, np.int64), np.zeros(E, np.int64)
         self.pending, self.published = np.zeros(E, np.int64), np.zeros(E, np.int32)  # per expert, phase 1 -> 3
         self.items1 = np.zeros((E * self.items_i, 3), np.int64)
@@ -390,6 +400,8 @@ cdef class MoEEngine:
                 continue
             pe_i = small_i if cnt[e] <= MOE_STREAM_ROWS else per_i
             pe_h = small_h if cnt[e] <= MOE_STREAM_ROWS else per_h
+            if self.big_on_amx and cnt[e] >= self.big_min_rows:
+                pe_i, pe_h = self.amx_per_i, self.amx_per_h
             for i in range(0, panels_i, pe_i):
                 it1[c, 0], it1[c, 1], it1[c, 2] = e, i, min(i + pe_i, panels_i)
                 c += 1
