@@ -159,6 +159,17 @@ def image_prompt(config, grid=(1, 4, 6), text=5, seed=0):
                 image_grid_thw=torch.tensor([grid]), mm_token_type_ids=(ids == config.image_token_id).int())
 
 
+def _dtype_in_text_config_only(folder):
+    """config.json as the image-text releases write it: transformers 5 saves a top-level dtype,
+    Qwen3-VL's and GLM-4.5V's releases state it in text_config alone."""
+    path = os.path.join(folder, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    config["text_config"]["dtype"] = config.pop("dtype", "bfloat16")  # the weights' dtype
+    with open(path, "w") as f:
+        json.dump(config, f, indent=2)
+
+
 def build_qwen3_vl_moe(folder, seed=0, as_released=True):
     """A tiny Qwen3-VL-MoE image-text model (BF16), its language model under model.language_model.
     as_released: the fused expert stacks stored [in, out] (gate_up_proj [E, H, 2I], down_proj
@@ -176,6 +187,7 @@ def build_qwen3_vl_moe(folder, seed=0, as_released=True):
                               **IMAGE_TOKENS["qwen3_vl_moe"])
     torch.manual_seed(seed)
     AutoModelForImageTextToText.from_config(config, dtype=torch.float32).to(torch.bfloat16).save_pretrained(folder)
+    _dtype_in_text_config_only(folder)
     if as_released:
         path = os.path.join(folder, "model.safetensors")
         tensors = load_file(path)
@@ -185,9 +197,11 @@ def build_qwen3_vl_moe(folder, seed=0, as_released=True):
     return str(folder)
 
 
-def build_glm4v_moe(folder, seed=0):
+def build_glm4v_moe(folder, seed=0, mtp_layer=False):
     """A tiny GLM-4.5V image-text model saved as transformers saves it (BF16): GLM-4.5's MoE
-    language model under model.language_model, its first layer dense, a one-block vision tower."""
+    language model under model.language_model, its first layer dense, a one-block vision tower.
+    mtp_layer: a multi-token-prediction layer stored after the decoder layers, as the release
+    stores one (its tensors: the last layer's again, plus eh_proj and its norms)."""
     import torch
     from transformers import AutoModelForImageTextToText, Glm4vMoeConfig
     text = dict(**{**COMMON, "num_hidden_layers": 3}, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
@@ -203,6 +217,18 @@ def build_glm4v_moe(folder, seed=0):
     model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
     _spread_router_bias(model)
     model.to(torch.bfloat16).save_pretrained(folder)
+    _dtype_in_text_config_only(folder)
+    if mtp_layer:
+        from safetensors.numpy import load_file, save_file
+        path = os.path.join(folder, "model.safetensors")
+        tensors = load_file(path)
+        last, mtp = "model.language_model.layers.2.", "model.language_model.layers.3."
+        tensors.update({mtp + n[len(last):]: t for n, t in tensors.items() if n.startswith(last)})
+        h = COMMON["hidden_size"]
+        tensors[mtp + "eh_proj.weight"] = np.zeros((h, 2 * h), tensors[last + "input_layernorm.weight"].dtype)
+        for norm in ("enorm.weight", "hnorm.weight", "shared_head.norm.weight"):
+            tensors[mtp + norm] = tensors[last + "input_layernorm.weight"].copy()
+        save_file(tensors, path, metadata={"format": "pt"})
     return str(folder)
 
 

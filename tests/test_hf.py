@@ -179,23 +179,29 @@ def test_an_image_text_release_runs_its_language_model(folders, caplog):
 
 @pytest.fixture(scope="module")
 def image_text_folders(tmp_path_factory):
-    """Qwen3-VL-MoE (expert stacks stored [in, out] as released) and GLM-4.5V (first layer dense)."""
+    """Qwen3-VL-MoE (expert stacks stored [in, out] as released, or [out, in] as transformers saves
+    them again) and GLM-4.5V (first layer dense, a multi-token-prediction layer after the last)."""
     root = tmp_path_factory.mktemp("image_text")
     return {"qwen3_vl_moe": ckpts.build_qwen3_vl_moe(root / "qwen3_vl_moe"),
-            "glm4v_moe": ckpts.build_glm4v_moe(root / "glm4v_moe")}
+            "qwen3_vl_moe_saved": ckpts.build_qwen3_vl_moe(root / "qwen3_vl_moe_saved", as_released=False),
+            "glm4v_moe": ckpts.build_glm4v_moe(root / "glm4v_moe", mtp_layer=True)}
 
 
 def image_text_stock(folder):
     return transformers.AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
 
 
-@pytest.mark.parametrize("arch", ["qwen3_vl_moe", "glm4v_moe"])
-def test_an_image_text_model_runs_whole_with_its_vision_tower(image_text_folders, arch):
+@pytest.mark.parametrize("arch", ["qwen3_vl_moe", "qwen3_vl_moe_saved", "glm4v_moe"])
+def test_an_image_text_model_runs_whole_with_its_vision_tower(image_text_folders, arch, caplog):
     """Qwen3-VL-MoE and GLM-4.5V have no causal LM in transformers: ktcy.hf builds the image-text
     model itself, vision tower and all, with its language model's experts on ktcy.  Text alone and
-    text with an image give stock's logits; the image reaches them (another image moves them)."""
+    text with an image give stock's logits; the image reaches them (another image moves them).
+    GLM-4.5V's multi-token-prediction layer is left out without a warning."""
     folder = image_text_folders[arch]
-    model, ref = ktcy.hf.from_pretrained(folder, dtype=torch.float32), image_text_stock(folder)
+    with caplog.at_level("WARNING", logger="ktcy"):
+        model = ktcy.hf.from_pretrained(folder, dtype=torch.float32)
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    ref = image_text_stock(folder)
     assert type(model).__name__ == type(ref).__name__ and type(model).__name__.endswith("ForConditionalGeneration")
     experts = model.ktcy_experts()
     assert sorted(experts) == sorted(n for n, m in ref.named_modules() if type(m).__name__.endswith("TextExperts"))
@@ -223,6 +229,16 @@ def test_an_image_text_models_greedy_answer_to_an_image_equals_stock(image_text_
     ids = image.pop("input_ids")
     assert_same_greedy(image_text_stock(folder), ktcy.hf.from_pretrained(folder, dtype=torch.float32), ids,
                        NEW_TOKENS, suppress=range(ckpts.TEXT_TOKENS, ckpts.VOCAB), **image)
+
+
+def test_an_image_text_model_takes_the_dtype_its_text_config_states(image_text_folders):
+    """The releases state dtype in text_config only (no top-level one, as the fixtures write
+    config.json): the torch part, vision tower included, is built in it, as stock builds it."""
+    folder = image_text_folders["glm4v_moe"]
+    ours = {n: p.dtype for n, p in ktcy.hf.from_pretrained(folder).named_parameters()}
+    theirs = {n: p.dtype for n, p in transformers.AutoModelForImageTextToText.from_pretrained(folder).named_parameters()}
+    assert ours and all(theirs[n] == d for n, d in ours.items())
+    assert ours["model.visual.patch_embed.proj.weight"] == ours["lm_head.weight"] == torch.bfloat16
 
 
 def test_an_image_text_model_from_gguf_is_refused_before_the_file_is_read(image_text_folders, tmp_path):

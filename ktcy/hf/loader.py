@@ -139,7 +139,9 @@ def from_pretrained(path: PathLike, rules: Union[PathLike, List[Dict[str, Any]],
     if unused:  # a misspelt keyword would otherwise be dropped without a word (stock raises too)
         raise TypeError(f"ktcy.hf.from_pretrained got keyword arguments it does not use: {', '.join(sorted(unused))}")
     if dtype is None:  # the config's, where the torch part can hold it (not float8 kinds)
-        dtype = config.dtype if config.dtype in _DTYPES else torch.float32
+        # an image-text release states it in its text config only (Qwen3-VL, GLM-4.5V)
+        stated = config.dtype or config.get_text_config().dtype
+        dtype = stated if stated in _DTYPES else torch.float32
     # the torch part holds dequantized weights (the experts, GPT-OSS's MXFP4 included, are ktcy's):
     # transformers must not quantize it again, nor fetch hub kernels for a quantization method
     if getattr(config, "quantization_config", None) is not None:
