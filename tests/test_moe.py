@@ -26,10 +26,10 @@ def expert_weights(rng, E, H, I, std=0.02):
 
 
 def reference(x, ids, w, gate, up, down):
-    """float64 MoE: y[t] = sum_j w[t,j] * down_e(silu(gate_e x) * up_e x)."""
+    """float64 MoE: y[t] = sum_j w[t,j] * down_e(silu(gate_e x) * up_e x); id -1 skips its slot."""
     x = np.asarray(x, np.float64)
     y = np.zeros((x.shape[0], down.shape[1]))
-    for e in np.unique(ids):
+    for e in np.unique(ids[ids >= 0]):
         rows, slots = np.nonzero(ids == e)
         xe = x[rows]
         g, u = xe @ gate[e].T, xe @ up[e].T
@@ -127,6 +127,30 @@ def test_amx_emu_prefill_and_decode_branches(fmt, monkeypatch):
     if fmt not in ("BF16", "MXFP4"):
         layer._engine.big_min_rows = 10**9
         assert np.array_equal(layer.forward(x, ids, w), y)
+
+
+@pytest.mark.parametrize("fmt", ["INT8", "INT4"])
+def test_amx_work_items_of_uneven_panel_counts_give_the_portable_bits(fmt):
+    """Experts on the AMX kernel take larger work items than the others (MOE_AMX_ITEM_PANELS):
+    with 49 panels of I and 53 of H each projection splits into uneven items, beside an expert
+    on the decode kernel and one with no tokens; the integer formats' outputs equal the portable
+    kernel's bit for bit."""
+    rng = np.random.default_rng(11)
+    E, H, I, k, T = 3, 53 * 16, 49 * 16, 2, 40
+    gate, up, down = expert_weights(rng, E, H, I)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    ids = np.zeros((T, k), np.int64)
+    ids[:, 1] = -1
+    ids[:3, 1] = 1  # expert 1: 3 rows (decode kernel); expert 2: none
+    w = np.full((T, k), 0.5, np.float32)
+    outs = {}
+    for isa in [i for i in ("amx", "amx_emu", "ref") if i in ktcy.available_isas()]:
+        layer = ktcy.MoE.from_weights(ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig(fmt), isa=isa), gate, up, down)
+        assert T >= layer._engine.big_min_rows > 3
+        outs[isa] = layer.forward(x, ids, w)
+    assert rel_l2(outs["ref"], reference(x, ids, w, *dequantized(layer))) < 0.03
+    for isa, y in outs.items():
+        assert np.array_equal(y, outs["ref"]), isa
 
 
 def test_repeated_id_counts_twice_and_empty_batch():
