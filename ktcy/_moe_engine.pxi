@@ -227,10 +227,10 @@ cdef class MoEEngine:
         self.items_i = (panels_i + self.per_i - 1) // self.per_i  # the larger counts: buffers fit both
         self.items_h = (panels_h + self.per_h - 1) // self.per_h
         # Experts on the AMX kernel take items three times larger: each GEMM call there packs its
-        # rows into tile order and its panel pairs' weights start a stream cold, and the larger
-        # items halve how often (a Xeon with AMX, 128 experts of about 32 rows, 2 threads: INT8
-        # T = 512 0.93x the time; AVX-512 experts, with AMX off, gained 2-4%, not measured on
-        # AMD: they keep theirs).  amx_emu runs the same split, so hosts without AMX test it.
+        # rows into tile order and its panel pairs' weights start a stream cold, and larger items
+        # do that a third as often (a Xeon with AMX, 128 experts of about 32 rows, 2 threads:
+        # INT8 T = 512 0.93x the time; AVX-512 experts, with AMX off, gained 2-4%, not measured
+        # on AMD: they keep theirs).  amx_emu runs the same split, so hosts without AMX test it.
         self.big_on_amx = isa_big in ("amx", "amx_emu")
         self.amx_per_i = ktcy_split_panels(panels_i, (panels_i + MOE_AMX_ITEM_PANELS - 1) // MOE_AMX_ITEM_PANELS)
         self.amx_per_h = ktcy_split_panels(panels_h, (panels_h + MOE_AMX_ITEM_PANELS - 1) // MOE_AMX_ITEM_PANELS)
