@@ -42,7 +42,7 @@ def format_descriptors():
         out.append({"name": d.name.decode(), "code": _CODE_NAMES[d.code], "block_k": d.block_k,
                     "block_bytes": d.block_bytes, "activations": "int8" if d.act == KTCY_ACT_INT8 else "bf16",
                     "scale": _SCALE_NAMES[d.scale], "group_sizes": [g for g in (32, 64, 128) if d.groups & g],
-                    "zero_points": bool(d.zero_points), "colsum": bool(d.colsum)})
+                    "zero_points": bool(d.zero_points), "colsum": bool(d.colsum), "mins": bool(d.mins)})
     return out
 
 cdef int _format_index(str name) except -1:
@@ -350,15 +350,18 @@ def get_num_threads():
 # ---------------------------------------------------------------- weight quantization and layout
 
 cdef int64_t _quantize_unit(int fmt, const float *w, int64_t n, int64_t k, int group, int64_t i, void *q,
-                            int64_t ldq, float *scale, uint8_t *aux, int64_t ld_scale) noexcept nogil:
+                            int64_t ldq, float *scale, uint8_t *aux, float *mins, int64_t ld_scale) noexcept nogil:
     """Quantizes unit i (a row; for FP8 blocks a stripe of 128 rows) by the format's rule
-    (include/ktcy/quantize.h); aux: zero points or E8M0 exponents.  >= 0 names a bad row."""
+    (include/ktcy/quantize.h); aux: zero points or E8M0 exponents; mins: INT4_MIN's.  >= 0 names
+    a bad row."""
     if fmt == KTCY_FMT_INT8:
         return ktcy_quantize_int8_rows(w, k, k, i, i + 1, <int8_t *>q, ldq, scale)
     if fmt == KTCY_FMT_INT4:
         return ktcy_quantize_int4_rows(w, k, k, group, i, i + 1, <int8_t *>q, ldq, scale, ld_scale)
     if fmt == KTCY_FMT_INT4_ZP:
         return ktcy_quantize_int4_zp_rows(w, k, k, group, i, i + 1, <int8_t *>q, ldq, scale, aux, ld_scale)
+    if fmt == KTCY_FMT_INT4_MIN:
+        return ktcy_quantize_int4_min_rows(w, k, k, group, i, i + 1, <int8_t *>q, ldq, scale, mins, ld_scale)
     if fmt == KTCY_FMT_MXFP4 or fmt == KTCY_FMT_MXFP4_A8:
         return ktcy_quantize_mxfp4_rows(w, k, k, i, i + 1, <uint8_t *>q, ldq, aux, ld_scale)
     if fmt == KTCY_FMT_FP8_PERCHANNEL:
@@ -371,7 +374,8 @@ def quantize_weights(int fmt, const float[:, ::1] w, int group=0):
     """(codes, scales) of W[n][k] by the format's rule (include/ktcy/quantize.h): INT8 and FP8
     per-channel scales [n]; INT4 codes [n][k_pad] with scales [k_pad/group][n_pad]; FP8 block
     scales [ceil(n/128)][ceil(k/128)]; formats with zero points return (codes, scales, zero
-    points [k_pad/group][n_pad]) with codes minus 8; MXFP4 returns (E2M1 codes, E8M0 exponents
+    points [k_pad/group][n_pad]) with codes minus 8, INT4_MIN (codes minus 8, scales, mins
+    [k_pad/group][n_pad]); MXFP4 returns (E2M1 codes, E8M0 exponents
     [n][ceil(k/32)]).  Rows are quantized in parallel."""
     _check_format_code(fmt)
     cdef const ktcy_format_desc *d = ktcy_format(fmt)
@@ -402,13 +406,17 @@ def quantize_weights(int fmt, const float[:, ::1] w, int group=0):
         zero = np.full(scale.shape, 8, np.uint8) if d.zero_points else np.zeros(1, np.uint8)
     cdef const uint8_t[:, ::1] qv = q.view(np.uint8)
     cdef float[::1] sv = scale.reshape(-1)
+    mins = np.zeros(scale.shape if d.mins else 1, np.float32)
     cdef uint8_t[::1] zv = zero.reshape(-1)
-    result = (q, zero) if d.scale == KTCY_SCALE_IN_BLOCK else (q, scale, zero) if d.zero_points else (q, scale)
+    cdef float[::1] mv = mins.reshape(-1)
+    result = ((q, zero) if d.scale == KTCY_SCALE_IN_BLOCK else (q, scale, zero) if d.zero_points
+              else (q, scale, mins) if d.mins else (q, scale))
     if n == 0 or k == 0:
         return result
     cdef int team = _team(_num_threads)
     for i in prange(units, nogil=True, num_threads=team, schedule="dynamic"):
-        if _quantize_unit(fmt, &w[0, 0], n, k, group, i, <void *>&qv[0, 0], k_pad, &sv[0], &zv[0], ld_scale) >= 0:
+        if _quantize_unit(fmt, &w[0, 0], n, k, group, i, <void *>&qv[0, 0], k_pad, &sv[0], &zv[0], &mv[0],
+                          ld_scale) >= 0:
             bad += 1
     if bad:  # prange reductions give a count, not the row; numpy finds the first offender
         row = int(np.flatnonzero(~np.isfinite(np.asarray(w)).all(axis=1))[0])
@@ -461,7 +469,8 @@ def padded_shape(int fmt, int64_t n, int64_t k, int group=0):
 def packed_shapes(int fmt, int64_t n, int64_t k, int group=0):
     """{"data": (bytes,), "scale": (rows, cols) or None, "colsum": (n_pad,) or None, "zero": (rows,
     cols) or None}: the arrays a packed W[n][k] consists of, by the descriptor (what every loader
-    checks before C reads them).  Group scales and zero points: (panels, groups, 16)."""
+    checks before C reads them).  Group scales and zero points: (panels, groups, 16); INT4_MIN's
+    scales and mins: (panels, groups, 32), each group's 16 scales then its 16 mins."""
     _check_format_code(fmt)
     if n < 1 or k < 1:
         raise ValueError(f"a packed weight needs N >= 1 and K >= 1, got {n} x {k}")
@@ -475,8 +484,9 @@ def packed_shapes(int fmt, int64_t n, int64_t k, int group=0):
     scale = (shape[0], shape[1]) if shape[0] else None
     zero = (zshape[0], zshape[1]) if zshape[0] else None
     if ktcy_format(fmt).scale == KTCY_SCALE_GROUP:
-        scale = (shape[0], shape[1] // KTCY_PANEL, KTCY_PANEL)
-        zero = scale if zero else None
+        width = 2 if ktcy_format(fmt).mins else 1
+        scale = (shape[0], shape[1] // (KTCY_PANEL * width), KTCY_PANEL * width)
+        zero = (shape[0], shape[1] // (KTCY_PANEL * width), KTCY_PANEL) if zero else None
     return {"data": (ktcy_data_bytes(fmt, n, k, group),), "scale": scale, "colsum": (cs,) if cs else None, "zero": zero}
 
 def int8_column_sums(const int8_t[::1] data, int64_t n_pad, int64_t k_pad):

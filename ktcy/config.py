@@ -12,9 +12,9 @@ from ktcy.formats import AMX_BACKENDS, DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, can
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """How expert weights are stored: method BF16 | INT8 | INT4 | INT4_ZP | FP8 | MXFP4 | MXFP4_A8
+    """How expert weights are stored: method BF16 | INT8 | INT4 | INT4_ZP | INT4_MIN | FP8 | MXFP4 | MXFP4_A8
     (KTransformers names work too); per_channel picks FP8 per-channel scales (else 128x128
-    blocks); group_size is INT4's and INT4_ZP's (other formats ignore it)."""
+    blocks); group_size is the INT4 formats' (other formats ignore it)."""
     method: str = "BF16"
     per_channel: Optional[bool] = None
     group_size: int = DEFAULT_INT4_GROUP

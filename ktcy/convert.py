@@ -28,7 +28,7 @@ from ktcy.packed_io import (LAYOUT_VERSION, layer_file_name, layer_of_file_name,
 from ktcy.safetensors_io import CheckpointError
 from ktcy.version import __version__
 
-METHODS = ("AMXINT8", "AMXBF16", "AMXINT4", "INT8", "INT4", "INT4_ZP", "MXFP4", "MXFP4_A8", "BF16", "FP8", "FP8_PERCHANNEL")
+METHODS = ("AMXINT8", "AMXBF16", "AMXINT4", "INT8", "INT4", "INT4_ZP", "INT4_MIN", "MXFP4", "MXFP4_A8", "BF16", "FP8", "FP8_PERCHANNEL")
 _LAYER_PART = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 
 
@@ -78,7 +78,7 @@ def check_group_size(group_size, fmt):
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size not in INT4_GROUP_SIZES:
         raise ValueError(f"group size {group_size!r}: INT4 supports {', '.join(map(str, INT4_GROUP_SIZES))}")
     if fmt is None or not has_groups(fmt):
-        raise ValueError(f"a group size ({group_size}) applies to INT4 / INT4_ZP only; the target format is "
+        raise ValueError(f"a group size ({group_size}) applies to INT4 / INT4_ZP / INT4_MIN only; the target format is "
                          f"{fmt or 'the checkpoint’s own precision'}")
     return group_size
 

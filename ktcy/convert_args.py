@@ -121,7 +121,7 @@ def parse_quant_config(text):
             raise ValueError(f"--quant-config: group_size must be one of {', '.join(map(str, INT4_GROUP_SIZES))}, "
                              f"got {group!r}")
         if not has_groups(fmt):
-            raise ValueError(f"--quant-config: group_size applies to INT4 / INT4_ZP only, method is {method!r} ({fmt})")
+            raise ValueError(f"--quant-config: group_size applies to INT4 / INT4_ZP / INT4_MIN only, method is {method!r} ({fmt})")
     return fmt, group
 
 

@@ -4,7 +4,7 @@ from ktcy import _native
 
 #: {format name: descriptor} from include/ktcy/formats.h: code kind, block geometry, activation
 #: kind ("int8" | "bf16"), scale kind ("none" | "per_channel" | "group" | "block_128x128"),
-#: allowed group sizes, zero points, colsum.
+#: allowed group sizes, zero points, colsum, mins.
 DESCRIPTORS = {d["name"]: d for d in _native.format_descriptors()}
 FORMATS = tuple(DESCRIPTORS)
 INT4_GROUP_SIZES = tuple(DESCRIPTORS["INT4"]["group_sizes"])
@@ -39,7 +39,7 @@ _ALIASES = {
     "BF16": "BF16", "AMXBF16": "BF16",
     "INT8": "INT8", "AMXINT8": "INT8",
     "INT4": "INT4", "AMXINT4": "INT4",
-    "INT4_ZP": "INT4_ZP", "INT4_ASYM": "INT4_ZP",
+    "INT4_ZP": "INT4_ZP", "INT4_ASYM": "INT4_ZP", "INT4_MIN": "INT4_MIN",
     "MXFP4": "MXFP4", "MXFP4_A8": "MXFP4_A8", "MXFP4_INT8ACT": "MXFP4_A8",
     "FP8": "FP8_BLOCK", "FP8_BLOCK": "FP8_BLOCK", "AMXFP8": "FP8_BLOCK",
     "FP8_PERCHANNEL": "FP8_PERCHANNEL", "AMXFP8_PERCHANNEL": "FP8_PERCHANNEL", "FP8PERCHANNEL": "FP8_PERCHANNEL",

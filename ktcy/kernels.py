@@ -122,9 +122,10 @@ class PackedWeight:
     shape: Tuple[int, int]
     data: np.ndarray                     # uint8 blocks
     scale: Optional[np.ndarray]          # float32 as formats.descriptor(format)["scale"] says; None when
-    #                                      "none" (group scales panel-major [N_pad/16][groups][16]: see group_scales())
+    #                                      "none" (group scales panel-major [N_pad/16][groups][16]: see group_scales();
+    #                                      INT4_MIN's [N_pad/16][groups][32], 16 scales then 16 mins: group_mins())
     colsum: Optional[np.ndarray] = None  # formats whose descriptor keeps colsum (INT8)
-    group_size: int = 0                  # formats with group scales (INT4, INT4_ZP)
+    group_size: int = 0                  # formats with group scales (INT4, INT4_ZP, INT4_MIN)
     zero: Optional[np.ndarray] = None    # formats with zero points (INT4_ZP): uint8, laid out like the group scales
     _view: object = field(default=None, init=False, repr=False)  # the C descriptor, and what it was
     _made_from: Optional[tuple] = field(default=None, init=False, repr=False)  # made from (native())
@@ -167,8 +168,8 @@ class PackedWeight:
         return self._view
 
     def codes(self):
-        """The stored codes as [N, K]: int8 (INT8, INT4), uint8 nibbles 0..15 (INT4_ZP, MXFP4's
-        E2M1), E4M3 bytes (FP8) or bf16 bits (BF16).  Read back from the block layout with numpy,
+        """The stored codes as [N, K]: int8 (INT8, INT4), uint8 nibbles 0..15 (INT4_ZP, INT4_MIN,
+        MXFP4's E2M1), E4M3 bytes (FP8) or bf16 bits (BF16).  Read back from the block layout with numpy,
         independently of the C packer."""
         n, k = self.shape
         d = descriptor(self.format)
@@ -182,7 +183,7 @@ class PackedWeight:
         elif d["code"] == "u4":
             raw = self.data.reshape(panels, kb, d["block_bytes"])
             codes = np.concatenate([raw & 0x0F, raw >> 4], axis=2)
-            if not d["zero_points"]:
+            if not (d["zero_points"] or d["mins"]):
                 codes = codes.astype(np.int8) - 8
         elif d["code"] == "s8":
             codes = self.data.view(np.int8)
@@ -205,7 +206,7 @@ class PackedWeight:
         if n == n_pad and k == k_pad:
             return True
         d = descriptor(self.format)
-        zero = 8 if d["zero_points"] else 0  # INT4_ZP keeps raw nibbles; padding is nibble 8
+        zero = 8 if d["zero_points"] or d["mins"] else 0  # raw nibbles (INT4_ZP, INT4_MIN); padding is nibble 8
         panels = n_pad // 16
         per_panel = self.data.size // panels
 
@@ -229,7 +230,18 @@ class PackedWeight:
 
     def group_scales(self):
         """Group scales as [groups, N_pad] float32 (a copy; the kernels read them panel-major)."""
-        return group_major(self.scale, self._groups())
+        groups = self._groups()
+        if descriptor(self.format)["mins"]:
+            return group_major(self.scale.reshape(-1, groups, 32)[:, :, :16], groups)
+        return group_major(self.scale, groups)
+
+    def group_mins(self):
+        """INT4_MIN's mins (the value of code 0) as [groups, N_pad] float32 (a copy), or None for a
+        format without them."""
+        groups = self._groups()
+        if not descriptor(self.format)["mins"]:
+            return None
+        return group_major(self.scale.reshape(-1, groups, 32)[:, :, 16:], groups)
 
     def group_zero_points(self):
         """Zero points as [groups, N_pad] uint8 (a copy), or None for a format without them."""
@@ -269,14 +281,17 @@ class PackedWeight:
             if d["zero_points"]:
                 zero = self.group_zero_points()
                 values = values - np.repeat(zero[:, :n].T.astype(dtype), self.group_size, axis=1)[:, :k]
-            return values * np.repeat(self.group_scales()[:, :n].T.astype(dtype), self.group_size, axis=1)[:, :k]
+            values = values * np.repeat(self.group_scales()[:, :n].T.astype(dtype), self.group_size, axis=1)[:, :k]
+            if d["mins"]:
+                values = values + np.repeat(self.group_mins()[:, :n].T.astype(dtype), self.group_size, axis=1)[:, :k]
+            return values
         return values * expand_block_scale(self.scale.astype(dtype), n, k)
 
 
 def pack(W: np.ndarray, format: str = "INT8", group_size: int = DEFAULT_INT4_GROUP) -> PackedWeight:
     """Quantize (if the format asks) and pack a float weight matrix W[N][K] (out x in).
     format: a format or KTransformers backend name (ktcy.FORMATS); group_size: for grouped formats
-    (INT4, INT4_ZP: 32, 64, 128).  Raises ValueError for unknown formats, bad group sizes or
+    (INT4, INT4_ZP, INT4_MIN: 32, 64, 128).  Raises ValueError for unknown formats, bad group sizes or
     non-finite weights, TypeError for non-float input."""
     fmt = canonical_format(format)
     group = group_size if has_groups(fmt) else weight_group(fmt)
@@ -304,6 +319,10 @@ def pack(W: np.ndarray, format: str = "INT8", group_size: int = DEFAULT_INT4_GRO
         codes, scale, zero = quantized
         _refuse_unrepresentable(fmt, scale, w)
         return pack_quantized((codes[:, :k] + 8).astype(np.uint8), scale, fmt, group_size=group, zero_points=zero)
+    if descriptor(fmt)["mins"]:
+        codes, scale, mins = quantized
+        _refuse_unrepresentable(fmt, np.concatenate([scale, mins]), w)
+        return pack_quantized((codes[:, :k] + 8).astype(np.uint8), scale, fmt, group_size=group, mins=mins)
     codes, scale = quantized
     _refuse_unrepresentable(fmt, scale, w)
     return pack_quantized(codes[:, :k], scale, fmt, group_size=group or None)
@@ -324,11 +343,13 @@ def _refuse_non_finite(w):
 
 
 def pack_quantized(codes: np.ndarray, scale: Optional[np.ndarray], format: str, group_size: Optional[int] = None,
-                   zero_points: Optional[np.ndarray] = None) -> PackedWeight:
+                   zero_points: Optional[np.ndarray] = None, mins: Optional[np.ndarray] = None) -> PackedWeight:
     """Pack codes that are already quantized: int8 [N,K] + scale [N] (INT8); int8 in [-8,7] +
     scale [K_pad/group, N_pad] or [N, K/group] (INT4); unsigned codes 0..15 [N,K] + scale and
     zero_points 0..15, each [K_pad/group, N_pad] or [N, K/group] (INT4_ZP: w = s * (q - z); a packed
     weight's own are group_scales() and group_zero_points(), not .scale/.zero, which are panel-major);
+    unsigned codes 0..15 [N,K] + scale and float mins, each [K_pad/group, N_pad] or [N, K/group]
+    (INT4_MIN: w = s * q + min, llama.cpp's Q4_K and Q4_1; group_mins() gives them back);
     E4M3 bytes or float8_e4m3fn [N,K] + scale [N] / [N,1] (FP8 per channel) or
     [ceil(N/128), ceil(K/128)] (FP8 block); bf16 bits (BF16); E2M1 codes 0..15 [N,K] + E8M0
     exponents uint8 [N, ceil(K/32)] (MXFP4 and MXFP4_A8, the scale 2^(e - 127) of each channel's 32
@@ -339,6 +360,8 @@ def pack_quantized(codes: np.ndarray, scale: Optional[np.ndarray], format: str, 
     if codes.ndim != 2 or 0 in codes.shape:
         raise ValueError(f"codes must be 2-D and non-empty, got shape {codes.shape}")
     n, k = codes.shape
+    if mins is not None and not d["mins"]:
+        raise ValueError(f"{fmt} has no mins; got some")
     n_pad = _padded(fmt, n, k, weight_group(fmt))[0]
     group = 0 if has_groups(fmt) else weight_group(fmt)
     code = d["code"]
@@ -357,7 +380,7 @@ def pack_quantized(codes: np.ndarray, scale: Optional[np.ndarray], format: str, 
         if codes.dtype == ml_dtypes.float8_e4m3fn:
             codes = codes.view(np.uint8)
         _expect_dtype(codes, np.uint8, f"{fmt} codes (E4M3 bytes or float8_e4m3fn)")
-    elif d["zero_points"]:
+    elif d["zero_points"] or d["mins"]:
         if not np.issubdtype(codes.dtype, np.integer):
             raise TypeError(f"{fmt} codes must be integers 0..15, got {codes.dtype}")
         if codes.min() < 0 or codes.max() > 15:
@@ -388,7 +411,16 @@ def pack_quantized(codes: np.ndarray, scale: Optional[np.ndarray], format: str, 
         if group not in d["group_sizes"]:
             raise ValueError(f"{fmt} group_size must be one of {tuple(d['group_sizes'])}, got {group}")
         groups = _padded(fmt, n, k, group)[1] // group
+        if scale is None:
+            raise ValueError(f"{fmt} needs its group scales")
         scale = _kernel_group_array(scale, np.float32, 0, n, k, group, groups, n_pad, f"{fmt} scale")
+        if d["mins"]:
+            if mins is None:
+                raise ValueError(f"{fmt} needs its mins (the value of code 0 per group)")
+            mins = _kernel_group_array(mins, np.float32, 0, n, k, group, groups, n_pad, f"{fmt} mins")
+            _check_finite_scales(fmt, mins)
+            # each panel's group: its 16 scales, then its 16 mins (formats.h, ktcy_side_width)
+            scale = np.ascontiguousarray(np.concatenate([scale, mins], axis=2))
         if d["zero_points"]:
             if zero_points is None:
                 raise ValueError(f"{fmt} needs zero points")

@@ -57,7 +57,7 @@ def load_experts(path: PathLike, layer: int, method: Optional[str] = None, isa: 
         be loaded in it.
       isa: force one instruction set ("amx", "amx_emu", "avx512", "avx2", "ref"); None picks the
         best this CPU runs.  An ISA the CPU cannot run raises UnsupportedISAError.
-      group_size: INT4 and INT4_ZP only, 32, 64 (default; a released INT4 checkpoint's own) or 128 values per
+      group_size: INT4, INT4_ZP and INT4_MIN only, 32, 64 (default; a released INT4 checkpoint's own) or 128 values per
         scale along K.  For a converted folder it must equal the group size the file was packed with.
       progress: called as progress(experts_done, num_experts) while packing.
 
@@ -72,7 +72,7 @@ def load_experts(path: PathLike, layer: int, method: Optional[str] = None, isa: 
     if group_size is not None:
         group_size = layer_number(group_size, "group_size")
         if group_size not in INT4_GROUP_SIZES:
-            raise ValueError(f"group_size must be one of {INT4_GROUP_SIZES} (INT4, INT4_ZP only), got {group_size!r}")
+            raise ValueError(f"group_size must be one of {INT4_GROUP_SIZES} (INT4, INT4_ZP, INT4_MIN only), got {group_size!r}")
     if is_converted(path):
         return _load_converted(path, layer, method, isa, group_size)
     ckpt = GGUFCheckpoint(path) if is_gguf(path) else Checkpoint(path)
@@ -119,7 +119,7 @@ def experts_from_checkpoint(ckpt, layer, method=None, isa=None, group_size=None,
     if fmt is None:
         raise experts.needs_method()
     if group_size is not None and not has_groups(fmt):
-        raise ValueError(f"group_size applies to grouped formats (INT4, INT4_ZP) only; the experts are loaded as {fmt}")
+        raise ValueError(f"group_size applies to grouped formats (INT4, INT4_ZP, INT4_MIN) only; the experts are loaded as {fmt}")
     group = group_size or layer_group_size(experts, fmt)
     config = MoeConfig(a.num_experts, a.top_k, a.hidden_size, a.intermediate_size,
                        QuantConfig(fmt, group_size=group), backend=method, isa=isa, **block_settings(a))

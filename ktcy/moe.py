@@ -44,8 +44,10 @@ log = logging.getLogger("ktcy")
 # 1.02-1.11x: its 16-bit integer decode path serves up to 4 rows well).  FP8 from 4-6 rows moved
 # 0.95-1.05x and stays at 8.  BF16 from 5 rows too (two runs, 7 rounds: T = 64 0.95x, T = 128
 # 0.89-0.91x, T = 32 and 256 0.99-1.0x; from 6 rows 0.95-1.03x).
+# INT4_MIN runs INT4_ZP's tiles with one more float add per group and takes its rows (not
+# measured on AMX apart).
 AMX_MIN_ROWS = {"BF16": 5, "INT8": 8, "FP8_PERCHANNEL": 8, "FP8_BLOCK": 8, "MXFP4": 5,
-                "INT4": 32, "INT4_ZP": 32, "MXFP4_A8": 64}
+                "INT4": 32, "INT4_ZP": 32, "MXFP4_A8": 64, "INT4_MIN": 32}
 
 _DECODE_LADDER = ("avx512", "avx2", "ref")
 
@@ -138,8 +140,8 @@ class MoE:
         """Pack expert by expert: expert(e) -> {"gate"|"up"|"down": (weight [N, K], scale)}.
         Only one expert's source arrays need to be in memory at a time.  scale is None for float
         weights, the scale array for FP8 codes, or for other codes as released a spec dict:
-        {"format": "INT4" | "INT4_ZP", "scale": [N, K/g], "zero_points": [N, K/g], "group_size": g}
-        or {"format": "MXFP4", "exponents": uint8 [N, ceil(K/32)]}; such codes are packed as
+        {"format": "INT4" | "INT4_ZP" | "INT4_MIN", "scale": [N, K/g], "zero_points": [N, K/g] (INT4_ZP),
+        "mins": [N, K/g] (INT4_MIN), "group_size": g} or {"format": "MXFP4", "exponents": uint8 [N, ceil(K/32)]}; such codes are packed as
         stored when the layer's format is theirs (MXFP4 codes also as MXFP4_A8), else dequantized
         exactly and quantized again."""
         E = config.num_experts
@@ -391,16 +393,16 @@ def _checked_bias(bias, E, H, I):
 
 
 def _pack_released(w, spec, fmt, group):
-    """Codes as released (INT4 / INT4_ZP / MXFP4 with their spec dict): packed as stored when fmt
+    """Codes as released (INT4 / INT4_ZP / INT4_MIN / MXFP4 with their spec dict): packed as stored when fmt
     is their format, else dequantized exactly and packed in fmt."""
     if not isinstance(spec, dict) or "format" not in spec:
         raise ValueError("a scale spec must be a dict with a 'format'")
     stored = spec["format"]
     if stored == "MXFP4":
         packed = kernels.pack_quantized(w, spec.get("exponents"), fmt if keeps_codes(stored, fmt) else stored)
-    elif stored in ("INT4", "INT4_ZP"):
+    elif stored in ("INT4", "INT4_ZP", "INT4_MIN"):
         packed = kernels.pack_quantized(w, spec.get("scale"), stored, group_size=spec.get("group_size"),
-                                        zero_points=spec.get("zero_points"))
+                                        zero_points=spec.get("zero_points"), mins=spec.get("mins"))
     else:
         raise ValueError(f"codes as released in {stored!r} are not understood")
     if fmt == packed.format and (not has_groups(fmt) or packed.group_size == group):

@@ -212,6 +212,8 @@ def map_layer(path, isa=None, experts=None) -> MappedLayer:
                 raise CheckpointError(f"{path}: {proj}: {err}") from None
             data = _stacked(f, path, f"{proj}.data", np.uint8, E, want["data"])
             layout_1 = m["layout_version"] == "1" and DESCRIPTORS[fmt]["scale"] == "group"
+            if layout_1 and DESCRIPTORS[fmt]["mins"]:
+                raise CheckpointError(f"{path}: layout version 1 predates {fmt}; no ktcy wrote such a file")
             scale = _group_array(f, path, f"{proj}.scale", np.float32, E, want["scale"], layout_1, wanted)
             colsum = _stacked(f, path, f"{proj}.colsum", np.int32, E, want["colsum"]) if want["colsum"] else None
             zero = _group_array(f, path, f"{proj}.zero", np.uint8, E, want["zero"], layout_1, wanted)

@@ -93,10 +93,20 @@ def per_channel_groups(a, n):
     return flat[(c // 16 * groups + np.arange(groups)[None, :]) * 16 + c % 16]
 
 
+def per_channel_group_pairs(a, n):
+    """INT4_MIN's ([n, groups] scales, [n, groups] mins) by the documented layout: each panel's
+    group holds 16 scales, then 16 mins, at (c // 16 * groups + g) * 32 + c % 16 (+ 16)."""
+    flat = a.reshape(-1)
+    groups = flat.size // (-(-n // 16) * 32)
+    c = np.arange(n)[:, None]
+    at = (c // 16 * groups + np.arange(groups)[None, :]) * 32 + c % 16
+    return flat[at], flat[at + 16]
+
+
 def int4_exact_reference(x, packed):
-    """INT4 / INT4_ZP by the documented epilogue, from integers: per group the int32 sum of
-    q_x * (code - zero point), acc = acc + float(sum) * scale (float32, groups in order), then
-    times the row scale."""
+    """INT4 / INT4_ZP / INT4_MIN by the documented epilogue, from integers: per group the int32
+    sum of q_x * (code - zero point), acc = acc + float(sum) * scale, and for INT4_MIN then
+    acc = acc + float(sum of q_x) * min (float32, groups in order), then times the row scale."""
     n, k = packed.shape
     g, k_pad = packed.group_size, packed.k_pad
     q_x, s_x = quantize_rows_int8(x)
@@ -106,11 +116,18 @@ def int4_exact_reference(x, packed):
     qw[:, :k] = packed.codes().astype(np.int64)
     if packed.zero is not None:  # INT4's codes() are already code - 8
         qw[:, :k] -= np.repeat(per_channel_groups(packed.zero, n).astype(np.int64), g, axis=1)[:, :k]
-    scale = per_channel_groups(packed.scale, n)
+    mins = None
+    if packed.format == "INT4_MIN":
+        scale, mins = per_channel_group_pairs(packed.scale, n)
+    else:
+        scale = per_channel_groups(packed.scale, n)
     acc = np.zeros((x.shape[0], n), np.float32)
     for j in range(k_pad // g):
         part = qx[:, j * g:(j + 1) * g] @ qw[:, j * g:(j + 1) * g].T
         acc = (acc + part.astype(np.float32) * scale[:, j][None, :]).astype(np.float32)
+        if mins is not None:
+            gsum = qx[:, j * g:(j + 1) * g].sum(axis=1).astype(np.float32)
+            acc = (acc + gsum[:, None] * mins[:, j][None, :]).astype(np.float32)
     return (acc * s_x[:, None]).astype(np.float32)
 
 

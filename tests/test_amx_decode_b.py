@@ -13,7 +13,7 @@ import pytest
 from conftest import bf16_round, rel_err_rows
 from ktcy import _native, kernels
 
-FORMATS = ("MXFP4", "FP8_PERCHANNEL", "FP8_BLOCK", "INT4", "INT4_ZP", "MXFP4_A8")
+FORMATS = ("MXFP4", "FP8_PERCHANNEL", "FP8_BLOCK", "INT4", "INT4_ZP", "INT4_MIN", "MXFP4_A8")
 AMX_VARIANTS = [(v["name"], fmt) for fmt in FORMATS for v in _native.variants()
                 if v["isa"] in ("amx", "amx_emu") and fmt in v["formats"]]
 

@@ -45,7 +45,7 @@ def _root(a):
     return a
 
 
-@pytest.mark.parametrize("fmt", ["BF16", "INT8", "INT4", "INT4_ZP", "FP8_PERCHANNEL", "FP8_BLOCK", "MXFP4"])
+@pytest.mark.parametrize("fmt", ["BF16", "INT8", "INT4", "INT4_ZP", "INT4_MIN", "FP8_PERCHANNEL", "FP8_BLOCK", "MXFP4"])
 def test_from_weights_puts_every_expert_in_one_aligned_buffer(fmt):
     gate, up, down = _sources()
     layer = MoE.from_weights(_config(fmt), gate, up, down)
@@ -66,7 +66,7 @@ def test_from_weights_puts_every_expert_in_one_aligned_buffer(fmt):
             assert a.dtype == b.dtype and np.array_equal(a, b), f"up[2].{n} differs from a fresh packing"
 
 
-@pytest.mark.parametrize("fmt", ["INT4_ZP", "FP8_BLOCK", "MXFP4"])
+@pytest.mark.parametrize("fmt", ["INT4_ZP", "INT4_MIN", "FP8_BLOCK", "MXFP4"])
 def test_arena_layer_computes_the_same_bits_as_the_packers_arrays(fmt):
     gate, up, down = _sources(1)
     config = _config(fmt)

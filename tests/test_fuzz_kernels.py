@@ -1,7 +1,7 @@
 """Differential fuzzing of the GEMM kernels: random shapes, groups, activation patterns, thread
 counts and tile choices, every runnable variant (the portable path, amx_emu, AVX2, AVX-512) held to
 its format's contract on each case:
-  - INT8, INT4, INT4_ZP, MXFP4_A8: the same bits on every variant;
+  - INT8, INT4, INT4_ZP, INT4_MIN, MXFP4_A8: the same bits on every variant;
   - BF16, FP8, MXFP4: within 1e-5 of float64 on the same bf16-rounded activations and dequantized
     weights, or float32's summation bound where the terms cancel (MXFP4's 16-bit few-row path:
     within its documented rounding on top, README).
@@ -15,7 +15,7 @@ import ktcy
 from conftest import I16_PATH_OFF, I16_PATH_ON, MXFP4_I16_PATHS, bf16_round, i16_bound, rel_err_rows, runnable_variants
 from ktcy import kernels
 
-INT_FORMATS = ("INT8", "INT4", "INT4_ZP", "MXFP4_A8")
+INT_FORMATS = ("INT8", "INT4", "INT4_ZP", "INT4_MIN", "MXFP4_A8")
 FLOAT_FORMATS = ("BF16", "FP8_PERCHANNEL", "FP8_BLOCK", "MXFP4")
 FORMATS = INT_FORMATS + FLOAT_FORMATS
 ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 31, 32, 33, 36, 37, 64, 100)

@@ -23,8 +23,8 @@ from ktcy import _native, kernels
 from ktcy.formats import FORMATS
 
 E, K_TOP, H, I = 4, 3, 144, 80   # H, I not multiples of the 64-wide blocks
-GROUPED = ("INT4", "INT4_ZP")
-EXACT_FORMATS = ("INT8", "INT4", "INT4_ZP")   # integer accumulation: every ISA gives the same bits
+GROUPED = ("INT4", "INT4_ZP", "INT4_MIN")
+EXACT_FORMATS = ("INT8", "INT4", "INT4_ZP", "INT4_MIN")   # integer accumulation: every ISA gives the same bits
 
 
 def vector_isas():
@@ -465,7 +465,7 @@ GUARDED_GEMMS = GUARD_HELPER + textwrap.dedent("""
             rng = np.random.default_rng(m + n + k)
             W = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
             X = rng.standard_normal((m, k)).astype(np.float32)
-            p = kernels.pack(W, fmt, group_size=32) if fmt in ("INT4", "INT4_ZP") else kernels.pack(W, fmt)
+            p = kernels.pack(W, fmt, group_size=32) if fmt in ("INT4", "INT4_ZP", "INT4_MIN") else kernels.pack(W, fmt)
             moved = {f: at_page_end(getattr(p, f)) for f in ("data", "scale", "colsum", "zero")
                      if getattr(p, f) is not None}
             g = dataclasses.replace(p, **moved)

@@ -27,7 +27,7 @@ def threads(request):
 
 def _cases(variant):
     for fmt in variant["formats"]:
-        for group in ((32, 64, 128) if fmt in ("INT4", "INT4_ZP") else (None,)):
+        for group in ((32, 64, 128) if fmt in ("INT4", "INT4_ZP", "INT4_MIN") else (None,)):
             yield fmt, group
 
 

@@ -1,35 +1,46 @@
-/* 4-bit traits, for both descriptor rows INT4 (symmetric: code c in [-8, 7] stored as the
- * nibble c + 8, so w = s * (nibble - 8)) and INT4_ZP (w = s * (nibble - z) with a zero point z per
- * (K group, channel), as GPTQ/AWQ/compressed-tensors store them).  Scales and zero points are
- * panel-major (ktcy_group_index: each panel's groups in a row of 16-channel vectors); activations int8.
- *   y[m][n] = (sum over groups g in order of acc + (float)sum_{k in g}(q_x * (nibble - z)) * s[g][n]) * x_scale[m]
- * The vector kernels multiply the unsigned nibble and subtract z x the activation group sum (an
- * exact int32); AMX unpacks nibble - z to int8.  Included by a skeleton instantiation; no include guard. */
+/* 4-bit traits, for the descriptor rows INT4 (symmetric: code c in [-8, 7] stored as the nibble
+ * c + 8, so w = s * (nibble - 8)), INT4_ZP (w = s * (nibble - z) with a zero point z per (K group,
+ * channel), as GPTQ/AWQ/compressed-tensors store them) and INT4_MIN (w = s * nibble + min with a
+ * float min per (K group, channel), as llama.cpp's Q4_K and Q4_1).  Scales, mins and zero points
+ * are panel-major (ktcy_group_index: each panel's groups in a row of 16-channel vectors; INT4_MIN's
+ * group holds 16 scales, then 16 mins); activations int8.
+ *   y[m][n] = (sum over groups g in order of acc + (float)sum_{k in g}(q_x * (nibble - z)) * s[g][n]
+ *              [+ (float)sum_{k in g} q_x * min[g][n]]) * x_scale[m]
+ * (z = 0 for INT4_MIN).  The vector kernels multiply the unsigned nibble and subtract z x the
+ * activation group sum (an exact int32); AMX unpacks nibble - z to int8.  Every kernel adds the
+ * same float terms in the same order, so all ISAs give the same bits.  Included by a skeleton
+ * instantiation; no include guard. */
 #define KT_ROW KTCY_ROW_INT4
-#define KT_FORMATS ((1 << KTCY_FMT_INT4) | (1 << KTCY_FMT_INT4_ZP))
+#define KT_FORMATS ((1 << KTCY_FMT_INT4) | (1 << KTCY_FMT_INT4_ZP) | (1 << KTCY_FMT_INT4_MIN))
 #include "traits_begin.h"
 
 /* Groups per channel (group: 32, 64 or 128); where (group g, channel n) keeps its scale and zero
  * point; the zero point, stored or the symmetric format's fixed 8. */
 #define KT_INT4_GROUPS(w) ((w)->k_pad >> __builtin_ctz((unsigned)(w)->group))
 #define KT_INT4_AT(w, g, n) ktcy_group_index(KT_INT4_GROUPS(w), (g), (n))
-#define KT_INT4_ZERO(w, g, n) ((w)->zero ? (int32_t)(w)->zero[KT_INT4_AT(w, g, n)] : 8)
+#define KT_INT4_MINS(w) ((w)->format == KTCY_FMT_INT4_MIN)
+#define KT_INT4_ZERO(w, g, n) ((w)->zero ? (int32_t)(w)->zero[KT_INT4_AT(w, g, n)] : KT_INT4_MINS(w) ? 0 : 8)
+/* Where (group g, channel n)'s scale sits; INT4_MIN's min is 16 floats on. */
+#define KT_INT4_SAT(w, g, n) (KT_INT4_MINS(w) ? 2 * KT_INT4_AT(w, g, n) - (n) % KTCY_PANEL : KT_INT4_AT(w, g, n))
 /* How far ahead the scale and zero-point streams are fetched, in groups.  Panel-major rows
  * follow each other, so past a panel's last group this is the next panel's first: the one a
  * one-panel tile reads next (a tile of NP panels adds (NP - 1) rows to reach its slot's next
- * one).  `at` is group g's place in its panel's row.  Addresses are integers: past the arrays'
+ * one).  `at` is group g's place in its panel's row (zat: in the zero points', sat: in the
+ * scales', whose groups are twice as wide with mins).  Addresses are integers: past the arrays'
  * end a prefetch is harmless, a C pointer is not. */
 #define KT_INT4_AHEAD 16
 /* The vector epilogues take z x the group sum as a 16-bit product (vpmaddwd / vpdpwssd): a group
  * of int8 codes sums to at most 128 x group in magnitude, which must fit a signed word. */
 _Static_assert(KTCY_GROUPS_32_64_128 < 256, "INT4 group sums must fit 16 bits");
-#define KT_INT4_FETCH_SIDE(w, at, g, NP)                                                                     \
+#define KT_INT4_FETCH_SIDE(w, zat, sat, g, NP)                                                               \
     do {                                                                                                     \
         const int64_t groups_ = KT_INT4_GROUPS(w);                                                           \
         const uintptr_t ahead_ = (uintptr_t)(KT_INT4_AHEAD * 16 +                                            \
                                              ((g) + KT_INT4_AHEAD >= groups_ ? ((NP) - 1) * groups_ * 16 : 0)); \
-        _mm_prefetch((const char *)((uintptr_t)((w)->scale + (at)) + ahead_ * sizeof(float)), _MM_HINT_T0);  \
-        if ((w)->zero) _mm_prefetch((const char *)((uintptr_t)((w)->zero + (at)) + ahead_), _MM_HINT_T0);    \
+        const uintptr_t sahead_ = ahead_ * sizeof(float) * (KT_INT4_MINS(w) ? 2 : 1);                        \
+        _mm_prefetch((const char *)((uintptr_t)((w)->scale + (sat)) + sahead_), _MM_HINT_T0);                \
+        if (KT_INT4_MINS(w)) _mm_prefetch((const char *)((uintptr_t)((w)->scale + (sat)) + sahead_ + 64), _MM_HINT_T0); \
+        if ((w)->zero) _mm_prefetch((const char *)((uintptr_t)((w)->zero + (zat)) + ahead_), _MM_HINT_T0);   \
     } while (0)
 
 #if KT_SKEL == KT_SKEL_REF
@@ -41,8 +52,10 @@ KT_AI int32_t KT_(code)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) 
 KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return w->group; }
 KT_AI float KT_(group)(float acc, int32_t part, const ktcy_act *a, int64_t m, const ktcy_weight *w, int64_t n,
                        int64_t g) {
-    (void)a; (void)m;
-    return acc + (float)part * w->scale[KT_INT4_AT(w, g, n)];
+    const int64_t sat = KT_INT4_SAT(w, g, n);
+    acc = acc + (float)part * w->scale[sat];
+    if (KT_INT4_MINS(w)) acc = acc + (float)a->group_sum[m * KT_INT4_GROUPS(w) + g] * w->scale[sat + KTCY_PANEL];
+    return acc;
 }
 KT_AI float KT_(final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
     (void)w; (void)n;
@@ -93,24 +106,29 @@ KT_AI void KT_(decode_panels)(const uint8_t *src, uint8_t *dst, int64_t blocks) 
 KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int MB, const int NP,
                                const ktcy_act *a, const ktcy_weight *w, int64_t m0, int64_t p, int64_t g) {
     __m256i zero[2];
-    const int64_t at = KT_INT4_AT(w, g, p * 16);
+    const int64_t zat = KT_INT4_AT(w, g, p * 16), sat = KT_INT4_SAT(w, g, p * 16);
+    const int mins = KT_INT4_MINS(w);
     /* a slow stream (a line per group, or per four) that the decode stream would outrun: ask
      * for the scales (and zero points) ahead, past the panel's end in the one this slot reads
      * next (NP panels on) */
-    KT_INT4_FETCH_SIDE(w, at, g, NP);
+    KT_INT4_FETCH_SIDE(w, zat, sat, g, NP);
     _Pragma("GCC unroll 2")
     for (int h = 0; h < 2; ++h)
-        zero[h] = w->zero ? _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w->zero + at + h * 8)))
-                          : _mm256_set1_epi32(8);
+        zero[h] = w->zero ? _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w->zero + zat + h * 8)))
+                          : _mm256_set1_epi32(mins ? 0 : 8);
     _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m) {
-        const __m256i gsum = _mm256_set1_epi32(a->group_sum[(m0 + m) * KT_INT4_GROUPS(w) + g]);
+        const int32_t gs = a->group_sum[(m0 + m) * KT_INT4_GROUPS(w) + g];
+        const __m256i gsum = _mm256_set1_epi32(gs);
         _Pragma("GCC unroll 8")
         for (int h = 0; h < 2; ++h) {
-            __m256 s = _mm256_loadu_ps(w->scale + at + h * 8);
+            __m256 s = _mm256_loadu_ps(w->scale + sat + h * 8);
             __m256i bias = _mm256_madd_epi16(zero[h], gsum); /* z x sum as words (see the AVX-512 epilogue) */
             __m256 part = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[m][h], bias));
             facc[m][h] = _mm256_add_ps(facc[m][h], _mm256_mul_ps(part, s));
+            if (mins)
+                facc[m][h] = _mm256_add_ps(facc[m][h], _mm256_mul_ps(_mm256_set1_ps((float)gs),
+                                                                     _mm256_loadu_ps(w->scale + sat + 16 + h * 8)));
             acc[m][h] = _mm256_setzero_si256();
         }
     }
@@ -158,18 +176,22 @@ KT_AI void KT_(rows_reloaded)(const KT_(ctx) *c, const uint8_t *blk, int r, kt_v
 KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const int MB, const int NP,
                                const ktcy_act *a, const ktcy_weight *w, int64_t m0, int64_t p0, int64_t g) {
     __m512i zero[4];
-    const int64_t groups = KT_INT4_GROUPS(w), at0 = KT_INT4_AT(w, g, p0 * 16);
-    int64_t at[4];
+    const int mins = KT_INT4_MINS(w), width = mins ? 2 : 1;
+    const int64_t groups = KT_INT4_GROUPS(w), zat0 = KT_INT4_AT(w, g, p0 * 16), sat0 = KT_INT4_SAT(w, g, p0 * 16);
+    int64_t zat[4], sat[4];
     _Pragma("GCC unroll 8")
-    for (int p = 0; p < NP; ++p) at[p] = at0 + p * groups * 16; /* the next panel's row */
+    for (int p = 0; p < NP; ++p) { /* the next panel's row */
+        zat[p] = zat0 + p * groups * 16;
+        sat[p] = sat0 + p * groups * 16 * width;
+    }
     /* slow streams (see the AVX2 epilogue); many-row tiles too: the panels' scale rows lie a
      * row of groups apart, and without it their loads missed L1 (INT4 M=512 +8%) */
     _Pragma("GCC unroll 8")
-    for (int p = 0; p < NP; ++p) KT_INT4_FETCH_SIDE(w, at[p], g, NP);
+    for (int p = 0; p < NP; ++p) KT_INT4_FETCH_SIDE(w, zat[p], sat[p], g, NP);
     _Pragma("GCC unroll 8")
     for (int p = 0; p < NP; ++p)
-        zero[p] = w->zero ? _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w->zero + at[p])))
-                          : _mm512_set1_epi32(8);
+        zero[p] = w->zero ? _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w->zero + zat[p])))
+                          : _mm512_set1_epi32(mins ? 0 : 8);
     /* z x the group sum in one 16-bit multiply-add: z (at most 15) sits in each dword's low word
      * above a zero one, and |sum| <= 128 x 128 fits a word (vpmulld costs two operations) */
     _Pragma("GCC unroll 8")
@@ -177,7 +199,7 @@ KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const in
         const int32_t gs = a->group_sum[(m0 + m) * groups + g];
         _Pragma("GCC unroll 8")
         for (int p = 0; p < NP; ++p) {
-            __m512 s = _mm512_loadu_ps(w->scale + at[p]);
+            __m512 s = _mm512_loadu_ps(w->scale + sat[p]);
 #if KT_FAST
             const __m512i exact = _mm512_dpwssd_epi32(acc[m][p], zero[p], _mm512_set1_epi32(-gs));
 #else
@@ -185,6 +207,9 @@ KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const in
 #endif
             __m512 part = _mm512_cvtepi32_ps(exact);
             facc[m][p] = _mm512_add_ps(facc[m][p], _mm512_mul_ps(part, s));
+            if (mins)
+                facc[m][p] = _mm512_add_ps(facc[m][p], _mm512_mul_ps(_mm512_set1_ps((float)gs),
+                                                                     _mm512_loadu_ps(w->scale + sat[p] + 16)));
             acc[m][p] = _mm512_setzero_si512();
         }
     }
@@ -205,12 +230,13 @@ KT_AI __m512 KT_(final)(KT_(acc_t) acc, __m512 facc, const ktcy_act *a, const kt
 KT_AI void KT_(decode_b_block)(const ktcy_weight *w, int64_t p, int64_t kb, uint8_t *out) {
     const uint8_t *restrict src = w->data + (p * (w->k_pad / 64) + kb) * 512;
     int8_t *restrict dst = (int8_t *)out;
-    /* symmetric INT4: z = 8 everywhere, a constant row (no stores per block) */
+    /* symmetric INT4: z = 8 everywhere, INT4_MIN: 0; a constant row (no stores per block) */
     static const int8_t eights[64] = {8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8,
                                       8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8,
                                       8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8};
+    static const int8_t zeros[64] = {0};
     int8_t zero_rows[2][64];
-    const int8_t *zlo = eights, *zhi = eights;
+    const int8_t *zlo = KT_INT4_MINS(w) ? zeros : eights, *zhi = zlo;
     if (w->zero) { /* the panel's 16 zero points of each half's group, 4 bytes each */
         const int64_t n0 = p * KTCY_PANEL;
         const uint8_t *zl = w->zero + KT_INT4_AT(w, kb * 64 / w->group, n0);
@@ -239,10 +265,19 @@ KT_AI void KT_(decode_b_block)(const ktcy_weight *w, int64_t p, int64_t kb, uint
 }
 KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return w->group; }
 KT_AI void KT_(group_cols)(const ktcy_weight *w, int64_t p, int np, int64_t g, float *s) {
-    for (int q = 0; q < np; ++q) { /* a panel's 16 scales lie together */
-        const float *from = w->scale + KT_INT4_AT(w, g, (p + q) * KTCY_PANEL);
+    for (int q = 0; q < np; ++q) { /* a panel's 16 scales lie together, its 16 mins after them */
+        const float *from = w->scale + KT_INT4_SAT(w, g, (p + q) * KTCY_PANEL);
         for (int nn = 0; nn < KTCY_PANEL; ++nn) s[q * KTCY_PANEL + nn] = from[nn];
+        if (KT_INT4_MINS(w))
+            for (int nn = 0; nn < KTCY_PANEL; ++nn) s[KT_AMX_MIN_COLS + q * KTCY_PANEL + nn] = from[KTCY_PANEL + nn];
     }
+}
+/* INT4_MIN: after group g's fold, row m adds its group sum times each column's min (group_cols
+ * put them KT_AMX_MIN_COLS floats after the scales) */
+#define KT_AMX_GROUP_MINS 1
+KT_AI int KT_(has_mins)(const ktcy_weight *w) { return KT_INT4_MINS(w); }
+KT_AI float KT_(min_row)(const ktcy_act *a, int64_t m, int64_t g, int64_t groups) {
+    return (float)a->group_sum[m * groups + g];
 }
 KT_AI float KT_(group_row)(const ktcy_act *a, int64_t m) { (void)a; (void)m; return 1.0f; }
 KT_AI float KT_(tile_group)(float acc, int32_t c, float r, float s) { (void)r; return acc + (float)c * s; }
@@ -258,6 +293,8 @@ KT_AI float KT_(tile_final)(float acc, float r, float t) { (void)t; return acc *
 #endif
 
 #undef KT_INT4_ZERO
+#undef KT_INT4_MINS
+#undef KT_INT4_SAT
 #undef KT_INT4_AHEAD
 #undef KT_INT4_FETCH_SIDE
 #undef KT_INT4_AT

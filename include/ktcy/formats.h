@@ -18,6 +18,9 @@
  *   zero_points   1: each (K group, channel) has a zero point z, w = s * (code - z), stored uint8
  *                 laid out like the GROUP scales; 0: the code's fixed bias (INT4: z = 8)
  *   colsum        1 when the packed weight keeps each channel's code sum [n_pad] (s8 codes on VNNI)
+ *   mins          1: each (K group, channel) also has a float offset, w = s * code + min (the value of
+ *                 code 0: llama.cpp's Q4_K and Q4_1), kept in the GROUP scale array beside the scales
+ *                 (each panel's group holds its 16 scales, then its 16 mins: ktcy_side_width 2)
  *
  * Adding a format: a row and a KTCY_FORMAT_LIST entry here, one traits header fmt_<id>.h, its
  * instantiation lines in kernels.h/registry.h, its quantizer/packer, tests (README: how to add a format). */
@@ -41,23 +44,24 @@
 #define KTCY_SCALE_IN_BLOCK 4
 #define KTCY_GROUPS_32_64_128 (32 | 64 | 128)
 
-/*                       code            block_k block_bytes act            scale                groups                 zp colsum */
-#define KTCY_ROW_BF16           KTCY_CODE_BF16, 32, 1024, KTCY_ACT_BF16, KTCY_SCALE_NONE,     0,                     0, 0
-#define KTCY_ROW_INT8           KTCY_CODE_S8,   64, 1024, KTCY_ACT_INT8, KTCY_SCALE_CHANNEL,  0,                     0, 1
-#define KTCY_ROW_INT4           KTCY_CODE_U4,   64, 512,  KTCY_ACT_INT8, KTCY_SCALE_GROUP,    KTCY_GROUPS_32_64_128, 0, 0
-#define KTCY_ROW_FP8_PERCHANNEL KTCY_CODE_E4M3, 32, 512,  KTCY_ACT_BF16, KTCY_SCALE_CHANNEL,  0,                     0, 0
-#define KTCY_ROW_FP8_BLOCK      KTCY_CODE_E4M3, 32, 512,  KTCY_ACT_BF16, KTCY_SCALE_BLOCK128, 0,                     0, 0
-#define KTCY_ROW_INT4_ZP        KTCY_CODE_U4,   64, 512,  KTCY_ACT_INT8, KTCY_SCALE_GROUP,    KTCY_GROUPS_32_64_128, 1, 0
-#define KTCY_ROW_MXFP4          KTCY_CODE_E2M1, 32, 272,  KTCY_ACT_BF16, KTCY_SCALE_IN_BLOCK, 0,                     0, 0
-#define KTCY_ROW_MXFP4_A8       KTCY_CODE_E2M1, 64, 544,  KTCY_ACT_INT8, KTCY_SCALE_IN_BLOCK, 32,                    0, 0
+/*                       code            block_k block_bytes act            scale                groups                 zp colsum mins */
+#define KTCY_ROW_BF16           KTCY_CODE_BF16, 32, 1024, KTCY_ACT_BF16, KTCY_SCALE_NONE,     0,                     0, 0, 0
+#define KTCY_ROW_INT8           KTCY_CODE_S8,   64, 1024, KTCY_ACT_INT8, KTCY_SCALE_CHANNEL,  0,                     0, 1, 0
+#define KTCY_ROW_INT4           KTCY_CODE_U4,   64, 512,  KTCY_ACT_INT8, KTCY_SCALE_GROUP,    KTCY_GROUPS_32_64_128, 0, 0, 0
+#define KTCY_ROW_FP8_PERCHANNEL KTCY_CODE_E4M3, 32, 512,  KTCY_ACT_BF16, KTCY_SCALE_CHANNEL,  0,                     0, 0, 0
+#define KTCY_ROW_FP8_BLOCK      KTCY_CODE_E4M3, 32, 512,  KTCY_ACT_BF16, KTCY_SCALE_BLOCK128, 0,                     0, 0, 0
+#define KTCY_ROW_INT4_ZP        KTCY_CODE_U4,   64, 512,  KTCY_ACT_INT8, KTCY_SCALE_GROUP,    KTCY_GROUPS_32_64_128, 1, 0, 0
+#define KTCY_ROW_MXFP4          KTCY_CODE_E2M1, 32, 272,  KTCY_ACT_BF16, KTCY_SCALE_IN_BLOCK, 0,                     0, 0, 0
+#define KTCY_ROW_MXFP4_A8       KTCY_CODE_E2M1, 64, 544,  KTCY_ACT_INT8, KTCY_SCALE_IN_BLOCK, 32,                    0, 0, 0
+#define KTCY_ROW_INT4_MIN       KTCY_CODE_U4,   64, 512,  KTCY_ACT_INT8, KTCY_SCALE_GROUP,    KTCY_GROUPS_32_64_128, 0, 0, 1
 
 /* Every format, in enum order (the numbers are part of the packed-file metadata: append only). */
-#define KTCY_FORMAT_LIST(X) X(BF16) X(INT8) X(INT4) X(FP8_PERCHANNEL) X(FP8_BLOCK) X(INT4_ZP) X(MXFP4) X(MXFP4_A8)
+#define KTCY_FORMAT_LIST(X) X(BF16) X(INT8) X(INT4) X(FP8_PERCHANNEL) X(FP8_BLOCK) X(INT4_ZP) X(MXFP4) X(MXFP4_A8) X(INT4_MIN)
 
 /* One column of a row, usable in #if: KTCY_ROW_COL(BLOCK_BYTES, KTCY_ROW_INT8) -> 1024 (the
  * columns the skeletons read; add an accessor when another is needed). */
-#define KTCY_COL_BLOCK_BYTES(c, bk, bb, act, scale, groups, zp, cs) bb
-#define KTCY_COL_ACT(c, bk, bb, act, scale, groups, zp, cs) act
+#define KTCY_COL_BLOCK_BYTES(c, bk, bb, act, scale, groups, zp, cs, mins) bb
+#define KTCY_COL_ACT(c, bk, bb, act, scale, groups, zp, cs, mins) act
 #define KTCY_ROW_COL_(col, ...) KTCY_COL_##col(__VA_ARGS__)
 #define KTCY_ROW_COL(col, row) KTCY_ROW_COL_(col, row)
 
@@ -67,7 +71,7 @@ enum ktcy_format { KTCY_FORMAT_LIST(KTCY_FMT_ENUM) KTCY_NUM_FORMATS };
 
 typedef struct {
     const char *name;
-    int32_t code, block_k, block_bytes, act, scale, groups, zero_points, colsum;
+    int32_t code, block_k, block_bytes, act, scale, groups, zero_points, colsum, mins;
 } ktcy_format_desc;
 
 #define KTCY_DESC_(id, ...) {id, __VA_ARGS__}
@@ -120,9 +124,13 @@ static inline int64_t ktcy_group_index(int64_t groups, int64_t g, int64_t n) {
     return ((n / KTCY_PANEL) * groups + g) * KTCY_PANEL + n % KTCY_PANEL;
 }
 
+/* Floats per (group, channel) in a GROUP scale array: 2 when the format keeps mins beside the
+ * scales (a panel's group: 16 scales, then 16 mins; both one forward stream with the codes). */
+static inline int ktcy_side_width(int format) { return ktcy_format(format)->mins ? 2 : 1; }
+
 /* The scale array a kernel reads, as [rows][cols] float32 (0 x 0 when the format has none);
- * GROUP scales as [panels][groups * 16] (Python holds them as [panels][groups][16]: a shape no
- * group-major [groups][n_pad] array can have, so one is never taken for the other). */
+ * GROUP scales as [panels][groups * 16 * side width] (Python holds them as [panels][groups][16 or
+ * 32]: a shape no group-major [groups][n_pad] array can have, so one is never taken for the other). */
 static inline void ktcy_scale_shape(int format, int64_t n, int64_t k, int group, int64_t shape[2]) {
     const ktcy_format_desc *d = ktcy_format(format);
     const int64_t B = KTCY_SCALE_BLOCK;
@@ -130,12 +138,13 @@ static inline void ktcy_scale_shape(int format, int64_t n, int64_t k, int group,
     if (d->scale == KTCY_SCALE_CHANNEL) { shape[0] = 1; shape[1] = ktcy_n_pad(n); }
     if (d->scale == KTCY_SCALE_GROUP) {
         shape[0] = ktcy_n_pad(n) / KTCY_PANEL;
-        shape[1] = ktcy_k_pad(format, k, group) / group * KTCY_PANEL;
+        shape[1] = ktcy_k_pad(format, k, group) / group * KTCY_PANEL * ktcy_side_width(format);
     }
     if (d->scale == KTCY_SCALE_BLOCK128) { shape[0] = (n + B - 1) / B; shape[1] = (k + B - 1) / B; }
 }
 
-/* Zero points, uint8 [rows][cols] (0 x 0 when the format has none): laid out like GROUP scales. */
+/* Zero points, uint8 [rows][cols] (0 x 0 when the format has none): laid out like GROUP scales
+ * (of side width 1). */
 static inline void ktcy_zero_shape(int format, int64_t n, int64_t k, int group, int64_t shape[2]) {
     shape[0] = shape[1] = 0;
     if (ktcy_format(format)->zero_points) ktcy_scale_shape(format, n, k, group, shape);

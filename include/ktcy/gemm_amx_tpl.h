@@ -24,13 +24,17 @@
  *   KT_(final_cols)(w, p, np, t)      t[j]: column j's factor for the output
  *   KT_(final_row)(a, m)              row m's factor for the output
  *   KT_(tile_final)(acc, r, t)        the output
+ * and, with KT_AMX_GROUP_MINS 1 (a float term per row and column of each group, INT4_MIN's min):
+ *   KT_(has_mins)(w)                  whether this weight has it (group_cols then writes the
+ *                                     columns' values KT_AMX_MIN_COLS floats after the factors)
+ *   KT_(min_row)(a, m, g, groups)     row m's value for group g, added times the column's to acc
  * The epilogues run a row at a time over contiguous columns with the factors hoisted, so the
  * compiler vectorizes them: on real tiles they follow every group's TDPs and would otherwise
  * cost more than the TDPs themselves.
  *
  * Per-thread scratch (64-byte aligned):  C tiles [32][32] (4 KiB) | acc [32][32] float (4 KiB) |
  *     B blocks of 2 panels when the format decodes them | KTCY_AMX_A_ROWS activation rows in tile order |
- *     the panel pair's column factors [groups][32] float (cols_table)
+ *     the panel pair's column factors [groups][KT_COLS] float (cols_table)
  * Loops: activation chunks of KTCY_AMX_A_ROWS rows (packed once) > panel pairs (B prepared once
  * per chunk) > 32-row blocks > scale groups > K steps; where a group is one K step,
  * 32-row blocks > 16-row halves > groups (one_step_groups). */
@@ -40,6 +44,9 @@
 #define KT_(x) KT_CAT(KT_GEMM, x)
 #define KT_AI static inline __attribute__((always_inline)) KT_TARGET
 #define KT_SKEL KT_SKEL_AMX
+/* floats per group in the column table: 32 factors, and 32 mins after them */
+#define KT_AMX_MIN_COLS 32
+#define KT_COLS (2 * KT_AMX_MIN_COLS)
 
 #include KT_TRAITS
 
@@ -56,6 +63,9 @@ static const int KT_(formats) = KT_FORMATS; /* the descriptor rows this variant 
 #endif
 #ifndef KT_AMX_DECODE_IN_LOOP
 #define KT_AMX_DECODE_IN_LOOP 0
+#endif
+#ifndef KT_AMX_GROUP_MINS
+#define KT_AMX_GROUP_MINS 0
 #endif
 #define KT_DECODE_AHEAD 2 /* blocks decoded ahead of the TDPs (decode_b) */
 #define KT_B_AHEAD 4      /* K blocks between a B tile's fetch and its load (step) */
@@ -147,7 +157,7 @@ KT_AI void KT_(store_c)(void *c, int mt, int np) {
  * into zeros given as a constant rather than stored (the same expression, so the same bits; the
  * 4 KiB clear per 32-row block had been 4-5% of an INT8 layer's GEMM time at T=512). */
 KT_AI void KT_(fold_rows)(float *restrict acc, const KT_C_T *restrict c, int rows, const int cols, const ktcy_act *a,
-                          int64_t m0, const float *s, int64_t g) {
+                          int64_t m0, const float *s, int64_t g, int64_t mins_groups) {
     for (int i = 0; i < rows; ++i) {
         const float r = KT_(group_row)(a, m0 + i);
         float *restrict ar = acc + i * 32;
@@ -156,16 +166,32 @@ KT_AI void KT_(fold_rows)(float *restrict acc, const KT_C_T *restrict c, int row
             for (int j = 0; j < cols; ++j) ar[j] = KT_(tile_group)(0.0f, cr[j], r, s[j]);
         else
             for (int j = 0; j < cols; ++j) ar[j] = KT_(tile_group)(ar[j], cr[j], r, s[j]);
+#if KT_AMX_GROUP_MINS
+        if (mins_groups) { /* added after the group's product, as the vector kernels do: the same bits */
+            const float mr = KT_(min_row)(a, m0 + i, g, mins_groups);
+            for (int j = 0; j < cols; ++j) ar[j] = ar[j] + mr * s[KT_AMX_MIN_COLS + j];
+        }
+#endif
     }
 }
-/* s: the group's 32 column factors, from the panel pair's table (cols_table). */
+/* s: the group's column factors, from the panel pair's table (cols_table); mins_groups: the
+ * weight's group count when it has mins (KT_AMX_GROUP_MINS), else 0. */
 KT_AI void KT_(fold_group)(float *restrict acc, const KT_C_T *restrict c, int rows, int cols, const ktcy_act *a,
-                           int64_t m0, const float *restrict s, int64_t g) {
+                           int64_t m0, const float *restrict s, int64_t g, int64_t mins_groups) {
     /* two full panels, the usual case, as a constant: the row loop becomes straight vector code
      * (with the vector column factors: one projection at M = 512, MXFP4_A8 with a group per
      * 32 K 0.80x the time, INT4 g64 0.86x) */
-    if (cols == 32) KT_(fold_rows)(acc, c, rows, 32, a, m0, s, g);
-    else KT_(fold_rows)(acc, c, rows, cols, a, m0, s, g);
+    if (cols == 32) KT_(fold_rows)(acc, c, rows, 32, a, m0, s, g, mins_groups);
+    else KT_(fold_rows)(acc, c, rows, cols, a, m0, s, g, mins_groups);
+}
+/* The group count fold_group takes: 0 without mins. */
+KT_AI int64_t KT_(mins_groups)(const ktcy_weight *w, int64_t groups) {
+#if KT_AMX_GROUP_MINS
+    return KT_(has_mins)(w) ? groups : 0;
+#else
+    (void)w; (void)groups;
+    return 0;
+#endif
 }
 
 /* Every group's column factors of panels p, p + 1, once per panel pair: 32 floats a group.  Written
@@ -174,7 +200,7 @@ KT_AI void KT_(fold_group)(float *restrict acc, const KT_C_T *restrict c, int ro
  * TDPs included: each group's TDPs and fold ran one after the other (a Xeon with AMX, INT4 g64:
  * 35% of the GEMM's samples on that wait). */
 KT_AI void KT_(cols_table)(float *restrict table, const ktcy_weight *w, int64_t p, int np, int64_t groups) {
-    for (int64_t g = 0; g < groups; ++g) KT_(group_cols)(w, p, np, g, table + 32 * g);
+    for (int64_t g = 0; g < groups; ++g) KT_(group_cols)(w, p, np, g, table + KT_COLS * g);
 }
 
 /* Formats whose scale group is one K step (INT4 g32/g64 with or without zero points, MXFP4_A8;
@@ -211,6 +237,7 @@ KT_AI void KT_(one_step_groups)(float *restrict acc, KT_C_T *restrict c, const u
                                 const ktcy_act *a, int64_t m0, const ktcy_weight *w, const float *table,
                                 int64_t kstep) {
     const int64_t ng = w->k_pad / kstep; /* k_pad is a multiple of the 64-K block, kstep 32 or 64 */
+    const int64_t mg = KT_(mins_groups)(w, ng);
     KT_C_T *const even = c, *const odd = c + 16 * 32;
     for (int h = 0; 16 * h < rows; ++h) {
         const uint8_t *ah = ab + 16 * h * rb; /* a block's A tiles: rows 0-15, then 16-31, per step */
@@ -226,12 +253,12 @@ KT_AI void KT_(one_step_groups)(float *restrict acc, KT_C_T *restrict c, const u
                 KT_GROUP_TDPS(2, 3, 5, g);
                 KT_GROUP_STORE(0, 1, even);
             }
-            if (g > 1) KT_(fold_group)(acch, g % 2 ? odd : even, hrows, cols, a, m0 + 16 * h, table + 32 * (g - 2), g - 2);
+            if (g > 1) KT_(fold_group)(acch, g % 2 ? odd : even, hrows, cols, a, m0 + 16 * h, table + KT_COLS * (g - 2), g - 2, mg);
         }
-        if (ng > 1) KT_(fold_group)(acch, ng % 2 ? odd : even, hrows, cols, a, m0 + 16 * h, table + 32 * (ng - 2), ng - 2);
+        if (ng > 1) KT_(fold_group)(acch, ng % 2 ? odd : even, hrows, cols, a, m0 + 16 * h, table + KT_COLS * (ng - 2), ng - 2, mg);
         if (ng % 2) KT_GROUP_STORE(0, 1, even);
         else KT_GROUP_STORE(2, 3, odd);
-        KT_(fold_group)(acch, ng % 2 ? even : odd, hrows, cols, a, m0 + 16 * h, table + 32 * (ng - 1), ng - 1);
+        KT_(fold_group)(acch, ng % 2 ? even : odd, hrows, cols, a, m0 + 16 * h, table + KT_COLS * (ng - 1), ng - 1, mg);
     }
 }
 #undef KT_GROUP_TDPS
@@ -304,7 +331,8 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
                         if (decoding && k % KT_BK == 0) KT_(decode_b)(w, p, np, k / KT_BK + KT_DECODE_AHEAD, nkb, buf);
                     }
                     KT_(store_c)(c, mt, np);
-                    KT_(fold_group)(acc, c, rows, cols, a, m0, table + 32 * (k0 / glen), k0 / glen);
+                    KT_(fold_group)(acc, c, rows, cols, a, m0, table + KT_COLS * (k0 / glen), k0 / glen,
+                                    KT_(mins_groups)(w, groups));
                 }
                 for (int i = 0; i < rows; ++i) {
                     const float r = KT_(final_row)(a, m0 + i);
@@ -325,4 +353,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_AMX_DECODE_IN_LOOP
 #undef KT_DECODE_AHEAD
 #undef KT_B_AHEAD
+#undef KT_AMX_GROUP_MINS
+#undef KT_AMX_MIN_COLS
+#undef KT_COLS
 #include "traits_end.h"

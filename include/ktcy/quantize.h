@@ -111,6 +111,34 @@ static inline int64_t ktcy_quantize_int4_zp_rows(const float *w, int64_t ldw, in
     return -1;
 }
 
+/* INT4 with float mins (asymmetric, llama.cpp's Q4_1 rule), per group: min = the group's least
+ * value, s = (max - min) / 15, q = clamp(rint((w - min) / s), 0, 15), so w ~ s * q + min with
+ * both ends exact.  Writes q - 8 (the layout's signed convention: the nibble stored is q), and
+ * scale and min [k_pad/group][ld_scale] each.  A constant group is s = 0, q = 0: exactly min.
+ * The padded tail of the last group gets code 0 (activations are zero there).  Returns the first
+ * row in [n0, n1) that is not finite, or -1. */
+static inline int64_t ktcy_quantize_int4_min_rows(const float *w, int64_t ldw, int64_t k, int group, int64_t n0,
+                                                  int64_t n1, int8_t *q, int64_t ldq, float *scale, float *mins,
+                                                  int64_t ld_scale) {
+    for (int64_t n = n0; n < n1; ++n) {
+        const float *row = w + n * ldw;
+        if (!ktcy_row_finite(row, k)) return n;
+        for (int64_t k0 = 0, g = 0; k0 < k; k0 += group, ++g) {
+            const int64_t len = k - k0 < group ? k - k0 : group;
+            float lo = row[k0], hi = row[k0];
+            for (int64_t i = 1; i < len; ++i) { lo = fminf(lo, row[k0 + i]); hi = fmaxf(hi, row[k0 + i]); }
+            const float s = (hi - lo) / 15.0f;
+            for (int64_t i = 0; i < group && k0 + i < ldq; ++i) {
+                const float v = i < len && s > 0.0f ? ktcy_rint_small((row[k0 + i] - lo) / s) : 0.0f;
+                q[n * ldq + k0 + i] = (int8_t)(fminf(15.0f, fmaxf(0.0f, v)) - 8.0f);
+            }
+            scale[g * ld_scale + n] = s;
+            mins[g * ld_scale + n] = lo;
+        }
+    }
+    return -1;
+}
+
 /* |v| -> E2M1 magnitude code (0..7), round to nearest with ties to the even code, saturating at 6. */
 static inline uint8_t ktcy_e2m1_magnitude(float a) {
     return a <= 0.25f ? 0 : a < 0.75f ? 1 : a <= 1.25f ? 2 : a < 1.75f ? 3 : a <= 2.5f ? 4 : a < 3.5f ? 5 : a <= 5.0f ? 6 : 7;

@@ -1,0 +1,190 @@
+"""INT4 with float mins (w = s * q + min per channel and K group, as llama.cpp's Q4_K and Q4_1
+store it): layout round trip, the same bits on every ISA as a float32 reference built from the
+integers, the quantizer's range, bad input, MoE and packed files."""
+import numpy as np
+import pytest
+
+import ktcy
+from conftest import int4_exact_reference, per_channel_group_pairs, runnable_variants
+from ktcy import kernels
+from ktcy.packed_io import load_layer, pack_layer, write_layer
+
+
+def _released(rng, n, k, group):
+    codes = rng.integers(0, 16, (n, k), dtype=np.uint8)
+    scale = rng.uniform(0.01, 0.1, (n, -(-k // group))).astype(np.float32)
+    mins = -rng.uniform(0, 1, (n, -(-k // group))).astype(np.float32)
+    return codes, scale, mins
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_codes_scales_and_mins_round_trip_exactly(group):
+    rng = np.random.default_rng(group)
+    n, k = 37, 300
+    codes, scale, mins = _released(rng, n, k, group)
+    p = kernels.pack_quantized(codes, scale, "INT4_MIN", group_size=group, mins=mins)
+    assert p.codes().dtype == np.uint8 and np.array_equal(p.codes(), codes)
+    rep = lambda a: np.repeat(a.astype(np.float64), group, axis=1)[:, :k]  # noqa: E731
+    assert np.array_equal(p.dequantize(), codes * rep(scale) + rep(mins))
+    # stored panel-major, each group's 16 scales then 16 mins (the documented index, read
+    # independently), given back as [groups, N_pad]
+    groups = -(-k // group)
+    assert p.scale.shape == (3, groups, 32) and p.zero is None
+    read_scale, read_mins = per_channel_group_pairs(p.scale, n)
+    assert np.array_equal(read_scale, scale) and np.array_equal(read_mins, mins)
+    assert np.array_equal(p.group_scales()[:, :n], scale.T) and np.array_equal(p.group_mins()[:, :n], mins.T)
+    assert not p.group_scales()[:, n:].any() and not p.group_mins()[:, n:].any()
+    assert p.padding_is_clear()
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("m,n,k", [(1, 16, 64), (3, 48, 100), (17, 80, 192), (40, 130, 300), (512, 32, 256),
+                                   (2, 1000, 520), (6, 40, 160), (12, 96, 448), (13, 48, 192)])
+def test_gemm_bit_identical_on_every_isa(group, m, n, k):
+    rng = np.random.default_rng(m * 1000 + n + k + group)
+    W = (rng.standard_normal((n, k)) * 0.02 + 0.01).astype(np.float32)
+    X = rng.standard_normal((m, k)).astype(np.float32)
+    p = kernels.pack(W, "INT4_MIN", group_size=group)
+    ref = int4_exact_reference(X, p)
+    variants = runnable_variants("INT4_MIN")
+    assert {"int4_ref", "amx_emu_int4"} <= set(variants)
+    for v in variants:
+        assert np.array_equal(kernels.linear_variant(X, p, v), ref), v
+    # and within the int8 activations' error of float64 on the same dequantized weights
+    exact = X.astype(np.float64) @ p.dequantize().T
+    assert np.linalg.norm(ref - exact) / np.linalg.norm(exact) < 0.02
+
+
+def test_released_codes_on_every_isa_and_every_row_count():
+    rng = np.random.default_rng(3)
+    n, k = 80, 512
+    p = kernels.pack_quantized(*_released(rng, n, k, 32)[:2], "INT4_MIN", group_size=32,
+                               mins=_released(rng, n, k, 32)[2])
+    for m in (1, 2, 3, 4, 5, 8, 13, 16, 33, 130):
+        X = rng.standard_normal((m, k)).astype(np.float32)
+        ref = int4_exact_reference(X, p)
+        for v in runnable_variants("INT4_MIN"):
+            assert np.array_equal(kernels.linear_variant(X, p, v), ref), (v, m)
+
+
+def test_quantizer_keeps_each_group_range_and_beats_symmetric_int4_on_shifted_weights():
+    rng = np.random.default_rng(6)
+    W = (rng.uniform(0, 1, (32, 192)) + np.linspace(-2, 2, 32)[:, None]).astype(np.float32)
+    p = kernels.pack(W, "INT4_MIN", group_size=32)
+    Wg = W.reshape(32, 6, 32).astype(np.float64)
+    step = (Wg.max(axis=2) - Wg.min(axis=2)) / 15
+    D = p.dequantize()
+    err = np.abs(D - W).reshape(32, 6, 32).max(axis=2)
+    assert (err <= step * 0.5 + 1e-6).all()  # every weight within half a step: no clipping
+    assert np.array_equal(p.group_mins()[:, :32].T, Wg.min(axis=2).astype(np.float32))  # min exact
+    sym = kernels.pack(W, "INT4", group_size=32).dequantize()
+    assert np.linalg.norm(D - W) < 0.6 * np.linalg.norm(sym - W)
+
+
+def test_constant_groups_are_exact():
+    W = np.full((16, 64), -0.375, np.float32)
+    W[3] = 2.5
+    p = kernels.pack(W, "INT4_MIN", group_size=32)
+    assert np.array_equal(p.dequantize(), W.astype(np.float64))
+    X = np.random.default_rng(1).standard_normal((5, 64)).astype(np.float32)
+    for v in runnable_variants("INT4_MIN"):
+        assert np.array_equal(kernels.linear_variant(X, p, v), int4_exact_reference(X, p)), v
+
+
+@pytest.mark.parametrize("bad,match", [("codes", "0, 15"), ("missing", "needs its mins"), ("nan", "finite"),
+                                       ("shape", "mins must be"), ("huge", "exceeds"), ("on_int4", "has no mins"),
+                                       ("signed", "integers")])
+def test_bad_codes_and_mins_are_refused(bad, match):
+    codes = np.zeros((16, 64), np.uint8)
+    mins = np.zeros((16, 2), np.float32)
+    fmt = "INT4_MIN"
+    if bad == "codes":
+        codes[3, 3] = 16
+    if bad == "nan":
+        mins[2, 1] = np.nan
+    if bad == "shape":
+        mins = np.zeros((16, 3), np.float32)
+    if bad == "huge":
+        mins[0, 0] = 1e38
+    if bad == "on_int4":
+        fmt, codes = "INT4", codes.astype(np.int8)
+    if bad == "signed":
+        codes = codes.astype(np.float32)
+    with pytest.raises((ValueError, TypeError), match=match):
+        kernels.pack_quantized(codes, np.ones((16, 2), np.float32), fmt, group_size=32,
+                               mins=None if bad == "missing" else mins)
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("sign", [1, -1])
+def test_extreme_codes_and_activations_stay_exact(group, sign):
+    """Codes 15 and 0 against activations that quantize to +-127 everywhere: the largest sums
+    (and group sums) a row can reach, on every decode tile height and prefill row count."""
+    n, k = 48, 256
+    codes = np.full((n, k), 15, np.uint8)
+    codes[::3] = 0
+    scale = np.ones((n, k // group), np.float32)
+    mins = np.full((n, k // group), -7.5, np.float32)
+    p = kernels.pack_quantized(codes, scale, "INT4_MIN", group_size=group, mins=mins)
+    for m in (1, 2, 3, 4, 8, 37):
+        X = np.full((m, k), 3.0 * sign, np.float32)
+        X[1::2] *= -1
+        ref = int4_exact_reference(X, p)
+        assert np.abs(ref).max() > 0
+        for v in runnable_variants("INT4_MIN"):
+            assert np.array_equal(kernels.linear_variant(X, p, v), ref), (v, m)
+
+
+def _expert_reference(layer, x, ids, w):
+    def one(t, e):
+        g = x[t].astype(np.float64) @ layer.gate[e].dequantize().T
+        u = x[t].astype(np.float64) @ layer.up[e].dequantize().T
+        return (g / (1 + np.exp(-g)) * u) @ layer.down[e].dequantize().T
+    return sum(w[:, j:j + 1] * np.stack([one(t, e) for t, e in enumerate(ids[:, j])]) for j in range(ids.shape[1]))
+
+
+def test_moe_every_isa_and_packed_file(tmp_path):
+    rng = np.random.default_rng(7)
+    E, k, H, I = 5, 2, 128, 96
+    gate, up = (rng.standard_normal((E, I, H), np.float32) * 0.05 + 0.02 for _ in range(2))
+    down = rng.standard_normal((E, H, I), np.float32) * 0.05
+    cfg = ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig("INT4_MIN", group_size=32))
+    layer = ktcy.MoE.from_weights(cfg, gate, up, down)
+    x = rng.standard_normal((6, H)).astype(np.float32)
+    ids = np.array([[0, 1], [2, 3], [1, 1], [0, 2], [3, 0], [1, 2]])  # expert 4 gets no tokens
+    w = rng.random((6, k)).astype(np.float32)
+    y = layer.forward(x, ids, w)
+    exact = _expert_reference(layer, x, ids, w)
+    assert np.linalg.norm(y - exact) / np.linalg.norm(exact) < 0.03  # int8 activation error only
+    for isa in [i for i in ktcy.available_isas() if i != "amx"] + ["amx_emu"]:
+        other = ktcy.MoE(ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig("INT4_MIN", group_size=32), isa=isa),
+                         layer.gate, layer.up, layer.down)
+        assert np.array_equal(other.forward(x, ids, w), y), isa
+    experts = {e: {p: (a[e], None) for p, a in (("gate", gate), ("up", up), ("down", down))} for e in range(E)}
+    path = str(tmp_path / "l.safetensors")
+    write_layer(path, pack_layer(E, "INT4_MIN", 32, experts.__getitem__), "INT4_MIN", 32, E, k, H, I, 0)
+    loaded = load_layer(path)
+    assert loaded.format == "INT4_MIN"
+    assert np.array_equal(loaded.forward(x, ids, w), y)
+
+
+def test_released_codes_are_kept_by_from_experts():
+    rng = np.random.default_rng(8)
+    E, k, H, I = 3, 2, 64, 96
+    stored = {}
+    for e in range(E):
+        stored[e] = {}
+        for proj, (n, kk) in (("gate", (I, H)), ("up", (I, H)), ("down", (H, I))):
+            codes, scale, mins = _released(rng, n, kk, 32)
+            stored[e][proj] = (codes, {"format": "INT4_MIN", "scale": scale, "mins": mins, "group_size": 32})
+    cfg = ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig("INT4_MIN", group_size=32))
+    layer = ktcy.MoE.from_experts(cfg, stored.__getitem__)
+    for e in range(E):
+        codes, spec = stored[e]["down"]
+        assert np.array_equal(layer.down[e].codes(), codes)
+        assert np.array_equal(layer.down[e].group_mins()[:3, :H], spec["mins"].T)  # K 96: 3 of 4 padded groups
+    # another format dequantizes the released values exactly, then quantizes them
+    as_bf16 = ktcy.MoE.from_experts(ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig("BF16")), stored.__getitem__)
+    codes, spec = stored[1]["up"]
+    want = codes * np.repeat(spec["scale"], 32, axis=1) + np.repeat(spec["mins"], 32, axis=1)
+    assert np.abs(as_bf16.up[1].dequantize() - want).max() <= np.abs(want).max() * 2 ** -8
