@@ -8,9 +8,12 @@ and must agree with the metadata (`{arch}.expert_count`, `.expert_used_count`,
 `.embedding_length`, `.expert_feed_forward_length`).
 
 Codes a ktcy format holds exactly are kept: Q4_0 (d * (q - 8) over 32 values) is INT4 with group
-32, MXFP4 is MXFP4, BF16 is BF16 (F16 and F32 round to BF16, as from safetensors).  Every other
-ggml type (Q4_K, Q6_K, Q8_0, ..., and layers that mix types) has no ktcy twin: loading it needs a
-method, and its values are dequantized exactly (ktcy.gguf_quants) before ktcy quantizes them.
+32, Q4_K (d * sc * q - dmin * m per 32 values) and Q4_1 (d * q + m) are INT4_MIN with group 32,
+MXFP4 is MXFP4, BF16 is BF16 (F16 and F32 round to BF16, as from safetensors).  A layer stored in
+one of these loads with method=None.  Every other ggml type (Q6_K, Q8_0, ...) has no ktcy twin,
+and neither has a layer that mixes types (Q4_K_M's Q6_K ffn_down): loading it needs a method.
+With a method, each tensor a kept type holds in that very format stays as stored (Q4_K_M's
+gate and up with INT4_MIN); the others are dequantized exactly (ktcy.gguf_quants) and quantized.
 Routers and shared experts (MoEModel) are read by ktcy.gguf_blocks."""
 import os
 import re
@@ -19,7 +22,8 @@ import numpy as np
 
 from ktcy.checkpoint import MAX_LAYERS, MoEArchitecture, check_expert_index, layer_number
 from ktcy.gguf_io import ArrayValue, GGUFModel
-from ktcy.gguf_quants import dequantize, require_decodable
+from ktcy.formats import keeps_codes
+from ktcy.gguf_quants import _k_nibbles, _k_scale_min, dequantize, require_decodable
 from ktcy.log import warn_once
 from ktcy.safetensors_io import CheckpointError
 
@@ -32,7 +36,8 @@ ARCHITECTURES = {
     "dots1": "dots1", "ernie4_5-moe": "ernie4_5_moe", "minimax-m2": "minimax_m2", "gpt-oss": "gpt_oss",
 }
 PROJECTIONS = ("gate", "up", "down")
-KEPT = {"Q4_0": "INT4", "MXFP4": "MXFP4", "BF16": "BF16", "F16": "BF16", "F32": "BF16"}
+KEPT = {"Q4_0": "INT4", "Q4_K": "INT4_MIN", "Q4_1": "INT4_MIN", "MXFP4": "MXFP4", "BF16": "BF16", "F16": "BF16",
+        "F32": "BF16"}
 _LAYER = re.compile(r"blk\.(\d+)\.ffn_gate(?:_exps|_up_exps|\.\d+)\.weight")
 # a layer's expert tensors: blk.L.ffn_<proj>_exps.<kind> or blk.L.ffn_<proj>.<e>.<kind>
 _EXPERT_TENSOR = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down|gate_up)(?:_exps|\.(\d+))\.(\w+)")
@@ -72,17 +77,37 @@ def _meta_int(meta, key, where, required=True):
     return v
 
 
+def _q4_k_stored(raw, n, k):
+    """Q4_K as INT4_MIN group 32: per 32 values the scale d * sc and the min -(dmin * m), both
+    exact in float32 (an 11-bit significand times a 6-bit integer), so s * q + min is the value
+    llama.cpp decodes before its float32 rounding."""
+    blocks = raw.reshape(n * k // 256, 144)
+    d = np.ascontiguousarray(blocks[:, 0:2]).view(np.float16).astype(np.float32)
+    dmin = np.ascontiguousarray(blocks[:, 2:4]).view(np.float16).astype(np.float32)
+    sc, m = _k_scale_min(blocks[:, 4:16])
+    scale = (d * sc).reshape(n, k // 32)
+    mins = -(dmin * m).reshape(n, k // 32)
+    codes = _k_nibbles(blocks[:, 16:144]).reshape(n, k).astype(np.uint8)
+    return codes, {"format": "INT4_MIN", "scale": scale, "mins": mins, "group_size": 32}
+
+
 def stored_form(type_name, raw, shape):
-    """One [N, K] tensor as ktcy keeps it: Q4_0 as INT4 codes with their group-32 scales, MXFP4 as
-    its nibbles and exponents (each with the spec dict MoE.from_experts reads), any other type as
-    the float32 values llama.cpp decodes (spec None)."""
-    if type_name not in ("Q4_0", "MXFP4"):
-        return dequantize(type_name, raw, shape), None
+    """One [N, K] tensor as ktcy keeps it: Q4_0 as INT4 codes with their group-32 scales, Q4_K and
+    Q4_1 as INT4_MIN codes with scales and mins, MXFP4 as its nibbles and exponents (each with the
+    spec dict MoE.from_experts reads), any other type as the float32 values llama.cpp decodes
+    (spec None)."""
     n, k = shape
+    if type_name == "Q4_K":
+        return _q4_k_stored(raw, n, k)
+    if type_name not in ("Q4_0", "Q4_1", "MXFP4"):
+        return dequantize(type_name, raw, shape), None
     blocks = raw.reshape(n * k // 32, -1)
     nibbles = np.concatenate([blocks[:, -16:] & 0x0F, blocks[:, -16:] >> 4], axis=1).reshape(n, k)
-    if type_name == "Q4_0":
+    if type_name in ("Q4_0", "Q4_1"):
         scale = np.ascontiguousarray(blocks[:, :2]).view(np.float16).astype(np.float32).reshape(n, k // 32)
+        if type_name == "Q4_1":  # d * q + m
+            mins = np.ascontiguousarray(blocks[:, 2:4]).view(np.float16).astype(np.float32).reshape(n, k // 32)
+            return nibbles.astype(np.uint8), {"format": "INT4_MIN", "scale": scale, "mins": mins, "group_size": 32}
         return (nibbles.astype(np.int16) - 8).astype(np.int8), {"format": "INT4", "scale": scale, "group_size": 32}
     return nibbles, {"format": "MXFP4", "exponents": np.ascontiguousarray(blocks[:, 0]).reshape(n, k // 32)}
 
@@ -171,7 +196,9 @@ class GGUFLayerExperts:
                 self.types.setdefault(proj, set()).add(t.type_name)
         kept = {KEPT.get(t) for types in self.types.values() for t in types}
         # kept as stored only when every tensor of the layer has a ktcy twin, the same one
-        self.native_format = kept.pop() if len(kept) == 1 else None
+        self.native_format = next(iter(kept)) if len(kept) == 1 else None
+        # the formats some of its tensors are kept in, with a method naming one
+        self.kept_formats = frozenset(f for f in kept if f is not None)
 
     def _check_companions(self):
         """The layer's expert tensors are weights only (and GPT-OSS's biases), stored one way:
@@ -221,14 +248,30 @@ class GGUFLayerExperts:
 
     @property
     def group_size(self):
-        return 32 if self.native_format == "INT4" else None
+        """32 where some tensors are kept in a grouped format (INT4, INT4_MIN), else None."""
+        return 32 if self.kept_formats & {"INT4", "INT4_MIN"} else None
+
+    def _requantized(self, fmt):
+        """{ggml type: [projections]} of the tensors that loading as fmt dequantizes and quantizes again."""
+        out = {}
+        for proj, types in self.types.items():
+            for t in sorted(types):
+                if not keeps_codes(KEPT.get(t), fmt) and KEPT.get(t) != "BF16":
+                    out.setdefault(t, []).append(proj)
+        return out
 
     def needs_method(self):
         """The CheckpointError for method=None when no ktcy format holds the stored codes."""
+        partly = ""
+        for fmt in sorted(self.kept_formats - {"BF16"}):
+            again = self._requantized(fmt)
+            kept = sorted({p for p, ts in self.types.items() for t in ts if KEPT.get(t) == fmt})
+            partly += (f"; method='{fmt}' keeps {', '.join(kept)} as stored and quantizes "
+                       f"{', '.join(p for ps in again.values() for p in ps)} ({', '.join(again)}) again")
         return CheckpointError(f"{self.ckpt.path}: layer {self.layer} stores {self.stored}, which no ktcy format "
                                "holds as stored; pass a method (backend= in MoEModel and ktcy.hf): the values are "
                                "dequantized exactly and quantized again (on bench/gguf_requant.py's weight BF16 adds "
-                               "0.2% error, INT8 about 2%, INT4 about 8-9%)")
+                               f"0.2% error, INT8 about 2%, INT4 about 8-9%){partly}")
 
     def _raw(self, proj, e):
         """(type name, bytes of expert e's [N, K] values, [N, K])."""
@@ -255,19 +298,24 @@ class GGUFLayerExperts:
         check_expert_index(e, self.num_experts)
         if self.native_format is None:
             raise self.needs_method()
+        return self._stored_or_values(e)
+
+    def _stored_or_values(self, e):
+        check_expert_index(e, self.num_experts)
         return {proj: stored_form(*self._raw(proj, e)) for proj in PROJECTIONS}
 
     def source(self, fmt, strict=True):
-        """expert() where ktcy keeps the stored codes (MoE.from_experts packs them as stored, or
-        dequantizes them for another format), else the dequantized values, with one warning
-        that quantizing them again costs accuracy."""
+        """Expert e as ktcy keeps each tensor (stored_form: MoE.from_experts packs kept codes as
+        stored when fmt is theirs, else dequantizes them exactly), the others as the dequantized
+        values; one warning when a mixed layer's tensors are quantized again."""
         del strict  # the GGUF codes ktcy keeps always fit its layout
-        if self.native_format is not None:
-            return self.expert
-        if fmt != "BF16":
-            warn_once(f"{self.ckpt.path}: the model stores {self.stored}; loading it as {fmt} dequantizes and "
-                      "quantizes it again, which costs accuracy")
-        return lambda e: {proj: (w, None) for proj, w in self.dequantized(e).items()}
+        again = self._requantized(fmt)
+        if self.native_format is None and again and fmt != "BF16":
+            kept = "" if not self.kept_formats & {fmt} else " (the rest stays as stored)"
+            which = "; ".join(f"{t} ({', '.join(ps)})" for t, ps in again.items())
+            warn_once(f"{self.ckpt.path}: the model stores {self.stored}; loading it as {fmt} dequantizes {which} "
+                      f"and quantizes it again, which costs accuracy{kept}")
+        return self._stored_or_values
 
     def bias(self):
         """GPT-OSS's expert biases {"gate": [E, I], "up": [E, I], "down": [E, H]} as float32, else None."""

@@ -51,7 +51,8 @@ def load_experts(path: PathLike, layer: int, method: Optional[str] = None, isa: 
         FP8 block, FP8 per-channel -> FP8 per-channel) or its released codes (symmetric INT4 of
         compressed-tensors / GPTQ -> INT4, INT4 with zero points of GPTQ / AWQ / compressed-tensors
         -> INT4_ZP, GPT-OSS's MXFP4 -> MXFP4, each with its own group size; GGUF's Q4_0 -> INT4
-        group 32, MXFP4 -> MXFP4, BF16/F16/F32 -> BF16, and its other types need a method); a format or
+        group 32, Q4_K and Q4_1 -> INT4_MIN group 32, MXFP4 -> MXFP4, BF16/F16/F32 -> BF16, and its
+        other types or mixed layers need a method, which keeps the tensors it holds as stored); a format or
         KTransformers backend name ("INT8", "AMXINT4", "FP8", ...) quantizes on load (released
         codes are dequantized exactly first).  A converted folder holds one format and can only
         be loaded in it.
@@ -150,7 +151,8 @@ def layer_group_size(experts, fmt):
     """The group size that keeps released INT4 codes as stored (their own, when fmt is their
     format and ktcy's layout takes it), else the default."""
     stored = experts.group_size
-    if fmt == experts.native_format and stored in INT4_GROUP_SIZES:
+    kept = fmt == experts.native_format or fmt in getattr(experts, "kept_formats", ())  # GGUF: per tensor
+    if kept and stored in INT4_GROUP_SIZES:
         return stored
     return DEFAULT_INT4_GROUP
 

@@ -1,6 +1,7 @@
 """GGUF models (llama.cpp's files) read by ktcy.load_experts: files written by the `gguf` package
 (llama.cpp's own Python writer), every decoded ggml type equal bit for bit to that package's
-dequantization, codes ktcy holds kept as stored (Q4_0 -> INT4 group 32, MXFP4, BF16), the others
+dequantization, codes ktcy holds kept as stored (Q4_0 -> INT4 group 32, Q4_K and Q4_1 -> INT4_MIN
+group 32, MXFP4, BF16), the others
 refused without a method and quantized again with one, MoE forward against float64 on every
 ISA, split files, and damaged or foreign files refused with a CheckpointError."""
 import os
@@ -179,7 +180,87 @@ def test_other_types_need_a_method_and_dequantize_exactly(tmp_path, types, caplo
     with caplog.at_level("WARNING", logger="ktcy"):
         int8 = ktcy.load_experts(path, 1, method="AMXINT8")
     assert int8.format == "INT8" and rel(int8.forward(x, ids, wts), ref) < 0.03
-    assert "loading it as INT8 dequantizes and quantizes it again" in caplog.text
+    assert "loading it as INT8 dequantizes " in caplog.text and "quantizes it again" in caplog.text
+    assert f"{types[2]} (" in caplog.text
+
+
+def _q4_k_fields(raw, n, k):
+    """Q4_K's fields read from ggml's block_q4_K (144 bytes per 256 values: f16 d, f16 dmin, 12
+    bytes of 6-bit scales and mins, 128 bytes of nibbles), written here from the format, apart
+    from the reader: (codes [n, k], scale d * sc [n, k/32], min -(dmin * m) [n, k/32])."""
+    b = raw.reshape(-1, 144)
+    d = b[:, 0:2].copy().view(np.float16).astype(np.float32)
+    dmin = b[:, 2:4].copy().view(np.float16).astype(np.float32)
+    s = b[:, 4:16].astype(np.int32)
+    sc, m = np.zeros((len(b), 8), np.int32), np.zeros((len(b), 8), np.int32)
+    for j in range(8):  # get_scale_min_k4
+        if j < 4:
+            sc[:, j], m[:, j] = s[:, j] & 63, s[:, j + 4] & 63
+        else:
+            sc[:, j] = (s[:, j + 4] & 0xF) | ((s[:, j - 4] >> 6) << 4)
+            m[:, j] = (s[:, j + 4] >> 4) | ((s[:, j] >> 6) << 4)
+    codes = np.zeros((len(b), 256), np.uint8)
+    for c in range(4):  # 64 values per 32 bytes: low nibbles first, then high
+        q = b[:, 16 + 32 * c:16 + 32 * (c + 1)]
+        codes[:, 64 * c:64 * c + 32], codes[:, 64 * c + 32:64 * c + 64] = q & 0xF, q >> 4
+    scale = (d * sc.astype(np.float32)).reshape(n, k // 32)
+    mins = -(dmin * m.astype(np.float32)).reshape(n, k // 32)
+    return codes.reshape(n, k), scale, mins
+
+
+def _q4_1_fields(raw, n, k):
+    """block_q4_1 (20 bytes per 32 values: f16 d, f16 m, 16 bytes: value j the low nibble of byte
+    j, value j + 16 its high one): (codes, d, m), w = d * q + m."""
+    b = raw.reshape(-1, 20)
+    codes = np.concatenate([b[:, 4:] & 0xF, b[:, 4:] >> 4], axis=1).reshape(n, k)
+    half = lambda at: b[:, at:at + 2].copy().view(np.float16).astype(np.float32).reshape(n, k // 32)  # noqa: E731
+    return codes, half(0), half(2)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q4_1"])
+def test_q4_k_and_q4_1_are_kept_as_int4_min_group_32(tmp_path, type_name):
+    path = str(tmp_path / "m.gguf")
+    truth = write_model(path, {"gate": type_name, "up": type_name, "down": type_name})
+    moe = ktcy.load_experts(path, 1)
+    assert moe.format == "INT4_MIN" and moe.gate[0].group_size == 32
+    layer = GGUFCheckpoint(path).layer(1)
+    fields = _q4_k_fields if type_name == "Q4_K" else _q4_1_fields
+    for proj in ("gate", "up", "down"):
+        for e in range(E):
+            p = getattr(moe, proj)[e]
+            codes, scale, mins = fields(layer._raw(proj, e)[1], *p.shape)
+            assert np.array_equal(p.codes(), codes), (proj, e)
+            assert np.array_equal(p.group_scales()[:, :p.shape[0]].T, scale), (proj, e)
+            assert np.array_equal(p.group_mins()[:, :p.shape[0]].T, mins), (proj, e)
+            # s * q + min in float32 is llama.cpp's value, bit for bit
+            assert np.array_equal(p.dequantize(np.float32), truth[1, proj][e]), (proj, e)
+    x, ids, wts = inputs()
+    y = moe.forward(x, ids, wts)
+    assert rel(y, silu_reference(x, ids, wts, truth, 1)) < 0.03  # the int8 activations' error only
+    for isa in isas():  # the same bits everywhere
+        assert np.array_equal(ktcy.load_experts(path, 1, isa=isa).forward(x, ids, wts), y), isa
+
+
+def test_q4_k_m_layer_keeps_its_q4_k_tensors_with_int4_min(tmp_path, caplog):
+    """Q4_K_M stores ffn_down as Q6_K in some layers: method=None asks for a method and says what
+    INT4_MIN would keep; with it gate and up stay as stored, down is quantized again."""
+    path = str(tmp_path / "m.gguf")
+    truth = write_model(path, {"gate": "Q4_K", "up": "Q4_K", "down": "Q6_K"})
+    with pytest.raises(CheckpointError, match="method='INT4_MIN' keeps gate, up as stored and quantizes down"):
+        ktcy.load_experts(path, 1)
+    with caplog.at_level("WARNING", logger="ktcy"):
+        moe = ktcy.load_experts(path, 1, method="INT4_MIN")
+    assert "dequantizes Q6_K (down) and quantizes it again" in caplog.text and "the rest stays as stored" in caplog.text
+    assert moe.format == "INT4_MIN" and moe.gate[0].group_size == 32
+    for e in range(E):
+        for proj in ("gate", "up"):
+            assert np.array_equal(getattr(moe, proj)[e].dequantize(np.float32), truth[1, proj][e]), (proj, e)
+        assert not np.array_equal(moe.down[e].dequantize(np.float32), truth[1, "down"][e])
+    x, ids, wts = inputs()
+    kept = dict(truth)
+    kept[1, "down"] = np.stack([moe.down[e].dequantize(np.float32) for e in range(E)])  # the 4-bit down
+    assert rel(moe.forward(x, ids, wts), silu_reference(x, ids, wts, kept, 1)) < 0.03  # int8 activations' error
+    assert rel(moe.forward(x, ids, wts), silu_reference(x, ids, wts, truth, 1)) < 0.1  # and Q6_K's down to 4 bits
 
 
 def test_gpt_oss_mxfp4_kept_with_biases_and_its_activation(tmp_path):
@@ -337,7 +418,9 @@ class Quiet:
 
 @pytest.mark.parametrize("arch, types, method", [("qwen3moe", ("Q4_0",) * 3, None), ("gpt-oss", ("MXFP4",) * 3, None),
                                                  ("gpt-oss", ("MXFP4",) * 3, "MXFP4_A8"),
-                                                 ("deepseek2", ("Q4_K", "Q4_K", "Q6_K"), "INT4")])
+                                                 ("deepseek2", ("Q4_K", "Q4_K", "Q6_K"), "INT4"),
+                                                 ("qwen3moe", ("Q4_K",) * 3, None),
+                                                 ("qwen3moe", ("Q4_K", "Q4_K", "Q6_K"), "INT4_MIN")])
 def test_convert_round_trip_equals_loading_the_gguf(tmp_path, arch, types, method):
     path, out = str(tmp_path / "m.gguf"), tmp_path / "packed"
     write_model(path, dict(zip(("gate", "up", "down"), types)), arch=arch, layers=(1, 2), biases=arch == "gpt-oss")
@@ -521,14 +604,14 @@ def test_gguf_rewritten_in_place_during_convert_is_refused(tmp_path):
 
 
 def test_convert_checks_every_layer_before_writing(tmp_path):
-    """Layer 1 Q4_0 (kept as INT4), layer 2 Q4_K (needs a method), method=None: convert packs
+    """Layer 1 Q4_0 (kept as INT4), layer 2 Q6_K (needs a method), method=None: convert packs
     and writes layer 1, then fails on layer 2, leaving a layer file and no manifest; a rerun
     with --method INT4 then meets a 'differs from this conversion' conflict.  wanted(L) can be
     evaluated for every chosen layer before any work."""
     path, out = str(tmp_path / "m.gguf"), tmp_path / "out"
     rng = np.random.default_rng(0)
     w = _writer(path, blocks=3)
-    for L, t in ((1, "Q4_0"), (2, "Q4_K")):
+    for L, t in ((1, "Q4_0"), (2, "Q6_K")):
         for proj in ("gate", "up", "down"):
             w.add_tensor(f"blk.{L}.ffn_{proj}_exps.weight", random_blocks(t, E * 256 * 256, rng).reshape(E, 256, -1),
                          raw_dtype=T[t])
