@@ -486,7 +486,7 @@ def packed_shapes(int fmt, int64_t n, int64_t k, int group=0):
     if ktcy_format(fmt).scale == KTCY_SCALE_GROUP:
         width = 2 if ktcy_format(fmt).mins else 1
         scale = (shape[0], shape[1] // (KTCY_PANEL * width), KTCY_PANEL * width)
-        zero = (shape[0], shape[1] // (KTCY_PANEL * width), KTCY_PANEL) if zero else None
+        zero = (zshape[0], zshape[1] // KTCY_PANEL, KTCY_PANEL) if zero else None
     return {"data": (ktcy_data_bytes(fmt, n, k, group),), "scale": scale, "colsum": (cs,) if cs else None, "zero": zero}
 
 def int8_column_sums(const int8_t[::1] data, int64_t n_pad, int64_t k_pad):

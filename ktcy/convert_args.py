@@ -59,8 +59,9 @@ def build_parser(prog="convert_cpu_weights.py"):
                          "layer file there converted differently goes, not only those of --layers "
                          "(never allowed for the input folder)")
     q = p.add_argument_group("quantization")
-    q.add_argument("--method", help="target format: AMXINT8, AMXINT4, AMXBF16, INT8, INT4, BF16, FP8 (128x128 "
-                                    "blocks), FP8_PERCHANNEL (default: keep the checkpoint's precision)")
+    q.add_argument("--method", help="target format: AMXINT8, AMXINT4, AMXBF16, INT8, INT4, INT4_ZP, INT4_MIN, BF16, "
+                                    "FP8 (128x128 blocks), FP8_PERCHANNEL, MXFP4, MXFP4_A8 (default: keep the "
+                                    "checkpoint's precision)")
     q.add_argument("--quant-method", metavar="METHOD",
                    help="kt-kernel's spelling of --method: int8, int4, moe_int8, moe_int4, bf16, fp8, ...")
     q.add_argument("--quant-config", metavar="JSON",

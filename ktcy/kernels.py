@@ -51,27 +51,28 @@ def c_array(a, dtype=None):
 
 # Integer sums of the int8-activation formats reach 2^31 in size; times a weight scale up to
 # 2^96 they stay below float32's largest value (2^128) where the weight scale comes first (INT4,
-# INT4_ZP; INT8 applies the activation scale first, see README "Numbers worth knowing").
+# INT4_ZP, INT4_MIN, whose mins multiply group sums of at most 2^14 by the same bound; INT8
+# applies the activation scale first, see README "Numbers worth knowing").
 _MAX_INT_SCALE = 2.0 ** 96
 
 
-def _scale_problem(fmt, scale):
+def _scale_problem(fmt, scale, what="scale"):
     """Why scales cannot be packed, or None: a NaN or infinite scale would turn every output of
     its channel into NaN, and an integer format's scale beyond _MAX_INT_SCALE overflows its float
     sums.  The position is in the array as given."""
     scale = np.asarray(scale, np.float32)
     if not np.isfinite(scale).all():
         where = tuple(int(i) for i in np.argwhere(~np.isfinite(scale))[0])
-        return f"{fmt} scale at {where} is {scale[where]}; scales must be finite"
+        return f"{fmt} {what} at {where} is {scale[where]}; {what} must be finite"
     if descriptor(fmt)["activations"] == "int8" and scale.size and np.abs(scale).max() > _MAX_INT_SCALE:
-        return f"{fmt} scale {np.abs(scale).max():.3g} exceeds {_MAX_INT_SCALE:.3g}: its integer sums may overflow float32"
+        return f"{fmt} {what} {np.abs(scale).max():.3g} exceeds {_MAX_INT_SCALE:.3g}: its integer sums may overflow float32"
     return None
 
 
-def _check_finite_scales(fmt, scale):
-    """Scales refused where they come in (a released checkpoint, a packed file, codes packed by
-    hand), not found in the results (_scale_problem)."""
-    problem = None if scale is None else _scale_problem(fmt, scale)
+def _check_finite_scales(fmt, scale, what="scale"):
+    """Scales (and INT4_MIN's mins) refused where they come in (a released checkpoint, a packed
+    file, codes packed by hand), not found in the results (_scale_problem)."""
+    problem = None if scale is None else _scale_problem(fmt, scale, what)
     if problem:
         raise ValueError(problem)
 
@@ -417,8 +418,10 @@ def pack_quantized(codes: np.ndarray, scale: Optional[np.ndarray], format: str, 
         if d["mins"]:
             if mins is None:
                 raise ValueError(f"{fmt} needs its mins (the value of code 0 per group)")
+            if not np.issubdtype(np.asarray(mins).dtype, np.floating):
+                raise TypeError(f"{fmt} mins must be floats, got {np.asarray(mins).dtype}")
+            _check_finite_scales(fmt, mins, "mins")  # positions as given
             mins = _kernel_group_array(mins, np.float32, 0, n, k, group, groups, n_pad, f"{fmt} mins")
-            _check_finite_scales(fmt, mins)
             # each panel's group: its 16 scales, then its 16 mins (formats.h, ktcy_side_width)
             scale = np.ascontiguousarray(np.concatenate([scale, mins], axis=2))
         if d["zero_points"]:

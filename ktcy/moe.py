@@ -411,6 +411,15 @@ def _pack_released(w, spec, fmt, group):
         scales = packed.group_scales()
         return kernels.pack_quantized(packed.codes().astype(np.int16) + 8, scales, "INT4_ZP",
                                       group_size=group, zero_points=np.full(scales.shape, 8, np.uint8))
+    if stored in ("INT4", "INT4_ZP") and fmt == "INT4_MIN" and packed.group_size == group:
+        # s * (q - z) = s * q + min with the codes and scales kept and min = -z * s in float32:
+        # exact for INT4 (z = 8), for INT4_ZP within half a float32 ulp of z * s (quantizing the
+        # values again by min and max would move them by up to half a step)
+        scales = packed.group_scales()
+        zero = np.full(scales.shape, 8, np.uint8) if stored == "INT4" else packed.group_zero_points()
+        nibbles = packed.codes().astype(np.int16) + 8 if stored == "INT4" else packed.codes()
+        return kernels.pack_quantized(nibbles, scales, "INT4_MIN", group_size=group,
+                                      mins=-(zero.astype(np.float32) * scales))
     return kernels.pack(packed.dequantize(np.float32), fmt, group_size=group)
 
 

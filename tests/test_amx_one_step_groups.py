@@ -33,6 +33,9 @@ def _skip_unless_runnable(isa, fmt):
     ("INT4", 128, 320),     # two steps per group: the 2 x 2 blocking, beside the others
     ("INT4_ZP", 64, 192),
     ("INT4_ZP", 32, 128),
+    ("INT4_MIN", 64, 192),
+    ("INT4_MIN", 32, 96),
+    ("INT4_MIN", 128, 320),
     ("MXFP4_A8", None, 96),   # 32-K blocks over a padded K: 4 steps after padding to 128
     ("MXFP4_A8", None, 160),
 ])

@@ -432,7 +432,7 @@ def test_biases_are_copied_like_the_weights():
 
 
 @pytest.mark.parametrize("fmt,magnitude", [("INT4", 1e36), ("INT4_ZP", 1e36), ("INT8", 1e36), ("INT4", 1e37),
-                                           ("INT4_ZP", 3e38)])
+                                           ("INT4_ZP", 3e38), ("INT4_MIN", 1e36), ("INT4_MIN", 3e38)])
 def test_weights_too_large_for_an_integer_format_are_refused(fmt, magnitude):
     W = np.random.default_rng(6).standard_normal((16, 64)).astype(np.float32) * np.float32(magnitude / 4)
     with pytest.raises(ValueError, match=f"{fmt} cannot hold weights as large as .*BF16"):

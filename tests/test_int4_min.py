@@ -8,6 +8,7 @@ import ktcy
 from conftest import int4_exact_reference, per_channel_group_pairs, runnable_variants
 from ktcy import kernels
 from ktcy.packed_io import load_layer, pack_layer, write_layer
+from ktcy.safetensors_io import CheckpointError, SafetensorsFile, write
 
 
 def _released(rng, n, k, group):
@@ -91,9 +92,10 @@ def test_constant_groups_are_exact():
         assert np.array_equal(kernels.linear_variant(X, p, v), int4_exact_reference(X, p)), v
 
 
-@pytest.mark.parametrize("bad,match", [("codes", "0, 15"), ("missing", "needs its mins"), ("nan", "finite"),
-                                       ("shape", "mins must be"), ("huge", "exceeds"), ("on_int4", "has no mins"),
-                                       ("signed", "integers")])
+@pytest.mark.parametrize("bad,match", [("codes", "0, 15"), ("missing", "needs its mins"),
+                                       ("nan", r"mins at \(2, 1\) is nan"), ("shape", "mins must be"),
+                                       ("huge", "INT4_MIN mins 1e\\+38 exceeds"), ("on_int4", "has no mins"),
+                                       ("signed", "integers"), ("int_mins", "mins must be floats")])
 def test_bad_codes_and_mins_are_refused(bad, match):
     codes = np.zeros((16, 64), np.uint8)
     mins = np.zeros((16, 2), np.float32)
@@ -110,6 +112,8 @@ def test_bad_codes_and_mins_are_refused(bad, match):
         fmt, codes = "INT4", codes.astype(np.int8)
     if bad == "signed":
         codes = codes.astype(np.float32)
+    if bad == "int_mins":
+        mins = mins.astype(np.int32)
     with pytest.raises((ValueError, TypeError), match=match):
         kernels.pack_quantized(codes, np.ones((16, 2), np.float32), fmt, group_size=32,
                                mins=None if bad == "missing" else mins)
@@ -166,6 +170,13 @@ def test_moe_every_isa_and_packed_file(tmp_path):
     loaded = load_layer(path)
     assert loaded.format == "INT4_MIN"
     assert np.array_equal(loaded.forward(x, ids, w), y)
+    del loaded
+    # layout 1 (group-major scales) predates INT4_MIN: a file labelled so is foreign
+    now = SafetensorsFile(path)
+    tensors = {name: np.array(now.get(name)) for name in now.keys()}
+    write(path, tensors, dict(now.metadata, layout_version="1"))
+    with pytest.raises(CheckpointError, match="layout version 1 predates INT4_MIN"):
+        load_layer(path)
 
 
 def test_released_codes_are_kept_by_from_experts():

@@ -127,14 +127,19 @@ def released_experts(kind, seed=3):
 
 
 @pytest.mark.parametrize("kind,target", [("INT4_ZP", "INT4_ZP"), ("INT4", "INT4"), ("INT4", "INT4_ZP"),
-                                         ("MXFP4", "MXFP4"), ("INT4_ZP", "BF16"), ("MXFP4", "BF16")])
+                                         ("MXFP4", "MXFP4"), ("INT4_ZP", "BF16"), ("MXFP4", "BF16"),
+                                         ("INT4", "INT4_MIN"), ("INT4_ZP", "INT4_MIN")])
 def test_codes_as_released_are_packed_as_stored_or_converted(kind, target):
     expert, exact = released_experts(kind)
     cfg = ktcy.MoeConfig(E, K_TOP, H, I, ktcy.QuantConfig(target, group_size=32))
     layer = ktcy.MoE.from_experts(cfg, expert)
     for e in range(E):
         got = layer.gate[e].dequantize()
-        if target == kind or (kind, target) == ("INT4", "INT4_ZP"):
+        # INT4 in INT4_ZP (z = 8) and in INT4_MIN (min = -8 s) exactly; INT4_ZP's -z s rounds in float32
+        if target == kind or (kind, target) in (("INT4", "INT4_ZP"), ("INT4", "INT4_MIN")):
             assert np.array_equal(got, exact[e, "gate"])  # the released weights, bit for bit
+        elif (kind, target) == ("INT4_ZP", "INT4_MIN"):
+            assert np.array_equal(layer.gate[e].codes(), expert(e)["gate"][0])  # the codes as released
+            assert np.abs(got - exact[e, "gate"]).max() <= np.abs(exact[e, "gate"]).max() * 2 ** -22
         else:
             assert np.abs(got - exact[e, "gate"]).max() <= np.abs(exact[e, "gate"]).max() * 2 ** -8

@@ -144,10 +144,12 @@ static inline void ktcy_scale_shape(int format, int64_t n, int64_t k, int group,
 }
 
 /* Zero points, uint8 [rows][cols] (0 x 0 when the format has none): laid out like GROUP scales
- * (of side width 1). */
+ * of side width 1 (one byte per group and channel, whatever floats the scale array holds). */
 static inline void ktcy_zero_shape(int format, int64_t n, int64_t k, int group, int64_t shape[2]) {
     shape[0] = shape[1] = 0;
-    if (ktcy_format(format)->zero_points) ktcy_scale_shape(format, n, k, group, shape);
+    if (!ktcy_format(format)->zero_points) return;
+    shape[0] = ktcy_n_pad(n) / KTCY_PANEL;
+    shape[1] = ktcy_k_pad(format, k, group) / group * KTCY_PANEL;
 }
 
 static inline int64_t ktcy_colsum_count(int format, int64_t n) {

@@ -44,7 +44,7 @@ def add_arguments(parser):
                         "--model then needs only config.json and the tokenizer")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--backend", default=None, help="experts format: AMXINT8, AMXBF16, AMXINT4, INT8, INT4, "
-                       "INT4_ZP, BF16, FP8, MXFP4, ... (default: as stored)")
+                       "INT4_ZP, INT4_MIN, BF16, FP8, MXFP4, ... (default: as stored)")
     which.add_argument("--rules", default=None, help="optimize-rule YAML choosing the backend per experts module")
     prompt = parser.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", default=None, help="text (needs the model's tokenizer)")
