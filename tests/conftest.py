@@ -106,7 +106,7 @@ def per_channel_group_pairs(a, n):
 def int4_exact_reference(x, packed):
     """INT4 / INT4_ZP / INT4_MIN by the documented epilogue, from integers: per group the int32
     sum of q_x * (code - zero point), acc = acc + float(sum) * scale, and for INT4_MIN then
-    acc = acc + float(sum of q_x) * min (float32, groups in order), then times the row scale."""
+    acc = fma(float(sum of q_x), min, acc) (float32, groups in order), then times the row scale."""
     n, k = packed.shape
     g, k_pad = packed.group_size, packed.k_pad
     q_x, s_x = quantize_rows_int8(x)
@@ -125,9 +125,9 @@ def int4_exact_reference(x, packed):
     for j in range(k_pad // g):
         part = qx[:, j * g:(j + 1) * g] @ qw[:, j * g:(j + 1) * g].T
         acc = (acc + part.astype(np.float32) * scale[:, j][None, :]).astype(np.float32)
-        if mins is not None:
-            gsum = qx[:, j * g:(j + 1) * g].sum(axis=1).astype(np.float32)
-            acc = (acc + gsum[:, None] * mins[:, j][None, :]).astype(np.float32)
+        if mins is not None:  # a fused multiply-add: float64 holds the product and sum exactly here
+            gsum = qx[:, j * g:(j + 1) * g].sum(axis=1).astype(np.float64)
+            acc = (acc + gsum[:, None] * mins[:, j][None, :].astype(np.float64)).astype(np.float32)
     return (acc * s_x[:, None]).astype(np.float32)
 
 

@@ -5,11 +5,12 @@
  * are panel-major (ktcy_group_index: each panel's groups in a row of 16-channel vectors; INT4_MIN's
  * group holds 16 scales, then 16 mins); activations int8.
  *   y[m][n] = (sum over groups g in order of acc + (float)sum_{k in g}(q_x * (nibble - z)) * s[g][n]
- *              [+ (float)sum_{k in g} q_x * min[g][n]]) * x_scale[m]
+ *              [then fused: + (float)sum_{k in g} q_x * min[g][n]]) * x_scale[m]
  * (z = 0 for INT4_MIN).  The vector kernels multiply the unsigned nibble and subtract z x the
  * activation group sum (an exact int32); AMX unpacks nibble - z to int8.  Every kernel adds the
- * same float terms in the same order, so all ISAs give the same bits.  Included by a skeleton
- * instantiation; no include guard. */
+ * same float terms in the same order (the min term in one fused multiply-add, one operation
+ * less in the AVX2 tiles, whose sums fill the 16 registers), so all ISAs give the same bits.
+ * Included by a skeleton instantiation; no include guard. */
 #define KT_ROW KTCY_ROW_INT4
 #define KT_FORMATS ((1 << KTCY_FMT_INT4) | (1 << KTCY_FMT_INT4_ZP) | (1 << KTCY_FMT_INT4_MIN))
 #include "traits_begin.h"
@@ -54,7 +55,7 @@ KT_AI float KT_(group)(float acc, int32_t part, const ktcy_act *a, int64_t m, co
                        int64_t g) {
     const int64_t sat = KT_INT4_SAT(w, g, n);
     acc = acc + (float)part * w->scale[sat];
-    if (KT_INT4_MINS(w)) acc = acc + (float)a->group_sum[m * KT_INT4_GROUPS(w) + g] * w->scale[sat + KTCY_PANEL];
+    if (KT_INT4_MINS(w)) acc = fmaf((float)a->group_sum[m * KT_INT4_GROUPS(w) + g], w->scale[sat + KTCY_PANEL], acc);
     return acc;
 }
 KT_AI float KT_(final)(float acc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n) {
@@ -127,8 +128,8 @@ KT_AI void KT_(group_epilogue)(__m256i acc[4][2], __m256 facc[4][2], const int M
             __m256 part = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[m][h], bias));
             facc[m][h] = _mm256_add_ps(facc[m][h], _mm256_mul_ps(part, s));
             if (mins)
-                facc[m][h] = _mm256_add_ps(facc[m][h], _mm256_mul_ps(_mm256_set1_ps((float)gs),
-                                                                     _mm256_loadu_ps(w->scale + sat + 16 + h * 8)));
+                facc[m][h] = _mm256_fmadd_ps(_mm256_set1_ps((float)gs), _mm256_loadu_ps(w->scale + sat + 16 + h * 8),
+                                             facc[m][h]);
             acc[m][h] = _mm256_setzero_si256();
         }
     }
@@ -208,8 +209,7 @@ KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const in
             __m512 part = _mm512_cvtepi32_ps(exact);
             facc[m][p] = _mm512_add_ps(facc[m][p], _mm512_mul_ps(part, s));
             if (mins)
-                facc[m][p] = _mm512_add_ps(facc[m][p], _mm512_mul_ps(_mm512_set1_ps((float)gs),
-                                                                     _mm512_loadu_ps(w->scale + sat[p] + 16)));
+                facc[m][p] = _mm512_fmadd_ps(_mm512_set1_ps((float)gs), _mm512_loadu_ps(w->scale + sat[p] + 16), facc[m][p]);
             acc[m][p] = _mm512_setzero_si512();
         }
     }

@@ -169,7 +169,7 @@ KT_AI void KT_(fold_rows)(float *restrict acc, const KT_C_T *restrict c, int row
 #if KT_AMX_GROUP_MINS
         if (mins_groups) { /* added after the group's product, as the vector kernels do: the same bits */
             const float mr = KT_(min_row)(a, m0 + i, g, mins_groups);
-            for (int j = 0; j < cols; ++j) ar[j] = ar[j] + mr * s[KT_AMX_MIN_COLS + j];
+            for (int j = 0; j < cols; ++j) ar[j] = fmaf(mr, s[KT_AMX_MIN_COLS + j], ar[j]);
         }
 #endif
     }
