@@ -451,6 +451,19 @@ def test_rules_also_match_the_checkpoints_block_names(folders):
     assert kernels == {"model.layers.0.mlp.experts": "BF16", "model.layers.1.mlp.experts": "INT8"}
 
 
+def test_a_rule_that_matches_no_experts_module_is_named(folders, caplog):
+    rules = [{"match": {"name": r"model\.language_model\.layers\.0\."}, "replace": {"kwargs": {"backend": "INT8"}}},
+             {"match": {"name": r"model\.layers\.1\."}, "replace": {"kwargs": {"backend": "INT8"}}},
+             {"match": {"name": r"model\.layers\.0\.", "class": "torch.nn.Linear"}, "replace": {"class": "x"}}]
+    with caplog.at_level("WARNING", logger="ktcy"):
+        model = ktcy.hf.from_pretrained(folders["olmoe"], rules=rules, dtype=torch.float32)
+    said = [r.getMessage() for r in caplog.records if "matches no experts module" in r.getMessage()]
+    # the first only: the second selects layer 1, the third selects no experts by its class
+    assert len(said) == 1 and said[0].startswith("rule 0:") and "model.layers.0.mlp.experts" in said[0], said
+    kernels = {n: m.kernel.split(" ")[0] for n, m in model.ktcy_experts().items()}
+    assert kernels == {"model.layers.0.mlp.experts": "BF16", "model.layers.1.mlp.experts": "INT8"}
+
+
 def test_arguments_that_do_not_apply_are_refused(folders):
     with pytest.raises(ValueError, match="device_map"):
         ktcy.hf.from_pretrained(folders["olmoe"], device_map="auto")

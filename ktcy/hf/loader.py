@@ -163,6 +163,7 @@ def from_pretrained(path: PathLike, rules: Union[PathLike, List[Dict[str, Any]],
     if len(replaced) != len(ckpt.arch.moe_layers):
         raise CheckpointError(f"{path}: the model has {len(replaced)} {arch.experts_class} modules, config.json "
                               f"describes {len(ckpt.arch.moe_layers)} MoE layers")
+    state.warn_unmatched_rules(replaced)  # before minutes of packing
     for name in replaced:
         _replace(model, name, state.build(name))
         ckpt.release_pages()  # the checkpoint stays open for inject_expert_backend, not resident
@@ -275,13 +276,27 @@ class _KtcyState:
         self.checkpoint, self.arch, self.rules = ckpt, arch, rules
         self.default_backend, self.converted, self.isa, self.group = backend, converted, isa, group
 
-    def build(self, name, forced_backend=None):
+    def names(self, name):
+        """(module name, the block's name in the checkpoint): rules match either."""
         L = layer_of(name)
         if isinstance(self.checkpoint, GGUFCheckpoint):
-            stored_name = gguf_blocks.block_name(self.checkpoint, L)
-        else:
-            stored_name = self.checkpoint.layer(L).block_name  # Mixtral's checkpoint says block_sparse_moe
-        rule = next((r for r in self.rules if r.matches(name) or r.matches(stored_name)), None)
+            return name, gguf_blocks.block_name(self.checkpoint, L)
+        return name, self.checkpoint.layer(L).block_name  # Mixtral's checkpoint says block_sparse_moe
+
+    def warn_unmatched_rules(self, module_names):
+        """A WARNING per rule whose match.name selects no experts module: a rule written for
+        another layout (model.layers.N. where an image-text model's are
+        model.language_model.layers.N.) would otherwise leave its layers in the default backend
+        without a word."""
+        names = [n for m in module_names for n in self.names(m)]
+        for rule in self.rules:
+            if rule.selects_experts and rule.pattern is not None and not any(rule.matches(n) for n in names):
+                log.warning("rule %d: match.name %r matches no experts module (they are named like %r)",
+                            rule.index, rule.pattern.pattern, module_names[0] if module_names else "")
+
+    def build(self, name, forced_backend=None):
+        L = layer_of(name)
+        rule = next((r for r in self.rules if any(r.matches(n) for n in self.names(name))), None)
         backend = forced_backend or (rule.backend if rule is not None else None) or self.default_backend
         return KtcyExperts(name, L, self._experts(L, backend), backend, rule)
 
