@@ -1,8 +1,11 @@
 """Formats side by side on one kernel variant: the same float weight packed in each format, one
 projection called in alternation, round after round, so the host's drift falls on all alike.
-Prints each format's median time and its median per-round ratio to the first.  Not part of CI.
+Prints each format's median time and its median per-round ratio to the first.  With --moe E, a
+whole MoE layer instead (Qwen3-30B-A3B's H 2048, I 768, top 8, E experts, a fresh routing per
+call) on --isa.  Not part of CI.
 
     python bench/ab_formats.py --formats INT4_ZP,INT4_MIN --variant int4_avx2 --group 32 --rows 1,32,512
+    python bench/ab_formats.py --formats INT4_ZP,INT4_MIN --moe 64 --isa avx2 --rows 1,32,512
 """
 import argparse
 import sys
@@ -10,13 +13,39 @@ import time
 
 import numpy as np
 
+import ktcy
 from ktcy import _native, kernels
+
+
+def _moe_rounds(formats, args):
+    """{T: {format: [seconds per call, per round]}} of whole MoE layers called in alternation."""
+    E, H, I, k = args.moe, 2048, 768, 8
+    rng = np.random.default_rng(0)
+    w = [(rng.standard_normal((E, n, kk)) * 0.02).astype(np.float32) for n, kk in ((I, H), (I, H), (H, I))]
+    layers = {f: ktcy.MoE.from_weights(ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig(f, group_size=args.group),
+                                                      isa=args.isa), *w) for f in formats}
+    out = {}
+    for T in (int(r) for r in args.rows.split(",")):
+        x = rng.standard_normal((T, H)).astype(np.float32)
+        calls = max(3, 200 // T)
+        routes = [(np.argsort(rng.random((T, E)), axis=1)[:, :k], rng.random((T, k)).astype(np.float32))
+                  for _ in range(calls)]
+        out[T] = {f: [] for f in formats}
+        for _ in range(args.rounds):
+            for f in formats:
+                t0 = time.perf_counter()
+                for ids, wts in routes:
+                    layers[f].forward(x, ids, wts)
+                out[T][f].append((time.perf_counter() - t0) / calls)
+    return out
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--formats", default="INT4_ZP,INT4_MIN", help="comma-separated; the first is the baseline")
-    ap.add_argument("--variant", required=True, help="a kernel variant serving every format (ktcy._native.variants())")
+    ap.add_argument("--variant", help="a kernel variant serving every format (ktcy._native.variants())")
+    ap.add_argument("--moe", type=int, default=0, help="E: time a whole MoE layer of E experts instead")
+    ap.add_argument("--isa", default=None, help="with --moe: the ISA (default: this CPU's best)")
     ap.add_argument("--group", type=int, default=64, help="group size of grouped formats")
     ap.add_argument("--rows", default="1,32,512", help="comma-separated row counts M")
     ap.add_argument("--n", type=int, default=768)
@@ -24,6 +53,13 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=15)
     args = ap.parse_args(argv)
     formats = args.formats.split(",")
+    if args.moe:
+        for T, times in _moe_rounds(formats, args).items():
+            base = np.array(times[formats[0]])
+            cells = [f"{f} {np.median(times[f]) * 1e3:.3f} ms ({np.median(np.array(times[f]) / base):.3f}x)"
+                     for f in formats]
+            print(f"MoE {args.moe} experts on {args.isa or 'the best ISA'}, T = {T}: " + ", ".join(cells))
+        return 0
     serving = {v["name"]: v for v in _native.variants()}
     v = serving.get(args.variant)
     if v is None or not v["runnable"] or any(f not in v["formats"] for f in formats):
