@@ -1,6 +1,8 @@
 """INT4 with zero points (w = s * (q - z) per channel and K group, as GPTQ/AWQ/compressed-tensors
 store it): layout round trip, the same numbers on every ISA as an integer numpy reference,
-symmetric INT4 as the case z = 8, the quantizer's range, MoE and packed files."""
+symmetric INT4 as the case z = 8, the quantizer's range, MoE and packed files.  The kernel tests
+take INT4_MIN too (w = s * q + min: the same kernels, z = 0 and a float term per group;
+tests/test_int4_min.py has the rest of it)."""
 import numpy as np
 import pytest
 
@@ -30,19 +32,26 @@ def test_codes_and_zero_points_round_trip_exactly(group):
     assert not p.group_scales()[:, n:].any() and (p.group_zero_points()[:, n:] == 8).all()
 
 
+ASYMMETRIC = ["INT4_ZP", "INT4_MIN"]
+
+
+@pytest.mark.parametrize("fmt", ASYMMETRIC)
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("m,n,k", [(1, 16, 64), (3, 48, 100), (17, 80, 192), (40, 130, 300), (512, 32, 256),
                                    (2, 1000, 520), (6, 40, 160), (12, 96, 448), (13, 48, 192)])
-def test_gemm_bit_identical_on_every_isa(group, m, n, k):
+def test_gemm_bit_identical_on_every_isa(fmt, group, m, n, k):
     rng = np.random.default_rng(m * 1000 + n + k + group)
     W = (rng.standard_normal((n, k)) * 0.02 + 0.01).astype(np.float32)
     X = rng.standard_normal((m, k)).astype(np.float32)
-    p = kernels.pack(W, "INT4_ZP", group_size=group)
+    p = kernels.pack(W, fmt, group_size=group)
     ref = int4_exact_reference(X, p)
-    variants = runnable_variants("INT4_ZP")
+    variants = runnable_variants(fmt)
     assert {"int4_ref", "amx_emu_int4"} <= set(variants)
     for v in variants:
         assert np.array_equal(kernels.linear_variant(X, p, v), ref), v
+    # and within the int8 activations' error of float64 on the same dequantized weights
+    exact = X.astype(np.float64) @ p.dequantize().T
+    assert np.linalg.norm(ref - exact) / np.linalg.norm(exact) < 0.02
 
 
 def test_symmetric_int4_is_the_case_z_8():
@@ -79,15 +88,17 @@ def test_bad_codes_and_zero_points_are_refused(bad):
                                zero_points=None if bad == "missing" else zero)
 
 
-def test_moe_and_packed_file(tmp_path):
+@pytest.mark.parametrize("fmt", ASYMMETRIC)
+def test_moe_and_packed_file(tmp_path, fmt):
     rng = np.random.default_rng(7)
-    E, k, H, I = 4, 2, 128, 96
+    E, k, H, I = 5, 2, 128, 96
     gate, up = (rng.standard_normal((E, I, H), np.float32) * 0.05 + 0.01 for _ in range(2))
     down = rng.standard_normal((E, H, I), np.float32) * 0.05
-    cfg = ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig("INT4_ASYM", group_size=32))
+    method = "INT4_ASYM" if fmt == "INT4_ZP" else fmt  # KTransformers' name for INT4_ZP
+    cfg = ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig(method, group_size=32))
     layer = ktcy.MoE.from_weights(cfg, gate, up, down)
     x = rng.standard_normal((6, H)).astype(np.float32)
-    ids = np.array([[0, 1], [2, 3], [1, 1], [0, 2], [3, 0], [1, 2]])
+    ids = np.array([[0, 1], [2, 3], [1, 1], [0, 2], [3, 0], [1, 2]])  # expert 4 gets no tokens
     w = rng.random((6, k)).astype(np.float32)
     y = layer.forward(x, ids, w)
     exact = sum(w[:, j:j + 1] * np.stack([
@@ -96,18 +107,20 @@ def test_moe_and_packed_file(tmp_path):
         for t, e in enumerate(ids[:, j])]) for j in range(k))
     assert np.linalg.norm(y - exact) / np.linalg.norm(exact) < 0.03  # int8 activation error only
     for isa in [i for i in ktcy.available_isas() if i != "amx"] + ["amx_emu"]:
-        other = ktcy.MoE(ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig("INT4_ZP", group_size=32), isa=isa),
+        other = ktcy.MoE(ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig(fmt, group_size=32), isa=isa),
                          layer.gate, layer.up, layer.down)
         assert np.array_equal(other.forward(x, ids, w), y), isa
     experts = {e: {p: (a[e], None) for p, a in (("gate", gate), ("up", up), ("down", down))} for e in range(E)}
-    write_layer(str(tmp_path / "l.safetensors"), pack_layer(E, "INT4_ZP", 32, experts.__getitem__), "INT4_ZP", 32,
+    write_layer(str(tmp_path / "l.safetensors"), pack_layer(E, fmt, 32, experts.__getitem__), fmt, 32,
                 E, k, H, I, 0)
-    assert np.array_equal(load_layer(str(tmp_path / "l.safetensors")).forward(x, ids, w), y)
+    loaded = load_layer(str(tmp_path / "l.safetensors"))
+    assert loaded.format == fmt and np.array_equal(loaded.forward(x, ids, w), y)
 
 
+@pytest.mark.parametrize("fmt", ASYMMETRIC)
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("sign", [1, -1])
-def test_extreme_codes_and_activations_stay_exact(group, sign):
+def test_extreme_codes_and_activations_stay_exact(fmt, group, sign):
     """Codes 15 (and 0) against activations that quantize to +-127 everywhere: the largest sums a
     row of products can reach, where AVX2 tiles of 2 or more rows add 8 rows of vpmaddubsw pairs
     in int16 (2 x 15 x 127 x 8 = 30480) before widening.  Every variant must still equal the
@@ -116,14 +129,15 @@ def test_extreme_codes_and_activations_stay_exact(group, sign):
     codes = np.full((n, k), 15, np.uint8)
     codes[::3] = 0
     scale = np.ones((n, k // group), np.float32)
-    zero = np.zeros((n, k // group), np.uint8)
-    p = kernels.pack_quantized(codes, scale, "INT4_ZP", group_size=group, zero_points=zero)
+    side = {"zero_points": np.zeros((n, k // group), np.uint8)} if fmt == "INT4_ZP" else \
+        {"mins": np.full((n, k // group), -7.5, np.float32)}  # the largest group sums times a min too
+    p = kernels.pack_quantized(codes, scale, fmt, group_size=group, **side)
     for m in (1, 2, 3, 4, 8, 37):
         X = np.full((m, k), 3.0 * sign, np.float32)
         X[1::2] *= -1
         ref = int4_exact_reference(X, p)
         assert np.abs(ref).max() > 0
-        for v in runnable_variants("INT4_ZP"):
+        for v in runnable_variants(fmt):
             assert np.array_equal(kernels.linear_variant(X, p, v), ref), (v, m)
 
 
