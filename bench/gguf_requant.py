@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType, quants
 
 from ktcy import kernels
 
-TARGETS = (("INT4", 32), ("INT4_ZP", 32), ("INT8", None), ("BF16", None))
+TARGETS = (("INT4", 32), ("INT4_ZP", 32), ("INT4_MIN", 32), ("INT8", None), ("BF16", None))
 
 
 def relative(a, b):
