@@ -23,7 +23,7 @@ import numpy as np
 from ktcy.checkpoint import MAX_LAYERS, MoEArchitecture, check_expert_index, layer_number
 from ktcy.gguf_io import ArrayValue, GGUFModel
 from ktcy.formats import keeps_codes
-from ktcy.gguf_quants import _k_nibbles, _k_scale_min, dequantize, require_decodable
+from ktcy.gguf_quants import dequantize, q4_01_parts, q4_k_parts, require_decodable
 from ktcy.log import warn_once
 from ktcy.safetensors_io import CheckpointError
 
@@ -77,38 +77,24 @@ def _meta_int(meta, key, where, required=True):
     return v
 
 
-def _q4_k_stored(raw, n, k):
-    """Q4_K as INT4_MIN group 32: per 32 values the scale d * sc and the min -(dmin * m), both
-    exact in float32 (an 11-bit significand times a 6-bit integer), so s * q + min is the value
-    llama.cpp decodes before its float32 rounding."""
-    blocks = raw.reshape(n * k // 256, 144)
-    d = np.ascontiguousarray(blocks[:, 0:2]).view(np.float16).astype(np.float32)
-    dmin = np.ascontiguousarray(blocks[:, 2:4]).view(np.float16).astype(np.float32)
-    sc, m = _k_scale_min(blocks[:, 4:16])
-    scale = (d * sc).reshape(n, k // 32)
-    mins = -(dmin * m).reshape(n, k // 32)
-    codes = _k_nibbles(blocks[:, 16:144]).reshape(n, k).astype(np.uint8)
-    return codes, {"format": "INT4_MIN", "scale": scale, "mins": mins, "group_size": 32}
-
-
 def stored_form(type_name, raw, shape):
     """One [N, K] tensor as ktcy keeps it: Q4_0 as INT4 codes with their group-32 scales, Q4_K and
-    Q4_1 as INT4_MIN codes with scales and mins, MXFP4 as its nibbles and exponents (each with the
-    spec dict MoE.from_experts reads), any other type as the float32 values llama.cpp decodes
-    (spec None)."""
+    Q4_1 as INT4_MIN codes with scales and mins (w = s * q + min), MXFP4 as its nibbles and
+    exponents (each with the spec dict MoE.from_experts reads), any other type as the float32
+    values llama.cpp decodes (spec None)."""
     n, k = shape
     if type_name == "Q4_K":
-        return _q4_k_stored(raw, n, k)
-    if type_name not in ("Q4_0", "Q4_1", "MXFP4"):
+        codes, scale, mins = q4_k_parts(raw, n, k)
+        return codes, {"format": "INT4_MIN", "scale": scale, "mins": mins, "group_size": 32}
+    if type_name in ("Q4_0", "Q4_1"):
+        nibbles, scale, mins = q4_01_parts(type_name, raw, n, k)
+        if mins is not None:
+            return nibbles, {"format": "INT4_MIN", "scale": scale, "mins": mins, "group_size": 32}
+        return (nibbles.astype(np.int16) - 8).astype(np.int8), {"format": "INT4", "scale": scale, "group_size": 32}
+    if type_name != "MXFP4":
         return dequantize(type_name, raw, shape), None
     blocks = raw.reshape(n * k // 32, -1)
     nibbles = np.concatenate([blocks[:, -16:] & 0x0F, blocks[:, -16:] >> 4], axis=1).reshape(n, k)
-    if type_name in ("Q4_0", "Q4_1"):
-        scale = np.ascontiguousarray(blocks[:, :2]).view(np.float16).astype(np.float32).reshape(n, k // 32)
-        if type_name == "Q4_1":  # d * q + m
-            mins = np.ascontiguousarray(blocks[:, 2:4]).view(np.float16).astype(np.float32).reshape(n, k // 32)
-            return nibbles.astype(np.uint8), {"format": "INT4_MIN", "scale": scale, "mins": mins, "group_size": 32}
-        return (nibbles.astype(np.int16) - 8).astype(np.int8), {"format": "INT4", "scale": scale, "group_size": 32}
     return nibbles, {"format": "MXFP4", "exponents": np.ascontiguousarray(blocks[:, 0]).reshape(n, k // 32)}
 
 

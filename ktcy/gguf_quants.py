@@ -143,6 +143,25 @@ def _q4_k(b):
     return _k_quant(b, _k_nibbles(b[:, 16:144]))
 
 
+def q4_k_parts(raw, n, k):
+    """Q4_K's [n, k] tensor as (codes 0..15 uint8 [n, k], scale d * sc [n, k/32], min -(dmin * m)
+    [n, k/32]) in float32, each exact (an 11-bit significand times a 6-bit integer): s * q + min
+    is the value _q4_k decodes before its float32 rounding."""
+    b = raw.reshape(n * k // 256, 144)
+    sc, low = _k_scale_min(b[:, 4:16])
+    return (_k_nibbles(b[:, 16:144]).reshape(n, k).astype(np.uint8), (_f16(b, 0) * sc).reshape(n, k // 32),
+            -(_f16(b, 2) * low).reshape(n, k // 32))
+
+
+def q4_01_parts(type_name, raw, n, k):
+    """Q4_0's or Q4_1's [n, k] tensor as (nibbles 0..15 uint8 [n, k], d [n, k/32], Q4_1's m
+    [n, k/32] or None): w = d * (q - 8), or d * q + m."""
+    b = raw.reshape(n * k // 32, -1)
+    start = 4 if type_name == "Q4_1" else 2
+    low = _f16(b, 2).reshape(n, k // 32) if type_name == "Q4_1" else None
+    return _nibbles(b[:, start:start + 16]).reshape(n, k), _f16(b, 0).reshape(n, k // 32), low
+
+
 def _q5_k(b):
     nb = b.shape[0]
     bits = _high_bits(b, 16, 256).reshape(nb, 32, 8).transpose(0, 2, 1).reshape(nb, 256)  # bit t of byte i -> 32t + i
