@@ -7,6 +7,11 @@ import numpy as np
 DATA = Path(__file__).parent / "data"
 GEMM_REFERENCE = DATA / "gemm_reference_v1.npz"   # kernels.linear outputs before the descriptor redesign
 MOE_REFERENCE = DATA / "moe_reference_v1.npz"     # MoE.forward outputs on the portable path (isa="ref")
+# the asymmetric INT4 formats' kernels.linear and MoE.forward outputs on the portable path, made
+# by asym_reference_arrays() (python tests/reference_data.py) when INT4_MIN came in, 2026-12-07
+ASYM_REFERENCE = DATA / "int4_asym_reference_v1.npz"
+ASYM_CASES = [("INT4_ZP", 32), ("INT4_ZP", 128), ("INT4_MIN", 32), ("INT4_MIN", 128)]
+GEMM_SHAPES = [(1, 40, 200), (17, 72, 300), (33, 48, 520)]
 
 MOE_SHAPE = dict(E=5, k=3, H=136, I=48, T=9)      # H, I not multiples of 64; expert 4 gets no token
 
@@ -28,3 +33,24 @@ def moe_inputs():
     ids[0] = [0, 0, 1]  # a repeated id
     weights = formula((s["T"], s["k"]), 5, 0.5) + np.float32(0.5)
     return gate, up, down, x, ids.astype(np.int64), weights
+
+
+def asym_reference_arrays():
+    """{"Y{i}_{fmt}_{group}": kernels.linear on GEMM_SHAPES[i], "MOE_{fmt}_{group}": MoE.forward on
+    moe_inputs()} for ASYM_CASES, on the portable kernels, from weights quantized by ktcy."""
+    import ktcy
+    from ktcy import kernels
+    out = {}
+    gate, up, down, x, ids, w = moe_inputs()
+    s = MOE_SHAPE
+    for fmt, group in ASYM_CASES:
+        for i, (m, n, k) in enumerate(GEMM_SHAPES):
+            packed = kernels.pack(formula((n, k), 10 + i, 1.0), fmt, group_size=group)
+            out[f"Y{i}_{fmt}_{group}"] = kernels.linear_variant(formula((m, k), 20 + i, 1.0), packed, "int4_ref")
+        cfg = ktcy.MoeConfig(s["E"], s["k"], s["H"], s["I"], ktcy.QuantConfig(fmt, group_size=group), isa="ref")
+        out[f"MOE_{fmt}_{group}"] = ktcy.MoE.from_weights(cfg, gate, up, down).forward(x, ids, w)
+    return out
+
+
+if __name__ == "__main__":
+    np.savez(ASYM_REFERENCE, **asym_reference_arrays())

@@ -2,7 +2,7 @@
 
 gemm_reference_v1.npz holds kernels.linear outputs computed on the portable path by the build
 before the format-descriptor redesign; moe_reference_v1.npz holds MoE.forward outputs computed
-with isa="ref".  Integer formats must match them bit for bit on every ISA this host runs plus
+with isa="ref"; int4_asym_reference_v1.npz both for INT4_ZP and INT4_MIN (reference_data.py).  Integer formats must match them bit for bit on every ISA this host runs plus
 amx_emu (so a file made on an AVX-512 host checks an AVX2-only one, and the other way round);
 BF16/FP8 within 1e-6."""
 import numpy as np
@@ -11,9 +11,9 @@ import pytest
 import ktcy
 from conftest import runnable_variants
 from ktcy import kernels
-from reference_data import GEMM_REFERENCE, MOE_REFERENCE, MOE_SHAPE, formula, moe_inputs
+from reference_data import (ASYM_CASES, ASYM_REFERENCE, GEMM_REFERENCE, GEMM_SHAPES, MOE_REFERENCE, MOE_SHAPE,
+                            formula, moe_inputs)
 
-GEMM_SHAPES = [(1, 40, 200), (17, 72, 300), (33, 48, 520)]
 GEMM_CASES = [("INT8", 0), ("INT4", 32), ("INT4", 64), ("INT4", 128), ("BF16", 0), ("FP8_PERCHANNEL", 0),
               ("FP8_BLOCK", 0)]
 
@@ -51,6 +51,22 @@ def test_moe_integer_formats_match_the_portable_reference_on_every_isa(fmt, grou
         layer = ktcy.MoE.from_weights(cfg, gate, up, down)
         for T in (s["T"], 1):
             assert np.array_equal(layer.forward(x[:T], ids[:T], w[:T]), expect[:T]), (isa, T)
+
+
+@pytest.mark.parametrize("fmt,group", ASYM_CASES)
+def test_asymmetric_int4_matches_its_stored_reference_on_every_variant_and_isa(fmt, group):
+    stored = np.load(ASYM_REFERENCE)
+    for i, (m, n, k) in enumerate(GEMM_SHAPES):
+        packed = kernels.pack(formula((n, k), 10 + i, 1.0), fmt, group_size=group)
+        X = formula((m, k), 20 + i, 1.0)
+        for v in runnable_variants(fmt):
+            assert np.array_equal(kernels.linear_variant(X, packed, v), stored[f"Y{i}_{fmt}_{group}"]), (v, i)
+    gate, up, down, x, ids, w = moe_inputs()
+    s = MOE_SHAPE
+    for isa in moe_isas():
+        cfg = ktcy.MoeConfig(s["E"], s["k"], s["H"], s["I"], ktcy.QuantConfig(fmt, group_size=group), isa=isa)
+        assert np.array_equal(ktcy.MoE.from_weights(cfg, gate, up, down).forward(x, ids, w),
+                              stored[f"MOE_{fmt}_{group}"]), isa
 
 
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
