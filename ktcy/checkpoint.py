@@ -407,6 +407,11 @@ class LayerExperts:
         return self.scale_kind or "BF16"
 
     @property
+    def kept_formats(self):
+        """The formats that keep some of the layer's tensors as stored: its one native format."""
+        return frozenset({self.native_format})
+
+    @property
     def group_size(self):
         """The stored INT4 group size (None for other formats)."""
         return self.quant.group_size if self.quant is not None and self.quant.method != "mxfp4" else None

@@ -281,7 +281,6 @@ class GGUFLayerExperts:
 
     def expert(self, e):
         """Expert e as stored, in the native format (BF16 sources as float32 values)."""
-        check_expert_index(e, self.num_experts)
         if self.native_format is None:
             raise self.needs_method()
         return self._stored_or_values(e)

@@ -151,8 +151,7 @@ def layer_group_size(experts, fmt):
     """The group size that keeps released INT4 codes as stored (their own, when fmt is their
     format and ktcy's layout takes it), else the default."""
     stored = experts.group_size
-    kept = fmt == experts.native_format or fmt in getattr(experts, "kept_formats", ())  # GGUF: per tensor
-    if kept and stored in INT4_GROUP_SIZES:
+    if fmt in experts.kept_formats and stored in INT4_GROUP_SIZES:  # GGUF keeps formats per tensor
         return stored
     return DEFAULT_INT4_GROUP
 

@@ -128,6 +128,12 @@ static inline int64_t ktcy_group_index(int64_t groups, int64_t g, int64_t n) {
  * scales (a panel's group: 16 scales, then 16 mins; both one forward stream with the codes). */
 static inline int ktcy_side_width(int format) { return ktcy_format(format)->mins ? 2 : 1; }
 
+/* A panel-major per-(group, channel) array of `width` values each: [panels][groups * 16 * width]. */
+static inline void ktcy_group_array_shape(int format, int64_t n, int64_t k, int group, int width, int64_t shape[2]) {
+    shape[0] = ktcy_n_pad(n) / KTCY_PANEL;
+    shape[1] = ktcy_k_pad(format, k, group) / group * KTCY_PANEL * width;
+}
+
 /* The scale array a kernel reads, as [rows][cols] float32 (0 x 0 when the format has none);
  * GROUP scales as [panels][groups * 16 * side width] (Python holds them as [panels][groups][16 or
  * 32]: a shape no group-major [groups][n_pad] array can have, so one is never taken for the other). */
@@ -136,10 +142,7 @@ static inline void ktcy_scale_shape(int format, int64_t n, int64_t k, int group,
     const int64_t B = KTCY_SCALE_BLOCK;
     shape[0] = shape[1] = 0;
     if (d->scale == KTCY_SCALE_CHANNEL) { shape[0] = 1; shape[1] = ktcy_n_pad(n); }
-    if (d->scale == KTCY_SCALE_GROUP) {
-        shape[0] = ktcy_n_pad(n) / KTCY_PANEL;
-        shape[1] = ktcy_k_pad(format, k, group) / group * KTCY_PANEL * ktcy_side_width(format);
-    }
+    if (d->scale == KTCY_SCALE_GROUP) ktcy_group_array_shape(format, n, k, group, ktcy_side_width(format), shape);
     if (d->scale == KTCY_SCALE_BLOCK128) { shape[0] = (n + B - 1) / B; shape[1] = (k + B - 1) / B; }
 }
 
@@ -147,9 +150,7 @@ static inline void ktcy_scale_shape(int format, int64_t n, int64_t k, int group,
  * of side width 1 (one byte per group and channel, whatever floats the scale array holds). */
 static inline void ktcy_zero_shape(int format, int64_t n, int64_t k, int group, int64_t shape[2]) {
     shape[0] = shape[1] = 0;
-    if (!ktcy_format(format)->zero_points) return;
-    shape[0] = ktcy_n_pad(n) / KTCY_PANEL;
-    shape[1] = ktcy_k_pad(format, k, group) / group * KTCY_PANEL;
+    if (ktcy_format(format)->zero_points) ktcy_group_array_shape(format, n, k, group, 1, shape);
 }
 
 static inline int64_t ktcy_colsum_count(int format, int64_t n) {

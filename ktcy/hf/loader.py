@@ -275,28 +275,35 @@ class _KtcyState:
     def __init__(self, ckpt, arch, rules, backend, converted, isa, group=None):
         self.checkpoint, self.arch, self.rules = ckpt, arch, rules
         self.default_backend, self.converted, self.isa, self.group = backend, converted, isa, group
+        self._names = {}  # module name -> names(): a layer's block name is found once
 
     def names(self, name):
         """(module name, the block's name in the checkpoint): rules match either."""
-        L = layer_of(name)
-        if isinstance(self.checkpoint, GGUFCheckpoint):
-            return name, gguf_blocks.block_name(self.checkpoint, L)
-        return name, self.checkpoint.layer(L).block_name  # Mixtral's checkpoint says block_sparse_moe
+        if name not in self._names:
+            L = layer_of(name)
+            if isinstance(self.checkpoint, GGUFCheckpoint):
+                stored = gguf_blocks.block_name(self.checkpoint, L)
+            else:
+                stored = self.checkpoint.layer(L).block_name  # Mixtral's checkpoint says block_sparse_moe
+            self._names[name] = (name, stored)
+        return self._names[name]
 
     def warn_unmatched_rules(self, module_names):
         """A WARNING per rule whose match.name selects no experts module: a rule written for
         another layout (model.layers.N. where an image-text model's are
         model.language_model.layers.N.) would otherwise leave its layers in the default backend
         without a word."""
-        names = [n for m in module_names for n in self.names(m)]
-        for rule in self.rules:
-            if rule.selects_experts and rule.pattern is not None and not any(rule.matches(n) for n in names):
+        naming = [r for r in self.rules if r.selects_experts and r.pattern is not None]
+        names = [n for m in module_names for n in self.names(m)] if naming else []
+        for rule in naming:
+            if not any(rule.matches(n) for n in names):
                 log.warning("rule %d: match.name %r matches no experts module (they are named like %r)",
                             rule.index, rule.pattern.pattern, module_names[0] if module_names else "")
 
     def build(self, name, forced_backend=None):
         L = layer_of(name)
-        rule = next((r for r in self.rules if any(r.matches(n) for n in self.names(name))), None)
+        rule = next((r for r in self.rules if any(r.matches(n) for n in self.names(name))), None) if self.rules \
+            else None
         backend = forced_backend or (rule.backend if rule is not None else None) or self.default_backend
         return KtcyExperts(name, L, self._experts(L, backend), backend, rule)
 
