@@ -76,7 +76,7 @@ def check_group_size(group_size, fmt):
     if group_size is None:
         return DEFAULT_INT4_GROUP
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size not in INT4_GROUP_SIZES:
-        raise ValueError(f"group size {group_size!r}: INT4 supports {', '.join(map(str, INT4_GROUP_SIZES))}")
+        raise ValueError(f"group size {group_size!r}: the INT4 formats take {', '.join(map(str, INT4_GROUP_SIZES))}")
     if fmt is None or not has_groups(fmt):
         raise ValueError(f"a group size ({group_size}) applies to INT4 / INT4_ZP / INT4_MIN only; the target format is "
                          f"{fmt or 'the checkpoint’s own precision'}")
