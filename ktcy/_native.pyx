@@ -41,7 +41,7 @@ def format_descriptors():
         d = KTCY_FORMAT_DESCS[i]
         out.append({"name": d.name.decode(), "code": _CODE_NAMES[d.code], "block_k": d.block_k,
                     "block_bytes": d.block_bytes, "activations": "int8" if d.act == KTCY_ACT_INT8 else "bf16",
-                    "scale": _SCALE_NAMES[d.scale], "group_sizes": [g for g in (32, 64, 128) if d.groups & g],
+                    "scale": _SCALE_NAMES[d.scale], "group_sizes": [g for g in (16, 32, 64, 128) if d.groups & g],
                     "zero_points": bool(d.zero_points), "colsum": bool(d.colsum), "mins": bool(d.mins)})
     return out
 
@@ -362,6 +362,8 @@ cdef int64_t _quantize_unit(int fmt, const float *w, int64_t n, int64_t k, int g
         return ktcy_quantize_int4_asym_rows(w, k, k, group, i, i + 1, <int8_t *>q, ldq, scale, aux, NULL, ld_scale)
     if fmt == KTCY_FMT_INT4_MIN:
         return ktcy_quantize_int4_asym_rows(w, k, k, group, i, i + 1, <int8_t *>q, ldq, scale, NULL, mins, ld_scale)
+    if fmt == KTCY_FMT_INT8_GROUP:
+        return ktcy_quantize_int8_group_rows(w, k, k, group, i, i + 1, <int8_t *>q, ldq, scale, ld_scale)
     if fmt == KTCY_FMT_MXFP4 or fmt == KTCY_FMT_MXFP4_A8:
         return ktcy_quantize_mxfp4_rows(w, k, k, i, i + 1, <uint8_t *>q, ldq, aux, ld_scale)
     if fmt == KTCY_FMT_FP8_PERCHANNEL:
@@ -372,7 +374,7 @@ cdef int64_t _quantize_unit(int fmt, const float *w, int64_t n, int64_t k, int g
 
 def quantize_weights(int fmt, const float[:, ::1] w, int group=0):
     """(codes, scales) of W[n][k] by the format's rule (include/ktcy/quantize.h): INT8 and FP8
-    per-channel scales [n]; INT4 codes [n][k_pad] with scales [k_pad/group][n_pad]; FP8 block
+    per-channel scales [n]; INT4 and INT8_GROUP codes [n][k_pad] with scales [k_pad/group][n_pad]; FP8 block
     scales [ceil(n/128)][ceil(k/128)]; formats with zero points return (codes, scales, zero
     points [k_pad/group][n_pad]) with codes minus 8, INT4_MIN (codes minus 8, scales, mins
     [k_pad/group][n_pad]); MXFP4 returns (E2M1 codes, E8M0 exponents
@@ -720,7 +722,8 @@ cdef class Weight:
         self.made = True
         shapes = packed_shapes(fmt, n, k, group)
         name = FORMATS[fmt]
-        if ktcy_format(fmt).code == KTCY_CODE_S8 and k > INT8_MAX_K:
+        # one int32 sum per row (a group's cannot overflow)
+        if ktcy_format(fmt).code == KTCY_CODE_S8 and ktcy_format(fmt).scale != KTCY_SCALE_GROUP and k > INT8_MAX_K:
             raise ValueError(f"{name} weights with K = {k} > {INT8_MAX_K} would overflow the int32 sums")
         cdef const uint8_t[::1] dv = _checked(data, np.uint8, shapes["data"], f"{name} packed data")
         cdef const float[::1] sv

@@ -7,14 +7,15 @@ from typing import Optional
 import numpy as np
 
 from ktcy._native import INT8_MAX_K, ISAS
-from ktcy.formats import AMX_BACKENDS, DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format, has_groups
+from ktcy.formats import AMX_BACKENDS, DEFAULT_INT4_GROUP, canonical_format, group_sizes, has_groups
 
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """How expert weights are stored: method BF16 | INT8 | INT4 | INT4_ZP | INT4_MIN | FP8 | MXFP4 | MXFP4_A8
-    (KTransformers names work too); per_channel picks FP8 per-channel scales (else 128x128
-    blocks); group_size is the INT4 formats' (other formats ignore it)."""
+    """How expert weights are stored: method BF16 | INT8 | INT8_GROUP | INT4 | INT4_ZP | INT4_MIN | FP8 |
+    MXFP4 | MXFP4_A8 (KTransformers names work too); per_channel picks FP8 per-channel scales (else
+    128x128 blocks); group_size is the grouped formats' (INT4 family 32/64/128, INT8_GROUP also 16;
+    other formats ignore it)."""
     method: str = "BF16"
     per_channel: Optional[bool] = None
     group_size: int = DEFAULT_INT4_GROUP
@@ -25,8 +26,8 @@ class QuantConfig:
         canonical_format(self.method, self.per_channel)  # validates the name
         fmt = canonical_format(self.method)
         if has_groups(fmt):
-            if not _is_integer(self.group_size) or self.group_size not in INT4_GROUP_SIZES:
-                raise ValueError(f"{fmt} group_size must be one of {INT4_GROUP_SIZES}, got {self.group_size!r}")
+            if not _is_integer(self.group_size) or self.group_size not in group_sizes(fmt):
+                raise ValueError(f"{fmt} group_size must be one of {group_sizes(fmt)}, got {self.group_size!r}")
             object.__setattr__(self, "group_size", int(self.group_size))
 
 

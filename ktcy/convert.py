@@ -18,7 +18,7 @@ import time
 from ktcy.checkpoint import Checkpoint
 from ktcy.convert_args import INPUT_TYPES, run_cli
 from ktcy.errors import naming
-from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format, has_groups, weight_group
+from ktcy.formats import DEFAULT_INT4_GROUP, GROUP_SIZES, canonical_format, group_sizes, grouped_names, has_groups, weight_group
 from ktcy.gguf_checkpoint import GGUFCheckpoint, is_gguf
 from ktcy.loading import MODEL_FILE, block_settings, layer_group_size, original_checkpoint
 from ktcy.output_guard import (ConvertError, OutputLock, copy_file, refuse_output_in_input, remove,
@@ -28,7 +28,8 @@ from ktcy.packed_io import (LAYOUT_VERSION, layer_file_name, layer_of_file_name,
 from ktcy.safetensors_io import CheckpointError
 from ktcy.version import __version__
 
-METHODS = ("AMXINT8", "AMXBF16", "AMXINT4", "INT8", "INT4", "INT4_ZP", "INT4_MIN", "MXFP4", "MXFP4_A8", "BF16", "FP8", "FP8_PERCHANNEL")
+METHODS = ("AMXINT8", "AMXBF16", "AMXINT4", "INT8", "INT8_GROUP", "INT4", "INT4_ZP", "INT4_MIN", "MXFP4", "MXFP4_A8", "BF16",
+           "FP8", "FP8_PERCHANNEL")
 _LAYER_PART = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 
 
@@ -71,15 +72,17 @@ def _span(layers):
 
 
 def check_group_size(group_size, fmt):
-    """The group size to use for a grouped format (the default when None); refused when not
-    32/64/128 or given for a format without groups."""
+    """The group size to use for a grouped format (the default when None); refused when not one
+    the format takes or given for a format without groups."""
     if group_size is None:
         return DEFAULT_INT4_GROUP
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size not in INT4_GROUP_SIZES:
-        raise ValueError(f"group size {group_size!r}: the INT4 formats take {', '.join(map(str, INT4_GROUP_SIZES))}")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size not in GROUP_SIZES:
+        raise ValueError(f"group size {group_size!r}: the grouped formats take {', '.join(map(str, GROUP_SIZES))}")
     if fmt is None or not has_groups(fmt):
-        raise ValueError(f"a group size ({group_size}) applies to INT4 / INT4_ZP / INT4_MIN only; the target format is "
+        raise ValueError(f"a group size ({group_size}) applies to {grouped_names()} only; the target format is "
                          f"{fmt or 'the checkpoint’s own precision'}")
+    if group_size not in group_sizes(fmt):
+        raise ValueError(f"group size {group_size}: {fmt} takes {', '.join(map(str, group_sizes(fmt)))}")
     return group_size
 
 

@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 
-from ktcy.formats import INT4_GROUP_SIZES, canonical_format, has_groups
+from ktcy.formats import GROUP_SIZES, canonical_format, group_sizes, grouped_names, has_groups
 from ktcy.interrupts import termination_as_interrupt
 from ktcy.safetensors_io import strict_json
 
@@ -59,7 +59,7 @@ def build_parser(prog="convert_cpu_weights.py"):
                          "layer file there converted differently goes, not only those of --layers "
                          "(never allowed for the input folder)")
     q = p.add_argument_group("quantization")
-    q.add_argument("--method", help="target format: AMXINT8, AMXINT4, AMXBF16, INT8, INT4, INT4_ZP, INT4_MIN, BF16, "
+    q.add_argument("--method", help="target format: AMXINT8, AMXINT4, AMXBF16, INT8, INT8_GROUP, INT4, INT4_ZP, INT4_MIN, BF16, "
                                     "FP8 (128x128 blocks), FP8_PERCHANNEL, MXFP4, MXFP4_A8 (default: keep the "
                                     "checkpoint's precision)")
     q.add_argument("--quant-method", metavar="METHOD",
@@ -68,7 +68,8 @@ def build_parser(prog="convert_cpu_weights.py"):
                    help='JSON with "method" and optionally "per_channel" (true/false, FP8) and "group_size" '
                         '(INT4), e.g. \'{"method": "FP8", "per_channel": true}\'')
     q.add_argument("--group-size", type=int, metavar="N",
-                   help=f"INT4 group size: {', '.join(map(str, INT4_GROUP_SIZES))} (default: 64)")
+                   help=f"group size of the grouped formats: {', '.join(map(str, GROUP_SIZES))} (INT4 family from 32; "
+                        "default: 64)")
     run = p.add_argument_group("what to convert and how")
     run.add_argument("--layers", help="MoE layers to convert, e.g. 0,3,5-7 (default: all)")
     run.add_argument("--resume", action="store_true",
@@ -118,11 +119,13 @@ def parse_quant_config(text):
                              f"({fmt}); per_channel chooses between FP8 per-channel (true) and 128x128 blocks (false)")
     group = qc.get("group_size")
     if "group_size" in qc:
-        if isinstance(group, bool) or not isinstance(group, int) or group not in INT4_GROUP_SIZES:
-            raise ValueError(f"--quant-config: group_size must be one of {', '.join(map(str, INT4_GROUP_SIZES))}, "
+        if isinstance(group, bool) or not isinstance(group, int) or group not in GROUP_SIZES:
+            raise ValueError(f"--quant-config: group_size must be one of {', '.join(map(str, GROUP_SIZES))}, "
                              f"got {group!r}")
         if not has_groups(fmt):
-            raise ValueError(f"--quant-config: group_size applies to INT4 / INT4_ZP / INT4_MIN only, method is {method!r} ({fmt})")
+            raise ValueError(f"--quant-config: group_size applies to {grouped_names()} only, method is {method!r} ({fmt})")
+        if group not in group_sizes(fmt):
+            raise ValueError(f"--quant-config: group_size {group}: {fmt} takes {', '.join(map(str, group_sizes(fmt)))}")
     return fmt, group
 
 

@@ -9,6 +9,9 @@ DESCRIPTORS = {d["name"]: d for d in _native.format_descriptors()}
 FORMATS = tuple(DESCRIPTORS)
 INT4_GROUP_SIZES = tuple(DESCRIPTORS["INT4"]["group_sizes"])
 DEFAULT_INT4_GROUP = 64
+#: the formats with a scale per (K group, channel), and every group size one of them takes
+GROUPED_FORMATS = tuple(f for f, d in DESCRIPTORS.items() if d["scale"] == "group")
+GROUP_SIZES = tuple(sorted({g for f in GROUPED_FORMATS for g in DESCRIPTORS[f]["group_sizes"]}))
 
 
 def descriptor(fmt):
@@ -18,6 +21,16 @@ def descriptor(fmt):
 
 def has_groups(fmt):
     return DESCRIPTORS[fmt]["scale"] == "group"
+
+
+def group_sizes(fmt):
+    """The group sizes a grouped format takes (INT4 family: 32, 64, 128; INT8_GROUP also 16)."""
+    return tuple(DESCRIPTORS[fmt]["group_sizes"])
+
+
+def grouped_names():
+    """The grouped formats, as a user message names them."""
+    return " / ".join(GROUPED_FORMATS)
 
 
 def weight_group(fmt, group_size=None):
@@ -39,7 +52,7 @@ _ALIASES = {
     "BF16": "BF16", "AMXBF16": "BF16",
     "INT8": "INT8", "AMXINT8": "INT8",
     "INT4": "INT4", "AMXINT4": "INT4",
-    "INT4_ZP": "INT4_ZP", "INT4_ASYM": "INT4_ZP", "INT4_MIN": "INT4_MIN",
+    "INT4_ZP": "INT4_ZP", "INT4_ASYM": "INT4_ZP", "INT4_MIN": "INT4_MIN", "INT8_GROUP": "INT8_GROUP",
     "MXFP4": "MXFP4", "MXFP4_A8": "MXFP4_A8", "MXFP4_INT8ACT": "MXFP4_A8",
     "FP8": "FP8_BLOCK", "FP8_BLOCK": "FP8_BLOCK", "AMXFP8": "FP8_BLOCK",
     "FP8_PERCHANNEL": "FP8_PERCHANNEL", "AMXFP8_PERCHANNEL": "FP8_PERCHANNEL", "FP8PERCHANNEL": "FP8_PERCHANNEL",

@@ -94,6 +94,16 @@ def _check_colsum(p):
                          f"its codes (damaged or foreign data)")
 
 
+def _check_symmetric_codes(p):
+    """INT8_GROUP's codes must lie in [-127, 127], as the packer writes them: the AVX-512BW
+    kernel's sign trick negates them (-128 would wrap), so a damaged or foreign file would give
+    wrong numbers on that kernel only."""
+    codes = np.asarray(p.data).reshape(-1).view(np.int8)
+    if codes.size and codes.min() == -128:
+        raise ValueError(f"{p.format} weight {tuple(p.shape)} holds code -128, outside [-127, 127] "
+                         "(damaged or foreign data)")
+
+
 def _check_block_exponents(p):
     """The E8M0 exponents kept in the blocks must lie in the range the packer allows wherever a
     block holds a non-zero code: past it the paths part ways (some clamp to 2^127, some decode inf
@@ -126,7 +136,7 @@ class PackedWeight:
     #                                      "none" (group scales panel-major [N_pad/16][groups][16]: see group_scales();
     #                                      INT4_MIN's [N_pad/16][groups][32], 16 scales then 16 mins: group_mins())
     colsum: Optional[np.ndarray] = None  # formats whose descriptor keeps colsum (INT8)
-    group_size: int = 0                  # formats with group scales (INT4, INT4_ZP, INT4_MIN)
+    group_size: int = 0                  # formats with group scales (INT4, INT4_ZP, INT4_MIN, INT8_GROUP)
     zero: Optional[np.ndarray] = None    # formats with zero points (INT4_ZP): uint8, laid out like the group scales
     _view: object = field(default=None, init=False, repr=False)  # the C descriptor, and what it was
     _made_from: Optional[tuple] = field(default=None, init=False, repr=False)  # made from (native())
@@ -163,13 +173,15 @@ class PackedWeight:
             _check_finite_scales(self.format, self.scale)
             if self.colsum is not None:
                 _check_colsum(self)
+            elif descriptor(self.format)["code"] == "s8":
+                _check_symmetric_codes(self)
             if descriptor(self.format)["scale"] == "e8m0_in_block":
                 _check_block_exponents(self)
             self._view, self._made_from = view, source
         return self._view
 
     def codes(self):
-        """The stored codes as [N, K]: int8 (INT8, INT4), uint8 nibbles 0..15 (INT4_ZP, INT4_MIN,
+        """The stored codes as [N, K]: int8 (INT8, INT8_GROUP, INT4), uint8 nibbles 0..15 (INT4_ZP, INT4_MIN,
         MXFP4's E2M1), E4M3 bytes (FP8) or bf16 bits (BF16).  Read back from the block layout with numpy,
         independently of the C packer."""
         n, k = self.shape
@@ -292,7 +304,7 @@ class PackedWeight:
 def pack(W: np.ndarray, format: str = "INT8", group_size: int = DEFAULT_INT4_GROUP) -> PackedWeight:
     """Quantize (if the format asks) and pack a float weight matrix W[N][K] (out x in).
     format: a format or KTransformers backend name (ktcy.FORMATS); group_size: for grouped formats
-    (INT4, INT4_ZP, INT4_MIN: 32, 64, 128).  Raises ValueError for unknown formats, bad group sizes or
+    (INT4, INT4_ZP, INT4_MIN: 32, 64, 128; INT8_GROUP also 16).  Raises ValueError for unknown formats, bad group sizes or
     non-finite weights, TypeError for non-float input."""
     fmt = canonical_format(format)
     group = group_size if has_groups(fmt) else weight_group(fmt)
@@ -345,7 +357,8 @@ def _refuse_non_finite(w):
 
 def pack_quantized(codes: np.ndarray, scale: Optional[np.ndarray], format: str, group_size: Optional[int] = None,
                    zero_points: Optional[np.ndarray] = None, mins: Optional[np.ndarray] = None) -> PackedWeight:
-    """Pack codes that are already quantized: int8 [N,K] + scale [N] (INT8); int8 in [-8,7] +
+    """Pack codes that are already quantized: int8 [N,K] + scale [N] (INT8); int8 [N,K] + scale
+    [K_pad/group, N_pad] or [N, K/group] (INT8_GROUP: w = s * q, llama.cpp's Q8_0, Q6_K, Q5_0); int8 in [-8,7] +
     scale [K_pad/group, N_pad] or [N, K/group] (INT4); unsigned codes 0..15 [N,K] + scale and
     zero_points 0..15, each [K_pad/group, N_pad] or [N, K/group] (INT4_ZP: w = s * (q - z); a packed
     weight's own are group_scales() and group_zero_points(), not .scale/.zero, which are panel-major);
@@ -389,7 +402,7 @@ def pack_quantized(codes: np.ndarray, scale: Optional[np.ndarray], format: str, 
         codes = (codes.astype(np.int16) - 8).astype(np.int8)  # the layout stores code + 8
     else:
         _expect_dtype(codes, np.int8, f"{fmt} codes")
-        if code == "s8" and k > INT8_MAX_K:
+        if code == "s8" and d["scale"] != "group" and k > INT8_MAX_K:
             raise ValueError(f"{fmt} weights with K = {k} > {INT8_MAX_K} would overflow the int32 sums; use BF16 or INT4")
         if code == "s8" and codes.size and codes.min() == -128:
             raise ValueError(f"{fmt} codes must lie in [-127, 127] (symmetric); -128 is not a code ktcy packs")

@@ -16,7 +16,7 @@ from ktcy.checkpoint import Checkpoint, config_int, layer_number
 from ktcy.config import MoeConfig, QuantConfig, checked_isa
 from ktcy.converted import ConvertedFolder
 from ktcy.errors import naming
-from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format
+from ktcy.formats import DEFAULT_INT4_GROUP, canonical_format, group_sizes, has_groups
 from ktcy.gguf_checkpoint import GGUFCheckpoint, is_gguf
 from ktcy.gpt_oss import read_router
 from ktcy.kernels import as_float32_matrix
@@ -117,7 +117,7 @@ def _kept_group(pairs, fmt):
     """The group size that keeps a dense MLP's released codes as stored when they are in fmt
     (else the packer dequantizes them, and INT4 takes the default group)."""
     s = pairs["gate"][1]
-    if isinstance(s, dict) and s["format"] == fmt and s.get("group_size") in INT4_GROUP_SIZES:
+    if isinstance(s, dict) and s["format"] == fmt and has_groups(fmt) and s.get("group_size") in group_sizes(fmt):
         return s["group_size"]
     return DEFAULT_INT4_GROUP
 

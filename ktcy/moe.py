@@ -45,9 +45,10 @@ log = logging.getLogger("ktcy")
 # 0.95-1.05x and stays at 8.  BF16 from 5 rows too (two runs, 7 rounds: T = 64 0.95x, T = 128
 # 0.89-0.91x, T = 32 and 256 0.99-1.0x; from 6 rows 0.95-1.03x).
 # INT4_MIN runs INT4_ZP's tiles with one more float add per group and takes its rows (not
-# measured on AMX apart).
+# measured on AMX apart); INT8_GROUP folds a group per K step as they do, and takes their rows
+# too (not measured on AMX).
 AMX_MIN_ROWS = {"BF16": 5, "INT8": 8, "FP8_PERCHANNEL": 8, "FP8_BLOCK": 8, "MXFP4": 5,
-                "INT4": 32, "INT4_ZP": 32, "MXFP4_A8": 64, "INT4_MIN": 32}
+                "INT4": 32, "INT4_ZP": 32, "MXFP4_A8": 64, "INT4_MIN": 32, "INT8_GROUP": 32}
 
 _DECODE_LADDER = ("avx512", "avx2", "ref")
 
@@ -140,7 +141,7 @@ class MoE:
         """Pack expert by expert: expert(e) -> {"gate"|"up"|"down": (weight [N, K], scale)}.
         Only one expert's source arrays need to be in memory at a time.  scale is None for float
         weights, the scale array for FP8 codes, or for other codes as released a spec dict:
-        {"format": "INT4" | "INT4_ZP" | "INT4_MIN", "scale": [N, K/g], "zero_points": [N, K/g] (INT4_ZP),
+        {"format": "INT4" | "INT4_ZP" | "INT4_MIN" | "INT8_GROUP", "scale": [N, K/g], "zero_points": [N, K/g] (INT4_ZP),
         "mins": [N, K/g] (INT4_MIN), "group_size": g} or {"format": "MXFP4", "exponents": uint8 [N, ceil(K/32)]}; such codes are packed as
         stored when the layer's format is theirs (MXFP4 codes also as MXFP4_A8), else dequantized
         exactly and quantized again."""
@@ -393,20 +394,23 @@ def _checked_bias(bias, E, H, I):
 
 
 def _pack_released(w, spec, fmt, group):
-    """Codes as released (INT4 / INT4_ZP / INT4_MIN / MXFP4 with their spec dict): packed as stored when fmt
-    is their format, else dequantized exactly and packed in fmt."""
+    """Codes as released (INT4 / INT4_ZP / INT4_MIN / INT8_GROUP / MXFP4 with their spec dict): packed as
+    stored when fmt is their format (in a smaller group than theirs: split exactly), else dequantized
+    exactly and packed in fmt."""
     if not isinstance(spec, dict) or "format" not in spec:
         raise ValueError("a scale spec must be a dict with a 'format'")
     stored = spec["format"]
     if stored == "MXFP4":
         packed = kernels.pack_quantized(w, spec.get("exponents"), fmt if keeps_codes(stored, fmt) else stored)
-    elif stored in ("INT4", "INT4_ZP", "INT4_MIN"):
+    elif stored in ("INT4", "INT4_ZP", "INT4_MIN", "INT8_GROUP"):
         packed = kernels.pack_quantized(w, spec.get("scale"), stored, group_size=spec.get("group_size"),
                                         zero_points=spec.get("zero_points"), mins=spec.get("mins"))
     else:
         raise ValueError(f"codes as released in {stored!r} are not understood")
     if fmt == packed.format and (not has_groups(fmt) or packed.group_size == group):
         return packed
+    if fmt == packed.format and has_groups(fmt) and group < packed.group_size:
+        return _split_groups(packed, group)
     if stored == "INT4" and fmt == "INT4_ZP" and packed.group_size == group:  # z = 8
         scales = packed.group_scales()
         return kernels.pack_quantized(packed.codes().astype(np.int16) + 8, scales, "INT4_ZP",
@@ -421,6 +425,20 @@ def _pack_released(w, spec, fmt, group):
         return kernels.pack_quantized(nibbles, scales, "INT4_MIN", group_size=group,
                                       mins=-(zero.astype(np.float32) * scales))
     return kernels.pack(packed.dequantize(np.float32), fmt, group_size=group)
+
+
+def _split_groups(packed, group):
+    """A grouped weight in a smaller group (a divisor of its own): each scale, zero point and min
+    repeated, the codes as they are.  Exact: the same values, in more groups (a GGUF layer mixing
+    Q8_0's group 32 with Q6_K's 16)."""
+    n, k = packed.shape
+    ratio, groups = packed.group_size // group, -(-k // group)
+
+    def split(a):
+        return None if a is None else np.repeat(a[:, :n].T, ratio, axis=1)[:, :groups]
+
+    return kernels.pack_quantized(packed.codes(), split(packed.group_scales()), packed.format, group_size=group,
+                                  zero_points=split(packed.group_zero_points()), mins=split(packed.group_mins()))
 
 
 def pack_experts(config, expert, ids, progress=None):

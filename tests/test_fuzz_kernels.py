@@ -14,8 +14,9 @@ import pytest
 import ktcy
 from conftest import I16_PATH_OFF, I16_PATH_ON, MXFP4_I16_PATHS, bf16_round, i16_bound, rel_err_rows, runnable_variants
 from ktcy import kernels
+from ktcy.formats import descriptor, has_groups
 
-INT_FORMATS = ("INT8", "INT4", "INT4_ZP", "INT4_MIN", "MXFP4_A8")
+INT_FORMATS = ("INT8", "INT4", "INT4_ZP", "INT4_MIN", "MXFP4_A8", "INT8_GROUP")
 FLOAT_FORMATS = ("BF16", "FP8_PERCHANNEL", "FP8_BLOCK", "MXFP4")
 FORMATS = INT_FORMATS + FLOAT_FORMATS
 ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 31, 32, 33, 36, 37, 64, 100)
@@ -61,7 +62,7 @@ def case(seed):
     fmt = FORMATS[rng.integers(len(FORMATS))]
     m = int(ROWS[rng.integers(len(ROWS))])
     n, k = int(rng.integers(1, 200)), int(rng.integers(1, 400))
-    group = int(rng.choice([32, 64, 128]))
+    group = int(rng.choice(descriptor(fmt)["group_sizes"] if has_groups(fmt) else [32, 64, 128]))
     pattern = PATTERNS[rng.integers(len(PATTERNS))]
     ktcy.set_num_threads(int(rng.integers(1, 3)))
     size = 1.0 if pattern == "tiny_row" or rng.random() < 0.5 else float(10.0 ** rng.uniform(-25, 5))

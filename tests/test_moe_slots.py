@@ -5,7 +5,7 @@ import pytest
 
 from conftest import ordered_slot_sum
 import ktcy
-from ktcy.formats import FORMATS
+from ktcy.formats import FORMATS, has_groups
 
 E, K_TOP, H, I = 6, 3, 144, 80   # H, I not multiples of the 64-wide blocks
 
@@ -18,7 +18,7 @@ def make_layer(fmt, isa, seed=3):
     rng = np.random.default_rng(seed)
     gate, up = (rng.standard_normal((E, I, H), np.float32) * 0.1 for _ in range(2))
     down = rng.standard_normal((E, H, I), np.float32) * 0.1
-    group = 32 if fmt in ("INT4", "INT4_ZP", "INT4_MIN") else None
+    group = 32 if has_groups(fmt) else None
     quant = ktcy.QuantConfig(fmt, group_size=group) if group else ktcy.QuantConfig(fmt)
     cfg = ktcy.MoeConfig(E, K_TOP, H, I, quant, isa=isa)
     return ktcy.MoE.from_weights(cfg, gate, up, down)

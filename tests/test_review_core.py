@@ -20,11 +20,11 @@ from conftest import (bf16_round, int4_exact_reference, int8_exact_reference, mx
                       runnable_variants)
 import ktcy
 from ktcy import _native, kernels
-from ktcy.formats import FORMATS
+from ktcy.formats import FORMATS, GROUPED_FORMATS, descriptor
 
 E, K_TOP, H, I = 4, 3, 144, 80   # H, I not multiples of the 64-wide blocks
-GROUPED = ("INT4", "INT4_ZP", "INT4_MIN")
-EXACT_FORMATS = ("INT8", "INT4", "INT4_ZP", "INT4_MIN")   # integer accumulation: every ISA gives the same bits
+GROUPED = GROUPED_FORMATS
+EXACT_FORMATS = ("INT8",) + GROUPED_FORMATS   # integer accumulation: every ISA gives the same bits
 
 
 def vector_isas():
@@ -332,7 +332,7 @@ EDGE_K = (1, 63, 65, 200, 4000)                # not multiples of 64 / 128
 # every M once, N and K rotating, plus the decode rows (1, 2: the prefetching path) over the long K
 EDGE_SHAPES = [(m, EDGE_N[i % len(EDGE_N)], EDGE_K[i % (len(EDGE_K) - 1)]) for i, m in enumerate(EDGE_M)] + \
               [(1, 96, 4000), (2, 80, 4000), (9, 48, 4000), (2, 17, 65), (97, 33, 200)]
-FORMAT_CASES = [(f, g) for f in FORMATS for g in ((32, 64, 128) if f in GROUPED else (None,))]
+FORMAT_CASES = [(f, g) for f in FORMATS for g in (descriptor(f)["group_sizes"] if f in GROUPED else (None,))]
 
 
 def packed_weight(rng, fmt, group, n, k):
@@ -458,14 +458,14 @@ GUARDED_GEMMS = GUARD_HELPER + textwrap.dedent("""
     sys.path.insert(0, sys.argv[1])
     from conftest import runnable_variants
     from ktcy import kernels
-    from ktcy.formats import FORMATS
+    from ktcy.formats import FORMATS, GROUPED_FORMATS
     done = 0
     for fmt in FORMATS:
         for m, n, k in ((1, 16, 64), (2, 48, 200), (1, 33, 4000), (2, 96, 1000), (7, 80, 200), (9, 33, 65)):
             rng = np.random.default_rng(m + n + k)
             W = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
             X = rng.standard_normal((m, k)).astype(np.float32)
-            p = kernels.pack(W, fmt, group_size=32) if fmt in ("INT4", "INT4_ZP", "INT4_MIN") else kernels.pack(W, fmt)
+            p = kernels.pack(W, fmt, group_size=32) if fmt in GROUPED_FORMATS else kernels.pack(W, fmt)
             moved = {f: at_page_end(getattr(p, f)) for f in ("data", "scale", "colsum", "zero")
                      if getattr(p, f) is not None}
             g = dataclasses.replace(p, **moved)

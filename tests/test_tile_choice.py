@@ -10,6 +10,7 @@ import pytest
 import ktcy
 from conftest import I16_PATH_OFF
 from ktcy import _native, kernels
+from ktcy.formats import descriptor, has_groups
 
 VECTOR_VARIANTS = [v for v in _native.variants() if v["isa"] in ("avx2", "avx512")]
 
@@ -27,7 +28,7 @@ def threads(request):
 
 def _cases(variant):
     for fmt in variant["formats"]:
-        for group in ((32, 64, 128) if fmt in ("INT4", "INT4_ZP", "INT4_MIN") else (None,)):
+        for group in (descriptor(fmt)["group_sizes"] if has_groups(fmt) else (None,)):
             yield fmt, group
 
 

@@ -12,7 +12,7 @@
  *                 BLOCK128 [ceil(n/128)][ceil(k/128)] |
  *                 IN_BLOCK: E8M0 power-of-two exponents stored inside each block (MXFP4: one per
  *                 channel and 32 K values, the 16 bytes after the block's 256 code bytes)
- *   groups        allowed group sizes (bit mask of 32/64/128) for GROUP scales; for an IN_BLOCK format
+ *   groups        allowed group sizes (bit mask of 16/32/64/128) for GROUP scales; for an IN_BLOCK format
  *                 with int8 activations the one group its activation sums are taken over (the
  *                 E8M0 block, 32); else 0
  *   zero_points   1: each (K group, channel) has a zero point z, w = s * (code - z), stored uint8
@@ -43,6 +43,7 @@
 #define KTCY_SCALE_BLOCK128 3
 #define KTCY_SCALE_IN_BLOCK 4
 #define KTCY_GROUPS_32_64_128 (32 | 64 | 128)
+#define KTCY_GROUPS_16_TO_128 (16 | 32 | 64 | 128)
 
 /*                       code            block_k block_bytes act            scale                groups                 zp colsum mins */
 #define KTCY_ROW_BF16           KTCY_CODE_BF16, 32, 1024, KTCY_ACT_BF16, KTCY_SCALE_NONE,     0,                     0, 0, 0
@@ -54,9 +55,10 @@
 #define KTCY_ROW_MXFP4          KTCY_CODE_E2M1, 32, 272,  KTCY_ACT_BF16, KTCY_SCALE_IN_BLOCK, 0,                     0, 0, 0
 #define KTCY_ROW_MXFP4_A8       KTCY_CODE_E2M1, 64, 544,  KTCY_ACT_INT8, KTCY_SCALE_IN_BLOCK, 32,                    0, 0, 0
 #define KTCY_ROW_INT4_MIN       KTCY_CODE_U4,   64, 512,  KTCY_ACT_INT8, KTCY_SCALE_GROUP,    KTCY_GROUPS_32_64_128, 0, 0, 1
+#define KTCY_ROW_INT8_GROUP     KTCY_CODE_S8,   64, 1024, KTCY_ACT_INT8, KTCY_SCALE_GROUP,    KTCY_GROUPS_16_TO_128, 0, 0, 0
 
 /* Every format, in enum order (the numbers are part of the packed-file metadata: append only). */
-#define KTCY_FORMAT_LIST(X) X(BF16) X(INT8) X(INT4) X(FP8_PERCHANNEL) X(FP8_BLOCK) X(INT4_ZP) X(MXFP4) X(MXFP4_A8) X(INT4_MIN)
+#define KTCY_FORMAT_LIST(X) X(BF16) X(INT8) X(INT4) X(FP8_PERCHANNEL) X(FP8_BLOCK) X(INT4_ZP) X(MXFP4) X(MXFP4_A8) X(INT4_MIN) X(INT8_GROUP)
 
 /* One column of a row, usable in #if: KTCY_ROW_COL(BLOCK_BYTES, KTCY_ROW_INT8) -> 1024 (the
  * columns the skeletons read; add an accessor when another is needed). */

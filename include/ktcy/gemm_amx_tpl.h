@@ -236,7 +236,7 @@ KT_AI void KT_(one_step_groups)(float *restrict acc, KT_C_T *restrict c, const u
                                 const uint8_t *b0, const uint8_t *b1, int np, int rows, int cols,
                                 const ktcy_act *a, int64_t m0, const ktcy_weight *w, const float *table,
                                 int64_t kstep) {
-    const int64_t ng = w->k_pad / kstep; /* k_pad is a multiple of the 64-K block, kstep 32 or 64 */
+    const int64_t ng = w->k_pad / kstep; /* k_pad is a multiple of the 64-K block, kstep 16, 32 or 64 */
     const int64_t mg = KT_(mins_groups)(w, ng);
     KT_C_T *const even = c, *const odd = c + 16 * 32;
     for (int h = 0; 16 * h < rows; ++h) {
@@ -270,7 +270,7 @@ KT_AI void KT_(one_step_groups)(float *restrict acc, KT_C_T *restrict c, const u
  * rows sit a row stride (a power of two: 2-4 KiB) apart and fall into the same L1 sets, and the
  * A loads stalled the TDPs (a BF16 GEMM of 128 rows from the L3: 1.5x the time on a Xeon). */
 KT_AI void KT_(pack_a)(uint8_t *restrict dst, const uint8_t *restrict rows, int64_t lda, int64_t m0, int64_t m1,
-                       int64_t steps, int64_t rb /* 64, or 32 for 32-K groups of int8 */) {
+                       int64_t steps, int64_t rb /* 64, or 32 / 16 for 32-K / 16-K groups of int8 */) {
     for (int64_t b = m0; b < m1; b += 32) {
         const int64_t tiles = m1 - b > 16 ? 2 : 1; /* rows past m up to m_pad are present */
         for (int64_t r = 0; r < 16 * tiles; ++r)
@@ -278,7 +278,8 @@ KT_AI void KT_(pack_a)(uint8_t *restrict dst, const uint8_t *restrict rows, int6
                 uint8_t *to = dst + (((b - m0) / 32 * steps + s) * 32 + r) * rb;
                 const uint8_t *from = rows + (b + r) * lda + s * rb;
                 if (rb == 64) memcpy(to, from, 64); /* constant sizes: inline vector moves */
-                else memcpy(to, from, 32);
+                else if (rb == 32) memcpy(to, from, 32);
+                else memcpy(to, from, 16);
             }
     }
 }

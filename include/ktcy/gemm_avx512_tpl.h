@@ -16,7 +16,8 @@
  *   KT_(rows)(ctx, blk, r, out[2])                rows r, r+1 of a packed block (64 bytes each, in .v0)
  *   KT_(decode_panels)(ctx, src, dst, blocks)     KT_PREDECODE without a fused one: blocks -> 1024-byte decoded blocks
  *   KT_(has_groups)(w)                            1 when partial sums are scaled per group (float accumulators)
- *   KT_(group_at)(w, kb, r, nkb)                  group index ending after row r (7 or 15) of block kb, or -1
+ *   KT_(group_at)(w, kb, r, nkb)                  group index ending after row r of block kb, or -1
+ *                                                 (asked after every KT_GROUP_ROWS rows)
  *   KT_(group_epilogue)(acc, facc, MB, NP, a, w, m0, p0, g)
  *   KT_(final)(acc, facc, a, w, m, n0)            the 16 outputs of one row and panel
  * and may set KT_ONE_PANEL_ROWS(a): calls of at most that many rows (a per-CPU choice,
@@ -33,6 +34,8 @@
  *   KT_FEW_ROWS_CHOICE(a) rows (a per-CPU choice: FP8's float path a->tiles.f32_rows, MXFP4's 16-bit
  *   integer path a->tiles.i16_rows) its own way, without vdpbf16ps (with MXCSR.DAZ cleared), or returns
  *   0 to leave the call to the tiles below.
+ * KT_GROUP_ROWS n: a group may end every n block rows (default 8: groups of 32 K or more; 4
+ *   for 16-K groups: INT8_GROUP).
  * KT_MAX_ROWS n: prefill tiles of at most n rows (4 or 6) instead of the skeleton's choice below.
  *
  * Every packed block has 16 rows of 64 bytes once loaded; row r pairs with the activation dword
@@ -147,6 +150,9 @@ KT_AI void KT_(merge_split)(KT_(acc_t) acc[6][4], const int NP) {
 #ifndef KT_FEW_ROWS
 #define KT_FEW_ROWS 0
 #endif
+#ifndef KT_GROUP_ROWS
+#define KT_GROUP_ROWS 8 /* block rows between the places a group may end (groups of 32 K or more) */
+#endif
 
 /* MB rows from m0, NP panels from p0.  PRE: the panels were decoded to blocks beforehand,
  * starting at `decoded` (block j of panel p at decoded + (p * nkb + j) * 1024).  STREAM: the
@@ -232,8 +238,8 @@ KT_AI void KT_(micro)(const int MB, const int NP, const int PRE, const int KEEP,
                 _Pragma("GCC unroll 8")
                 for (int p = 0; p < NP; ++p) acc[slot][p] = KT_(dp)(acc[slot][p], av, wv2[p][u]);
             }
-            if (MB == 1 && u == 1 && (r == 7 || r == 15)) KT_(merge_split)(acc, NP);
-            if (groups && u == 1 && (r == 7 || r == 15)) {
+            if (MB == 1 && u == 1 && (r + 1) % KT_GROUP_ROWS == 0) KT_(merge_split)(acc, NP);
+            if (groups && u == 1 && (r + 1) % KT_GROUP_ROWS == 0) {
                 const int64_t g = KT_(group_at)(w, kb, r, nkb);
                 if (g >= 0) KT_(group_epilogue)(acc, facc, MB, NP, a, w, m0, p0, g);
             }
@@ -375,6 +381,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_FUSED_PREDECODE
 #undef KT_SHARED_ROW_BYTES
 #undef KT_FEW_ROWS
+#undef KT_GROUP_ROWS
 #undef KT_MAX_ROWS
 #undef KT_FEW_ROWS_MAX
 #undef KT_FEW_ROWS_CHOICE

@@ -83,6 +83,29 @@ static inline int64_t ktcy_quantize_int4_rows(const float *w, int64_t ldw, int64
     return -1;
 }
 
+/* INT8 group-wise, symmetric: per group scale = amax/127, q = rint(w/scale) (half to even),
+ * saturated at +-127 (the kernels' sign trick needs codes above -128); the zero-padded tail of
+ * the last group gets code 0.  scale is [k_pad/group][ld_scale], group-major as INT4's.
+ * Returns the first row in [n0, n1) that is not finite, or -1. */
+static inline int64_t ktcy_quantize_int8_group_rows(const float *w, int64_t ldw, int64_t k, int group, int64_t n0,
+                                                    int64_t n1, int8_t *q, int64_t ldq, float *scale,
+                                                    int64_t ld_scale) {
+    for (int64_t n = n0; n < n1; ++n) {
+        const float *row = w + n * ldw;
+        if (!ktcy_row_finite(row, k)) return n;
+        for (int64_t k0 = 0, g = 0; k0 < k; k0 += group, ++g) {
+            const int64_t len = k - k0 < group ? k - k0 : group;
+            const float s = ktcy_row_amax(row + k0, len) / 127.0f;
+            for (int64_t i = 0; i < group && k0 + i < ldq; ++i) {
+                const float v = i < len && s > 0.0f ? ktcy_rint_small(row[k0 + i] / s) : 0.0f;
+                q[n * ldq + k0 + i] = (int8_t)fminf(127.0f, fmaxf(-127.0f, v));
+            }
+            scale[g * ld_scale + n] = s;
+        }
+    }
+    return -1;
+}
+
 /* INT4 asymmetric, per group, with zero points (zero != NULL) or with float mins (mins != NULL).
  *   zero points: the range [min, max] widened to contain 0 (so 0 is exact), s = (max - min) / 15,
  *     z = rint(-min / s) in [0, 15], q = clamp(rint(w / s) + z, 0, 15); the zero-padded tail of the

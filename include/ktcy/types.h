@@ -110,9 +110,9 @@ static inline int64_t ktcy_gemm_scratch_shared_bytes(int64_t k_pad) {
     const int64_t bf16_panels = 4 * KTCY_PANEL * k_pad * 2 + 4 * 1024 + 32 * 32 * 4;
     const int64_t f32_prefill = (KTCY_F32_SLICE * KTCY_PANEL + KTCY_AVX2_F32_ROWS * KTCY_F32_ROW_STRIDE(k_pad)) * 4
                                 + (KTCY_AVX2_F32_ROWS + 1) * 4 + 64 + KTCY_AVX2_F32_ROWS * 2 * KTCY_PANEL * 4;
-    /* ... + the column factors (and mins) of up to k_pad / 32 + 1 groups, 64-byte aligned */
+    /* ... + the column factors (and mins) of up to k_pad / 16 + 1 groups, 64-byte aligned */
     const int64_t amx = 2 * 32 * 32 * 4 + 2 * KTCY_PANEL * k_pad * 2 + KTCY_AMX_A_ROWS * k_pad * 2 + 64
-                        + (k_pad / 32 + 1) * 64 * 4;
+                        + (k_pad / 16 + 1) * 64 * 4;
     const int64_t most = bf16_panels > f32_prefill ? bf16_panels : f32_prefill;
     return (most > amx ? most : amx) + 64;
 }
