@@ -416,6 +416,10 @@ class LayerExperts:
         """The stored INT4 group size (None for other formats)."""
         return self.quant.group_size if self.quant is not None and self.quant.method != "mxfp4" else None
 
+    def kept_group(self, fmt):
+        """The group size of the tensors kept as stored in fmt (None when fmt keeps none, or has no groups)."""
+        return self.group_size if fmt in self.kept_formats else None
+
     def _detect(self):
         """(scheme, name pattern, projection names); also sets mlp_prefix, block_name and quant."""
         L, q = self.layer, self.ckpt.quant

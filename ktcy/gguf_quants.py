@@ -162,6 +162,29 @@ def q4_01_parts(type_name, raw, n, k):
     return _nibbles(b[:, start:start + 16]).reshape(n, k), _f16(b, 0).reshape(n, k // 32), low
 
 
+def int8_group_parts(type_name, raw, n, k):
+    """Q8_0's, Q5_0's or Q6_K's [n, k] tensor as (codes int8 [n, k], scale [n, k / group]
+    float32, group): Q8_0 q and d, Q5_0 q - 16 and d (group 32), Q6_K q - 32 and d * sc (group
+    16).  Each scale is exact (an 11-bit significand times an 8-bit integer) and so is s * q (at
+    most 24 significant bits): the value the decoder above gives, bit for bit."""
+    if type_name == "Q6_K":
+        b = raw.reshape(n * k // 256, 210)
+        nb = b.shape[0]
+        low = (b[:, 0:128].reshape(nb, 2, 1, 2, 32) >> _NIBBLE_SHIFTS.reshape(1, 1, 2, 1, 1) & 0x0F).reshape(nb, 2, 4, 32)
+        high = (b[:, 128:192].reshape(nb, 2, 1, 32) >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)) & 3
+        codes = ((low | (high << 4)).reshape(nb, 256).astype(np.int16) - 32).astype(np.int8)
+        scale = _f16(b, 208) * b[:, 192:208].view(np.int8).astype(np.float32)
+        return codes.reshape(n, k), scale.reshape(n, k // 16), 16
+    b = raw.reshape(n * k // 32, -1)
+    if type_name == "Q8_0":
+        codes = np.ascontiguousarray(b[:, 2:34]).view(np.int8)
+    elif type_name == "Q5_0":
+        codes = ((_nibbles(b[:, 6:22]) | (_high_bits(b, 2, 32) << 4)).astype(np.int16) - 16).astype(np.int8)
+    else:
+        raise ValueError(f"{type_name} has no int8 codes with one scale per group")
+    return codes.reshape(n, k), _f16(b, 0).reshape(n, k // 32), 32
+
+
 def _q5_k(b):
     nb = b.shape[0]
     bits = _high_bits(b, 16, 256).reshape(nb, 32, 8).transpose(0, 2, 1).reshape(nb, 256)  # bit t of byte i -> 32t + i

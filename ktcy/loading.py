@@ -9,7 +9,7 @@ from typing import Callable, Optional, Union
 from ktcy.checkpoint import Checkpoint, dequantize, layer_number
 from ktcy.config import MoeConfig, QuantConfig, checked_isa
 from ktcy.errors import naming
-from ktcy.formats import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, canonical_format, has_groups, keeps_codes
+from ktcy.formats import DEFAULT_INT4_GROUP, GROUP_SIZES, canonical_format, group_sizes, grouped_names, has_groups, keeps_codes
 from ktcy.gguf_checkpoint import GGUFCheckpoint, is_gguf
 from ktcy.log import warn_once
 from ktcy.moe import MoE
@@ -58,8 +58,8 @@ def load_experts(path: PathLike, layer: int, method: Optional[str] = None, isa: 
         be loaded in it.
       isa: force one instruction set ("amx", "amx_emu", "avx512", "avx2", "ref"); None picks the
         best this CPU runs.  An ISA the CPU cannot run raises UnsupportedISAError.
-      group_size: INT4, INT4_ZP and INT4_MIN only, 32, 64 (default; a released INT4 checkpoint's own) or 128 values per
-        scale along K.  For a converted folder it must equal the group size the file was packed with.
+      group_size: grouped formats only (INT4, INT4_ZP, INT4_MIN: 32, 64 (default; a released
+        checkpoint's own) or 128 values per scale along K; INT8_GROUP also 16).  For a converted folder it must equal the group size the file was packed with.
       progress: called as progress(experts_done, num_experts) while packing.
 
     Returns a MoE whose forward(x, topk_ids, topk_weights) runs the layer.
@@ -72,8 +72,8 @@ def load_experts(path: PathLike, layer: int, method: Optional[str] = None, isa: 
     layer = layer_number(layer)
     if group_size is not None:
         group_size = layer_number(group_size, "group_size")
-        if group_size not in INT4_GROUP_SIZES:
-            raise ValueError(f"group_size must be one of {INT4_GROUP_SIZES} (INT4, INT4_ZP, INT4_MIN only), got {group_size!r}")
+        if group_size not in GROUP_SIZES:
+            raise ValueError(f"group_size must be one of {GROUP_SIZES} ({grouped_names()} only), got {group_size!r}")
     if is_converted(path):
         return _load_converted(path, layer, method, isa, group_size)
     ckpt = GGUFCheckpoint(path) if is_gguf(path) else Checkpoint(path)
@@ -120,11 +120,13 @@ def experts_from_checkpoint(ckpt, layer, method=None, isa=None, group_size=None,
     if fmt is None:
         raise experts.needs_method()
     if group_size is not None and not has_groups(fmt):
-        raise ValueError(f"group_size applies to grouped formats (INT4, INT4_ZP, INT4_MIN) only; the experts are loaded as {fmt}")
+        raise ValueError(f"group_size applies to grouped formats ({grouped_names()}) only; the experts are loaded as {fmt}")
+    if group_size is not None and group_size not in group_sizes(fmt):
+        raise ValueError(f"group_size {group_size}: {fmt} takes {', '.join(map(str, group_sizes(fmt)))}")
     group = group_size or layer_group_size(experts, fmt)
     config = MoeConfig(a.num_experts, a.top_k, a.hidden_size, a.intermediate_size,
                        QuantConfig(fmt, group_size=group), backend=method, isa=isa, **block_settings(a))
-    _warn_if_requantized(ckpt, experts.native_format, fmt, group, experts.group_size)
+    _warn_if_requantized(ckpt, experts.native_format, fmt, group, experts.kept_group(experts.native_format))
     bias = experts.bias()
     source = experts.source(fmt, strict=method is None)
     with naming(f"{ckpt.path}: layer {layer}", CheckpointError):
@@ -148,10 +150,10 @@ def _warn_if_requantized(ckpt, stored, fmt, group, stored_group):
 
 
 def layer_group_size(experts, fmt):
-    """The group size that keeps released INT4 codes as stored (their own, when fmt is their
+    """The group size that keeps released grouped codes as stored (their own, when fmt is their
     format and ktcy's layout takes it), else the default."""
-    stored = experts.group_size
-    if fmt in experts.kept_formats and stored in INT4_GROUP_SIZES:  # GGUF keeps formats per tensor
+    stored = experts.kept_group(fmt)  # GGUF keeps formats per tensor
+    if has_groups(fmt) and stored in group_sizes(fmt):
         return stored
     return DEFAULT_INT4_GROUP
 

@@ -1,7 +1,7 @@
 """GGUF models (llama.cpp's files) read by ktcy.load_experts: files written by the `gguf` package
 (llama.cpp's own Python writer), every decoded ggml type equal bit for bit to that package's
 dequantization, codes ktcy holds kept as stored (Q4_0 -> INT4 group 32, Q4_K and Q4_1 -> INT4_MIN
-group 32, MXFP4, BF16), the others
+group 32, Q8_0 and Q5_0 -> INT8_GROUP group 32, Q6_K -> INT8_GROUP group 16, MXFP4, BF16), the others
 refused without a method and quantized again with one, MoE forward against float64 on every
 ISA, split files, and damaged or foreign files refused with a CheckpointError."""
 import os
@@ -44,6 +44,9 @@ def random_blocks(type_name, values, rng):
         b[:, at:at + 2] = (rng.uniform(-1, 1, (len(b), 1)) * 2e-3).astype(np.float16).view(np.uint8)
     if type_name == "MXFP4":
         b[:, 0] = rng.integers(118, 126, len(b))
+    if type_name == "Q8_0":  # llama.cpp's codes: round(x * 127 / amax), never -128
+        codes = b[:, 2:]
+        codes[codes == 0x80] = 0x81
     return b.reshape(-1)
 
 
@@ -162,7 +165,7 @@ def test_float_types_load_as_bf16(tmp_path, types):
         assert rel(ktcy.load_experts(path, 1, isa=isa).forward(x, ids, wts), ref) < 6e-3, isa
 
 
-@pytest.mark.parametrize("types", [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q8_0", "Q8_0"), ("Q5_K", "Q2_K", "Q3_K"),
+@pytest.mark.parametrize("types", [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q8_0", "Q5_1"), ("Q5_K", "Q2_K", "Q3_K"),
                                    ("Q4_1", "Q5_0", "Q5_1"), ("Q4_0", "Q4_0", "Q6_K"), ("IQ4_XS", "IQ4_XS", "IQ4_NL")])
 def test_other_types_need_a_method_and_dequantize_exactly(tmp_path, types, caplog):
     path = str(tmp_path / "m.gguf")
@@ -239,6 +242,78 @@ def test_q4_k_and_q4_1_are_kept_as_int4_min_group_32(tmp_path, type_name):
     assert rel(y, silu_reference(x, ids, wts, truth, 1)) < 0.03  # the int8 activations' error only
     for isa in isas():  # the same bits everywhere
         assert np.array_equal(ktcy.load_experts(path, 1, isa=isa).forward(x, ids, wts), y), isa
+
+
+def _int8_group_fields(type_name, raw, n, k):
+    """Q8_0's, Q5_0's and Q6_K's codes and scales read from ggml's block structs, written here
+    from the format apart from the reader: (codes int8 [n, k], scale [n, k / group]).
+      block_q8_0: f16 d, 32 int8 codes.
+      block_q5_0: f16 d, uint32 high bits (bit j: value j's fifth bit), 16 bytes of nibbles
+        (value j the low nibble of byte j, value j + 16 its high one); code q - 16.
+      block_q6_K: 128 bytes ql, 64 bytes qh, 16 int8 scales, f16 d; per 128 values (half h),
+        value 32j + i: ql byte 64h + 32(j % 2) + i (low nibble for j < 2, high for j >= 2),
+        bits 2j..2j+1 of qh byte 32h + i on top; code q - 32, scale d * sc[value / 16]."""
+    half = lambda b, at: b[:, at:at + 2].copy().view(np.float16).astype(np.float32)  # noqa: E731
+    if type_name == "Q8_0":
+        b = raw.reshape(-1, 34)
+        return b[:, 2:].copy().view(np.int8).reshape(n, k), half(b, 0).reshape(n, k // 32)
+    if type_name == "Q5_0":
+        b = raw.reshape(-1, 22)
+        high = b[:, 2:6].copy().view(np.uint32)[:, 0]
+        codes = np.zeros((len(b), 32), np.int16)
+        for j in range(32):
+            nib = b[:, 6 + j % 16] & 0xF if j < 16 else b[:, 6 + j % 16] >> 4
+            codes[:, j] = (nib | (((high >> j) & 1) << 4)) - 16
+        return codes.astype(np.int8).reshape(n, k), half(b, 0).reshape(n, k // 32)
+    b = raw.reshape(-1, 210)
+    codes = np.zeros((len(b), 256), np.int16)
+    for h in range(2):
+        for j in range(4):
+            for i in range(32):
+                ql = b[:, 64 * h + 32 * (j % 2) + i]
+                nib = ql & 0xF if j < 2 else ql >> 4
+                codes[:, 128 * h + 32 * j + i] = (nib | (((b[:, 128 + 32 * h + i] >> (2 * j)) & 3) << 4)) - 32
+    scale = half(b, 208) * b[:, 192:208].copy().view(np.int8).astype(np.float32)
+    return codes.astype(np.int8).reshape(n, k), scale.reshape(n, k // 16)
+
+
+@pytest.mark.parametrize("types,group", [(("Q8_0",) * 3, 32), (("Q5_0",) * 3, 32), (("Q6_K",) * 3, 16),
+                                         (("Q8_0", "Q5_0", "Q6_K"), 16)])
+def test_q8_0_q5_0_and_q6_k_are_kept_as_int8_group(tmp_path, types, group):
+    """Kept as stored with method=None: the codes and scales of the file, s * q in float32 equal
+    to llama.cpp's value bit for bit; a layer mixing group 32 and Q6_K's 16 takes 16, each
+    group-32 scale twice (the same values)."""
+    path = str(tmp_path / "m.gguf")
+    truth = write_model(path, dict(zip(("gate", "up", "down"), types)))
+    moe = ktcy.load_experts(path, 1)
+    assert moe.format == "INT8_GROUP" and moe.gate[0].group_size == group
+    layer = GGUFCheckpoint(path).layer(1)
+    for proj, type_name in zip(("gate", "up", "down"), types):
+        for e in range(E):
+            p = getattr(moe, proj)[e]
+            codes, scale = _int8_group_fields(type_name, layer._raw(proj, e)[1], *p.shape)
+            assert np.array_equal(p.codes(), codes), (proj, e)
+            own = p.shape[1] // scale.shape[1]  # the tensor's group: 32 or 16
+            assert np.array_equal(np.repeat(scale, own // group, axis=1), p.group_scales()[:, :p.shape[0]].T), (proj, e)
+            assert np.array_equal(p.dequantize(np.float32), truth[1, proj][e]), (proj, e)
+    x, ids, wts = inputs()
+    y = moe.forward(x, ids, wts)
+    assert rel(y, silu_reference(x, ids, wts, truth, 1)) < 0.03  # the int8 activations' error only
+    for isa in isas():  # the same bits everywhere
+        assert np.array_equal(ktcy.load_experts(path, 1, isa=isa).forward(x, ids, wts), y), isa
+
+
+def test_a_q8_0_code_of_minus_128_is_refused_naming_the_layer(tmp_path):
+    """llama.cpp writes Q8_0 codes in [-127, 127]; -128 (a foreign writer) has no INT8_GROUP
+    code, and loading says so rather than run with another value."""
+    path = str(tmp_path / "m.gguf")
+    write_model(path, {"gate": "Q8_0", "up": "Q8_0", "down": "Q8_0"})
+    raw = bytearray(open(path, "rb").read())
+    entry = GGUFFile(path).tensors["blk.1.ffn_up_exps.weight"]
+    raw[entry.begin + 34 * 5 + 7] = 0x80  # block 5's sixth code
+    open(path, "wb").write(bytes(raw))
+    with pytest.raises(CheckpointError, match=r"layer 1.*\[-127, 127\]"):
+        ktcy.load_experts(path, 1)
 
 
 def test_q4_k_m_layer_keeps_its_q4_k_tensors_with_int4_min(tmp_path, caplog):
@@ -604,14 +679,14 @@ def test_gguf_rewritten_in_place_during_convert_is_refused(tmp_path):
 
 
 def test_convert_checks_every_layer_before_writing(tmp_path):
-    """Layer 1 Q4_0 (kept as INT4), layer 2 Q6_K (needs a method), method=None: convert packs
+    """Layer 1 Q4_0 (kept as INT4), layer 2 Q5_K (needs a method), method=None: convert packs
     and writes layer 1, then fails on layer 2, leaving a layer file and no manifest; a rerun
     with --method INT4 then meets a 'differs from this conversion' conflict.  wanted(L) can be
     evaluated for every chosen layer before any work."""
     path, out = str(tmp_path / "m.gguf"), tmp_path / "out"
     rng = np.random.default_rng(0)
     w = _writer(path, blocks=3)
-    for L, t in ((1, "Q4_0"), (2, "Q6_K")):
+    for L, t in ((1, "Q4_0"), (2, "Q5_K")):
         for proj in ("gate", "up", "down"):
             w.add_tensor(f"blk.{L}.ffn_{proj}_exps.weight", random_blocks(t, E * 256 * 256, rng).reshape(E, 256, -1),
                          raw_dtype=T[t])
