@@ -94,16 +94,6 @@ def _check_colsum(p):
                          f"its codes (damaged or foreign data)")
 
 
-def _check_symmetric_codes(p):
-    """INT8_GROUP's codes must lie in [-127, 127], as the packer writes them: the AVX-512BW
-    kernel's sign trick negates them (-128 would wrap), so a damaged or foreign file would give
-    wrong numbers on that kernel only."""
-    codes = np.asarray(p.data).reshape(-1).view(np.int8)
-    if codes.size and codes.min() == -128:
-        raise ValueError(f"{p.format} weight {tuple(p.shape)} holds code -128, outside [-127, 127] "
-                         "(damaged or foreign data)")
-
-
 def _check_block_exponents(p):
     """The E8M0 exponents kept in the blocks must lie in the range the packer allows wherever a
     block holds a non-zero code: past it the paths part ways (some clamp to 2^127, some decode inf
@@ -173,8 +163,6 @@ class PackedWeight:
             _check_finite_scales(self.format, self.scale)
             if self.colsum is not None:
                 _check_colsum(self)
-            elif descriptor(self.format)["code"] == "s8":
-                _check_symmetric_codes(self)
             if descriptor(self.format)["scale"] == "e8m0_in_block":
                 _check_block_exponents(self)
             self._view, self._made_from = view, source
@@ -358,7 +346,8 @@ def _refuse_non_finite(w):
 def pack_quantized(codes: np.ndarray, scale: Optional[np.ndarray], format: str, group_size: Optional[int] = None,
                    zero_points: Optional[np.ndarray] = None, mins: Optional[np.ndarray] = None) -> PackedWeight:
     """Pack codes that are already quantized: int8 [N,K] + scale [N] (INT8); int8 [N,K] + scale
-    [K_pad/group, N_pad] or [N, K/group] (INT8_GROUP: w = s * q, llama.cpp's Q8_0, Q6_K, Q5_0); int8 in [-8,7] +
+    [K_pad/group, N_pad] or [N, K/group] (INT8_GROUP: w = s * q, q in -128..127, llama.cpp's Q8_0,
+    Q6_K, Q5_0, GPTQ's symmetric 8-bit); int8 in [-8,7] +
     scale [K_pad/group, N_pad] or [N, K/group] (INT4); unsigned codes 0..15 [N,K] + scale and
     zero_points 0..15, each [K_pad/group, N_pad] or [N, K/group] (INT4_ZP: w = s * (q - z); a packed
     weight's own are group_scales() and group_zero_points(), not .scale/.zero, which are panel-major);
@@ -404,7 +393,7 @@ def pack_quantized(codes: np.ndarray, scale: Optional[np.ndarray], format: str, 
         _expect_dtype(codes, np.int8, f"{fmt} codes")
         if code == "s8" and d["scale"] != "group" and k > INT8_MAX_K:
             raise ValueError(f"{fmt} weights with K = {k} > {INT8_MAX_K} would overflow the int32 sums; use BF16 or INT4")
-        if code == "s8" and codes.size and codes.min() == -128:
+        if code == "s8" and d["scale"] != "group" and codes.size and codes.min() == -128:
             raise ValueError(f"{fmt} codes must lie in [-127, 127] (symmetric); -128 is not a code ktcy packs")
         if code == "u4" and (codes.min() < -8 or codes.max() > 7):
             raise ValueError(f"{fmt} codes must lie in [-8, 7]")

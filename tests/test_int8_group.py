@@ -13,7 +13,7 @@ from ktcy.packed_io import load_layer, pack_layer, write_layer
 GROUPS = [16, 32, 64, 128]
 
 
-def _released(rng, n, k, group, lo=-127, hi=127):
+def _released(rng, n, k, group, lo=-128, hi=127):
     codes = rng.integers(lo, hi + 1, (n, k)).astype(np.int8)
     scale = rng.uniform(0.001, 0.01, (n, -(-k // group))).astype(np.float32)
     return codes, scale
@@ -55,12 +55,13 @@ def test_gemm_bit_identical_on_every_isa(group, m, n, k):
 @pytest.mark.parametrize("group", GROUPS)
 @pytest.mark.parametrize("sign", [1, -1])
 def test_extreme_codes_and_activations_stay_exact(group, sign):
-    """Codes +-127 against activations that quantize to +-127: the largest sums a group reaches,
-    where AVX-512 VNNI multiplies code + 128 (up to 255) and takes 128 x the activation sum off,
-    and AVX2's vpmaddubsw pairs come nearest to int16's limit (2 x 127 x 127)."""
+    """Codes -128 and 127 against activations that quantize to +-127: the largest sums a group
+    reaches, where AVX-512 VNNI multiplies code + 128 (0 to 255) and takes 128 x the activation
+    sum off, and AVX2's and AVX-512 BW's vpmaddubsw pairs of |w| come nearest to int16's limit
+    (2 x 128 x 127)."""
     n, k = 48, 256
     codes = np.full((n, k), 127, np.int8)
-    codes[::3] = -127
+    codes[::3] = -128
     codes[1::5, ::2] = 0
     p = kernels.pack_quantized(codes, np.ones((n, k // group), np.float32), "INT8_GROUP", group_size=group)
     for m in (1, 2, 3, 4, 8, 37):
@@ -98,15 +99,13 @@ def test_zero_groups_and_a_short_last_group():
         assert np.array_equal(kernels.linear_variant(X, p, v), int4_exact_reference(X, p)), v
 
 
-@pytest.mark.parametrize("bad,match", [("minus128", r"\[-127, 127\]"), ("dtype", "int8"),
+@pytest.mark.parametrize("bad,match", [("dtype", "int8"),
                                        ("missing", "needs its group scales"), ("group", "group_size must be one of"),
                                        ("nan", "must be finite"), ("zero_points", "has no zero points"),
                                        ("mins", "has no mins")])
 def test_bad_input_is_refused(bad, match):
     codes, scale = _released(np.random.default_rng(2), 16, 64, 32)
     kw = {"group_size": 32}
-    if bad == "minus128":
-        codes[3, 7] = -128
     if bad == "dtype":
         codes = codes.astype(np.int16)
     if bad == "missing":
@@ -123,14 +122,18 @@ def test_bad_input_is_refused(bad, match):
         kernels.pack_quantized(codes, scale, "INT8_GROUP", **kw)
 
 
-def test_a_foreign_code_minus_128_is_refused_before_a_kernel_reads_it():
+def test_code_minus_128_is_a_code_as_released():
+    """GPTQ's symmetric 8-bit codes (q - 128 with q in 0..255) reach -128; every kernel takes it
+    (the per-channel INT8 format refuses it: its AVX-512BW product negates the codes)."""
     codes, scale = _released(np.random.default_rng(3), 16, 64, 32)
+    codes[:, ::3] = -128
     p = kernels.pack_quantized(codes, scale, "INT8_GROUP", group_size=32)
-    data = p.data.copy()
-    data[100] = 0x80  # -128, as a damaged file would hold it
-    damaged = kernels.PackedWeight("INT8_GROUP", p.shape, data, p.scale, group_size=32)
-    with pytest.raises(ValueError, match="-128"):
-        kernels.linear(np.ones((1, 64), np.float32), damaged)
+    assert p.codes().min() == -128
+    X = np.random.default_rng(4).standard_normal((3, 64)).astype(np.float32)
+    for v in runnable_variants("INT8_GROUP"):
+        assert np.array_equal(kernels.linear_variant(X, p, v), int4_exact_reference(X, p)), v
+    with pytest.raises(ValueError, match=r"\[-127, 127\]"):
+        kernels.pack_quantized(codes, np.ones(16, np.float32), "INT8")
 
 
 def test_long_rows_are_not_limited_to_int8_per_channel_k():

@@ -2,9 +2,10 @@
  * group 16, 32, 64 or 128 (llama.cpp's Q8_0 and Q5_0 are group 32, Q6_K group 16, GPTQ's 8-bit
  * symmetric group 128), panel-major like INT4's (ktcy_group_index); activations int8.
  *   y[m][n] = (sum over groups g in order of acc + (float)sum_{k in g}(q_x * q_w) * s[g][n]) * x_scale[m]
- * in this order on every ISA, so all give the same bits.  AVX-512 VNNI multiplies the codes
- * plus 128 (vpdpbusd's unsigned operand) and takes 128 x the activation group sum off, an exact
- * int32; AVX2 and AVX-512 BW use |w| * (a * sign w) on the signed codes.
+ * in this order on every ISA, so all give the same bits.  Codes take the whole int8 range
+ * (GPTQ's symmetric 8-bit codes reach -128).  AVX-512 VNNI multiplies the codes plus 128
+ * (vpdpbusd's unsigned operand) and takes 128 x the activation group sum off, an exact int32;
+ * AVX2 and AVX-512 BW use |w| * (a * sign w) on the signed codes (|-128| fits the unsigned byte).
  * Included by a skeleton instantiation; no include guard. */
 #define KT_ROW KTCY_ROW_INT8_GROUP
 #define KT_FORMATS (1 << KTCY_FMT_INT8_GROUP)
@@ -90,6 +91,7 @@ KT_AI void KT_(rows)(const KT_(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2
 }
 #else
 #define KT_WKIND KT_W_S8
+#define KT_S8_FULL_RANGE 1 /* code -128 too: |w| * (a * sign w) */
 KT_AI void KT_(rows)(const KT_(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2]) {
     (void)c;
     out[0].v0 = _mm512_loadu_si512(blk + r * 64);

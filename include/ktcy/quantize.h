@@ -84,7 +84,7 @@ static inline int64_t ktcy_quantize_int4_rows(const float *w, int64_t ldw, int64
 }
 
 /* INT8 group-wise, symmetric: per group scale = amax/127, q = rint(w/scale) (half to even),
- * saturated at +-127 (the kernels' sign trick needs codes above -128); the zero-padded tail of
+ * saturated at +-127 (symmetric: the kernels take -128 too, as released codes hold it); the zero-padded tail of
  * the last group gets code 0.  scale is [k_pad/group][ld_scale], group-major as INT4's.
  * Returns the first row in [n0, n1) that is not finite, or -1. */
 static inline int64_t ktcy_quantize_int8_group_rows(const float *w, int64_t ldw, int64_t k, int group, int64_t n0,
