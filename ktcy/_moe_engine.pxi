@@ -113,15 +113,18 @@ cdef inline int _expert_gemm(ktcy_gemm_fn fn, const ktcy_weight *w, float *y, in
 
 
 cdef class MoEEngine:
-    cdef int fmt, num_experts, group, integer
+    # gate and up share a format (they multiply the same activations); down may have its own
+    # (a GGUF Q4_K_M layer: Q4_K gate and up, Q6_K down), with its own activation kind and group
+    cdef int fmt, num_experts, group, integer, fmt_d, group_d, integer_d
     cdef int64_t hidden, inter, kpad_h, kpad_i
     cdef ktcy_weight *gate_w
     cdef ktcy_weight *up_w
     cdef ktcy_weight *down_w
-    cdef ktcy_gemm_fn big_fn, small_fn
+    cdef ktcy_gemm_fn big_fn, small_fn, big_fn_d, small_fn_d
     cdef ktcy_swiglu_fn swiglu
     cdef ktcy_quant_act_fn quant_act
-    cdef ktcy_e2m1_starts_fn e2m1_starts  # MXFP4_A8's block sums (act_quant.h); NULL for the others
+    # MXFP4_A8's block sums (act_quant.h) of the gate/up and the down activations; NULL for the others
+    cdef ktcy_e2m1_starts_fn e2m1_starts, e2m1_starts_d
     cdef ktcy_bf16_act_fn bf16_act
     cdef ktcy_glu_clamped_fn glu_clamped
     cdef int activation
@@ -131,7 +134,7 @@ cdef class MoEEngine:
     cdef const float *bias_up
     cdef const float *bias_down
     cdef object biases
-    cdef public int64_t big_min_rows
+    cdef int64_t min_rows, min_rows_d  # rows from which an expert's GEMMs take the big kernel
     cdef object keep
     cdef int64_t arena_rows, arena_tokens, arena_slots, arena_threads, arena_nbytes
     # the arena: typed views of its arrays (they keep them alive), taken when it is built rather
@@ -146,7 +149,7 @@ cdef class MoEEngine:
     cdef uint8_t[:, ::1] a_messages
     # the routing's bookkeeping, sized by the expert count once: a call allocates nothing
     cdef int64_t per_i, per_h, items_i, items_h, amx_per_i, amx_per_h
-    cdef bint big_on_amx
+    cdef bint big_on_amx, big_on_amx_d
     cdef int ready  # __init__ finished: the buffers above exist
     cdef bint made  # __init__ began (once only)
     cdef int64_t[::1] counts, seg, fill, pending
@@ -164,39 +167,51 @@ cdef class MoEEngine:
         free(self.down_w)
 
     def __init__(self, str format_name, list gate, list up, list down, str big_variant, str small_variant,
-                 int64_t big_min_rows, dict bias=None, str activation="silu", float alpha=1.702, float limit=7.0):
+                 int64_t big_min_rows, dict bias=None, str activation="silu", float alpha=1.702, float limit=7.0,
+                 str down_format=None, str down_big=None, str down_small=None, down_min_rows=None):
+        """format_name, big_variant, small_variant, big_min_rows: gate's and up's; down_*: the down
+        projection's (None: the same)."""
         cdef int e, E = len(gate)
-        cdef Weight g
+        cdef Weight g, d
         _made_once(self.made, "MoEEngine")  # its buffers are sized by the first call's experts
         self.made = True
-        self.fmt = _format_index(format_name)
+        down_format = format_name if down_format is None else down_format
+        down_big = big_variant if down_big is None else down_big
+        down_small = small_variant if down_small is None else down_small
+        self.fmt, self.fmt_d = _format_index(format_name), _format_index(down_format)
         self.integer = ktcy_format(self.fmt).act == KTCY_ACT_INT8
+        self.integer_d = ktcy_format(self.fmt_d).act == KTCY_ACT_INT8
         if E < 1 or len(up) != E or len(down) != E:
             raise ValueError(f"gate/up/down hold {len(gate)}/{len(up)}/{len(down)} experts; need the same count >= 1")
-        g = gate[0]
-        for name, ws, shape in (("gate", gate, (g.view.n, g.view.k)), ("up", up, (g.view.n, g.view.k)),
-                                ("down", down, (g.view.k, g.view.n))):
+        g, d = gate[0], down[0]
+        for name, ws, shape, fmt, group in (("gate", gate, (g.view.n, g.view.k), self.fmt, g.view.group),
+                                            ("up", up, (g.view.n, g.view.k), self.fmt, g.view.group),
+                                            ("down", down, (g.view.k, g.view.n), self.fmt_d, d.view.group)):
             for e in range(E):
                 w = <Weight?>ws[e]
-                if w.fmt != self.fmt or w.shape != shape or w.group != g.view.group:
-                    raise ValueError(f"{name}[{e}] is {FORMATS[w.fmt]} {w.shape} group {w.group}; the layer is "
-                                     f"{format_name} {shape} group {g.view.group}")
+                if w.fmt != fmt or w.shape != shape or w.group != group:
+                    raise ValueError(f"{name}[{e}] is {FORMATS[w.fmt]} {w.shape} group {w.group}; the layer's {name} is "
+                                     f"{FORMATS[fmt]} {shape} group {group}")
         self.num_experts = E
         self.keep = (gate, up, down)
-        self.big_fn = KTCY_VARIANTS[_variant_index(format_name, big_variant)].fn
-        self.small_fn = KTCY_VARIANTS[_variant_index(format_name, small_variant)].fn
-        isa_big = ISAS[KTCY_VARIANTS[_variant_index(format_name, big_variant)].isa]
-        isa_small = ISAS[KTCY_VARIANTS[_variant_index(format_name, small_variant)].isa]
-        need = _layer_need(isa_big, isa_small)
+        cdef int vb = _variant_index(format_name, big_variant), vs = _variant_index(format_name, small_variant)
+        cdef int vbd = _variant_index(down_format, down_big), vsd = _variant_index(down_format, down_small)
+        self.big_fn, self.small_fn = KTCY_VARIANTS[vb].fn, KTCY_VARIANTS[vs].fn
+        self.big_fn_d, self.small_fn_d = KTCY_VARIANTS[vbd].fn, KTCY_VARIANTS[vsd].fn
+        isas = [ISAS[KTCY_VARIANTS[v].isa] for v in (vb, vs, vbd, vsd)]
+        # SwiGLU and the conversions run on the least capable ISA of the four (the same bits anywhere)
+        need = _layer_need(min(isas, key=_ISA_RANK.get), min(isas, key=_ISA_RANK.get))
         self.swiglu = _swiglu_for(need)
         self.quant_act = _quant_act_for(need)
         self.e2m1_starts = _e2m1_starts_for(need) if self.fmt == KTCY_FMT_MXFP4_A8 else NULL
+        self.e2m1_starts_d = _e2m1_starts_for(need) if self.fmt_d == KTCY_FMT_MXFP4_A8 else NULL
         self.bf16_act = _bf16_act_for(need)
         self.glu_clamped = _glu_clamped_for(need)
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation {activation!r}: choose one of {', '.join(ACTIVATIONS)}")
         self.activation, self.alpha, self.limit = ACTIVATIONS.index(activation), alpha, limit
-        self.big_min_rows = big_min_rows
+        self.min_rows = big_min_rows
+        self.min_rows_d = big_min_rows if down_min_rows is None else down_min_rows
         self.gate_w = <ktcy_weight *>malloc(E * sizeof(ktcy_weight))
         self.up_w = <ktcy_weight *>malloc(E * sizeof(ktcy_weight))
         self.down_w = <ktcy_weight *>malloc(E * sizeof(ktcy_weight))
@@ -206,7 +221,7 @@ cdef class MoEEngine:
             self.gate_w[e] = (<Weight>gate[e]).view
             self.up_w[e] = (<Weight>up[e]).view
             self.down_w[e] = (<Weight>down[e]).view
-        self.inter, self.hidden, self.group = g.view.n, g.view.k, g.view.group
+        self.inter, self.hidden, self.group, self.group_d = g.view.n, g.view.k, g.view.group, d.view.group
         bias = dict(bias or {})  # its own dict: the caller's may change, the arrays below stay held
         if set(bias) - {"gate", "up", "down"}:
             raise ValueError(f"bias keys must be gate, up, down; got {sorted(bias)}")
@@ -231,7 +246,7 @@ cdef class MoEEngine:
         # do that a third as often (a Xeon with AMX, 128 experts of about 32 rows, 2 threads:
         # INT8 T = 512 0.93x the time; AVX-512 experts, with AMX off, gained 2-4%, not measured
         # on AMD: they keep theirs).  amx_emu runs the same split, so hosts without AMX test it.
-        self.big_on_amx = isa_big in ("amx", "amx_emu")
+        self.big_on_amx, self.big_on_amx_d = isas[0] in ("amx", "amx_emu"), isas[2] in ("amx", "amx_emu")
         self.amx_per_i = ktcy_split_panels(panels_i, (panels_i + MOE_AMX_ITEM_PANELS - 1) // MOE_AMX_ITEM_PANELS)
         self.amx_per_h = ktcy_split_panels(panels_h, (panels_h + MOE_AMX_ITEM_PANELS - 1) // MOE_AMX_ITEM_PANELS)
         self.counts, self.seg, self.fill = np.zeros(E, np.int64), np.zeros(E + 1, np.int64), np.zeros(E, np.int64)
@@ -240,6 +255,24 @@ cdef class MoEEngine:
         self.items2 = np.zeros((E * self.items_h, 3), np.int64)
         self.status = np.zeros(E * (self.items_i + self.items_h) + 1, np.int32)
         self.ready = 1
+
+    @property
+    def big_min_rows(self):
+        """Rows from which an expert's gate and up GEMMs take the big (prefill) kernel; setting it
+        sets the down projection's too (big_min_rows_down after that for its own)."""
+        return self.min_rows
+
+    @big_min_rows.setter
+    def big_min_rows(self, int64_t rows):
+        self.min_rows = self.min_rows_d = rows
+
+    @property
+    def big_min_rows_down(self):
+        return self.min_rows_d
+
+    @big_min_rows_down.setter
+    def big_min_rows_down(self, int64_t rows):
+        self.min_rows_d = rows
 
     cdef _drop_arena(self):
         self.arena_nbytes = 0
@@ -261,15 +294,17 @@ cdef class MoEEngine:
         tokens, rows = max(tokens, self.arena_tokens, 1), max(rows, self.arena_rows, 16)
         slots, threads = max(slots, self.arena_slots, 1), max(threads, self.arena_threads, 1)
         gh = self.kpad_h // self.group if self.group else 1
-        gi = self.kpad_i // self.group if self.group else 1
+        gi = self.kpad_i // self.group_d if self.group_d else 1
         a = {}
         if self.integer:
             a["xq"], a["xs"], a["xg"] = np.zeros((tokens, self.kpad_h), np.int8), np.zeros(tokens, np.float32), np.zeros((tokens, gh), np.int32)
             a["q1"], a["s1"], a["g1"] = np.zeros((rows, self.kpad_h), np.int8), np.zeros(rows, np.float32), np.zeros((rows, gh), np.int32)
-            a["q2"], a["s2"], a["g2"] = np.zeros((rows, self.kpad_i), np.int8), np.zeros(rows, np.float32), np.zeros((rows, gi), np.int32)
         else:
             a["xb"] = np.zeros((tokens, self.kpad_h), np.uint16)
             a["b1"] = np.zeros((rows, self.kpad_h), np.uint16)
+        if self.integer_d:
+            a["q2"], a["s2"], a["g2"] = np.zeros((rows, self.kpad_i), np.int8), np.zeros(rows, np.float32), np.zeros((rows, gi), np.int32)
+        else:
             a["b2"] = np.zeros((rows, self.kpad_i), np.uint16)
         a["gate"] = np.zeros((rows, self.inter), np.float32)
         a["up"] = np.zeros((rows, self.inter), np.float32)
@@ -283,9 +318,12 @@ cdef class MoEEngine:
         if self.integer:
             self.a_xq, self.a_xs, self.a_xg = a["xq"], a["xs"], a["xg"]
             self.a_q1, self.a_s1, self.a_g1 = a["q1"], a["s1"], a["g1"]
+        else:
+            self.a_xb, self.a_b1 = a["xb"], a["b1"]
+        if self.integer_d:
             self.a_q2, self.a_s2, self.a_g2 = a["q2"], a["s2"], a["g2"]
         else:
-            self.a_xb, self.a_b1, self.a_b2 = a["xb"], a["b1"], a["b2"]
+            self.a_b2 = a["b2"]
         self.a_gate, self.a_up, self.a_down = a["gate"], a["up"], a["down"]
         self.a_scratch, self.a_messages = a["scratch"], a["messages"]
         self.a_row_token, self.a_slot = a["row_token"], a["slot"]
@@ -318,11 +356,10 @@ cdef class MoEEngine:
         cdef int64_t T = ids.shape[0], k = ids.shape[1], S = T * k
         cdef int E = self.num_experts, e
         cdef int64_t t, j, r, s, i, c, rows = 0, n_items1, n_items2, eid
-        cdef int integer = self.integer
-        cdef int group = self.group
+        cdef int integer = self.integer, integer_d = self.integer_d
+        cdef int group = self.group, group_d = self.group_d
         cdef int64_t H = self.hidden, I = self.inter, kh = self.kpad_h, ki = self.kpad_i
         cdef int64_t gh = kh // self.group if self.group else 1
-        cdef int64_t gi = ki // self.group if self.group else 1
         cdef int64_t panels_i = ktcy_n_pad(I) // KTCY_PANEL, panels_h = ktcy_n_pad(H) // KTCY_PANEL
         cdef int64_t per_i = self.per_i, per_h = self.per_h, active = 0, small_i, small_h, pe_i, pe_h
         if T == 0:
@@ -360,8 +397,9 @@ cdef class MoEEngine:
         # matrices per item (16-panel items took 1.02-1.09x the time of 48-panel ones at T=1-2,
         # 2 threads) unless a thread would get fewer than a few items
         cdef const ktcy_format_desc *desc = ktcy_format(self.fmt)
+        cdef const ktcy_format_desc *desc_d = ktcy_format(self.fmt_d)
         small_i = _decode_per(panels_i, kh // desc.block_k * desc.block_bytes, active, nthreads, self.items_i)
-        small_h = _decode_per(panels_h, ki // desc.block_k * desc.block_bytes, active, nthreads, self.items_h)
+        small_h = _decode_per(panels_h, ki // desc_d.block_k * desc_d.block_bytes, active, nthreads, self.items_h)
         segv[0] = 0
         for e in range(E):
             segv[e + 1] = segv[e] + _round16(cnt[e])
@@ -400,8 +438,10 @@ cdef class MoEEngine:
                 continue
             pe_i = small_i if cnt[e] <= MOE_STREAM_ROWS else per_i
             pe_h = small_h if cnt[e] <= MOE_STREAM_ROWS else per_h
-            if self.big_on_amx and cnt[e] >= self.big_min_rows:
-                pe_i, pe_h = self.amx_per_i, self.amx_per_h
+            if self.big_on_amx and cnt[e] >= self.min_rows:
+                pe_i = self.amx_per_i
+            if self.big_on_amx_d and cnt[e] >= self.min_rows_d:
+                pe_h = self.amx_per_h
             for i in range(0, panels_i, pe_i):
                 it1[c, 0], it1[c, 1], it1[c, 2] = e, i, min(i + pe_i, panels_i)
                 c += 1
@@ -416,9 +456,12 @@ cdef class MoEEngine:
         cdef uint16_t[:, ::1] xb, b1, b2
         if integer:
             xq, xs, xg, q1, s1, g1 = self.a_xq, self.a_xs, self.a_xg, self.a_q1, self.a_s1, self.a_g1
+        else:
+            xb, b1 = self.a_xb, self.a_b1
+        if integer_d:
             q2, s2, g2 = self.a_q2, self.a_s2, self.a_g2
         else:
-            xb, b1, b2 = self.a_xb, self.a_b1, self.a_b2
+            b2 = self.a_b2
         cdef float[:, ::1] hg = self.a_gate, hu = self.a_up, hd = self.a_down
         cdef int64_t scratch_bytes = ktcy_gemm_scratch_bytes(max(kh, ki))
         cdef char *scratch = <char *>&self.a_scratch[0]
@@ -435,8 +478,9 @@ cdef class MoEEngine:
         cdef ktcy_bf16_act_fn bf16_act = self.bf16_act
         cdef ktcy_glu_clamped_fn glu_clamped = self.glu_clamped
         cdef int clamped = self.activation == 1
-        cdef ktcy_e2m1_starts_fn e2m1_starts = self.e2m1_starts
+        cdef ktcy_e2m1_starts_fn e2m1_starts = self.e2m1_starts, e2m1_starts_d = self.e2m1_starts_d
         cdef int quant_group = 0 if e2m1_starts != NULL else group  # its block sums have their own form
+        cdef int quant_group_d = 0 if e2m1_starts_d != NULL else group_d
         cdef float alpha = self.alpha, limit = self.limit
         cdef const float *bg = self.bias_gate
         cdef const float *bu = self.bias_up
@@ -502,7 +546,7 @@ cdef class MoEEngine:
                         p1 = it1[c, 2]
                         seg0 = segv[e]
                         m = cnt[e]
-                        fn = self.big_fn if m >= self.big_min_rows else self.small_fn
+                        fn = self.big_fn if m >= self.min_rows else self.small_fn
                         if integer:
                             st[c] = _expert_gemm(fn, &self.gate_w[e], &hg[seg0, 0], I, p0, p1, my_scratch, m, kh,
                                                  group, &q1[seg0, 0], &s1[seg0], &g1[seg0, 0], NULL, &self.up_w[e],
@@ -535,11 +579,11 @@ cdef class MoEEngine:
                         # 2. (whatever the status: a down item waits for this).  One thread converts
                         # the expert's rows: O(rows x I) against its GEMMs' O(rows x I x H).
                         if ktcy_finish_item(&pend[e]) == 0:
-                            if integer:
-                                quant_act(&hg[0, 0], I, I, ki, seg0, seg0 + m, &q2[0, 0], &s2[0], quant_group,
+                            if integer_d:
+                                quant_act(&hg[0, 0], I, I, ki, seg0, seg0 + m, &q2[0, 0], &s2[0], quant_group_d,
                                           &g2[0, 0])
-                                if e2m1_starts != NULL:
-                                    e2m1_starts(&q2[0, 0], ki, seg0, seg0 + m, &g2[0, 0])
+                                if e2m1_starts_d != NULL:
+                                    e2m1_starts_d(&q2[0, 0], ki, seg0, seg0 + m, &g2[0, 0])
                             else:
                                 bf16_act(&hg[0, 0], I, I, ki, seg0, seg0 + m, &b2[0, 0])
                             ktcy_publish(&pub[e])
@@ -550,11 +594,11 @@ cdef class MoEEngine:
                         p1 = it2[c - n_items1, 2]
                         seg0 = segv[e]
                         m = cnt[e]
-                        fn = self.big_fn if m >= self.big_min_rows else self.small_fn
+                        fn = self.big_fn_d if m >= self.min_rows_d else self.small_fn_d
                         ktcy_wait_published(&pub[e])
-                        if integer:
+                        if integer_d:
                             st[c] = _expert_gemm(fn, &self.down_w[e], &hd[seg0, 0], H, p0, p1, my_scratch, m, ki,
-                                                 group, &q2[seg0, 0], &s2[seg0], &g2[seg0, 0], NULL, next_w, np0,
+                                                 group_d, &q2[seg0, 0], &s2[seg0], &g2[seg0, 0], NULL, next_w, np0,
                                                  np1)
                         else:
                             st[c] = _expert_gemm(fn, &self.down_w[e], &hd[seg0, 0], H, p0, p1, my_scratch, m, ki, 0,

@@ -407,6 +407,11 @@ class LayerExperts:
         return self.scale_kind or "BF16"
 
     @property
+    def native_down_format(self):
+        """The down projection's stored format: the layer's one (GGUF layers may differ)."""
+        return self.native_format
+
+    @property
     def kept_formats(self):
         """The formats that keep some of the layer's tensors as stored: its one native format."""
         return frozenset({self.native_format})
@@ -416,8 +421,10 @@ class LayerExperts:
         """The stored INT4 group size (None for other formats)."""
         return self.quant.group_size if self.quant is not None and self.quant.method != "mxfp4" else None
 
-    def kept_group(self, fmt):
-        """The group size of the tensors kept as stored in fmt (None when fmt keeps none, or has no groups)."""
+    def kept_group(self, fmt, projections=None):
+        """The group size of the tensors kept as stored in fmt (None when fmt keeps none, or has
+        no groups); every projection of the layer has the same."""
+        del projections
         return self.group_size if fmt in self.kept_formats else None
 
     def _detect(self):
@@ -555,11 +562,14 @@ class LayerExperts:
             out[proj] = (w, s)
         return out
 
-    def source(self, fmt, strict=True):
+    def source(self, fmt, strict=True, down_fmt=None):
         """expert() as MoE.from_experts should see it for target format fmt: as stored when fmt
         keeps the stored precision (float, the same FP8 kind, the released format), else with
         the stored codes dequantized exactly first.  strict=False (a method the caller asked
-        for): released codes that cannot keep their layout are dequantized instead of refused."""
+        for): released codes that cannot keep their layout are dequantized instead of refused.
+        down_fmt: the down projection's, always fmt here (one format per layer)."""
+        if down_fmt not in (None, fmt):
+            raise ValueError("a Hugging Face checkpoint's layer has one format for all its projections")
         if self.quant is not None and keeps_codes(self.native_format, fmt) and not strict:
             return self._kept_or_dequantized
         if keeps_codes(self.native_format, fmt) or (self.quant is None and self.scale_kind is None):

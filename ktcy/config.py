@@ -59,7 +59,9 @@ class MoeConfig:
     count at call time, ktcy.set_num_threads); it does not change the process-wide count.
     activation: "silu" (down(silu(gate x) * up x)) or "gpt_oss" (GPT-OSS's clamped form:
     (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g) with g = min(gate, limit)); swiglu_alpha
-    and swiglu_limit are its alpha and limit."""
+    and swiglu_limit are its alpha and limit.  down_quant_config (optional): the down projection's
+    own format and group (a GGUF Q4_K_M layer keeps Q4_K gate and up as INT4_MIN and its Q6_K
+    down as INT8_GROUP); None: quant_config's (or the backend's) for all three."""
     num_experts: int
     top_k: int
     hidden_size: int
@@ -71,6 +73,7 @@ class MoeConfig:
     activation: str = "silu"
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
+    down_quant_config: Optional[QuantConfig] = None
 
     def __post_init__(self):
         for name in ("num_experts", "top_k", "hidden_size", "intermediate_size", "num_threads"):
@@ -93,15 +96,31 @@ class MoeConfig:
             object.__setattr__(self, name, float(value))  # numpy floats as plain floats
         if not isinstance(self.quant_config, QuantConfig):
             raise TypeError("quant_config must be a ktcy.QuantConfig")
-        if self.weight_format == "INT8" and max(self.hidden_size, self.intermediate_size) > INT8_MAX_K:
-            raise ValueError(f"INT8 experts with hidden_size {self.hidden_size} and intermediate_size "
-                             f"{self.intermediate_size}: K > {INT8_MAX_K} would overflow the int32 sums; use BF16 or INT4")
+        if self.down_quant_config is not None and not isinstance(self.down_quant_config, QuantConfig):
+            raise TypeError("down_quant_config must be a ktcy.QuantConfig or None")
+        for fmt, k, what in ((self.weight_format, self.hidden_size, "gate/up"),
+                             (self.down_format, self.intermediate_size, "down")):
+            if fmt == "INT8" and k > INT8_MAX_K:
+                raise ValueError(f"INT8 {what} experts with K = {k} (hidden_size {self.hidden_size}, intermediate_size "
+                                 f"{self.intermediate_size}): K > {INT8_MAX_K} would overflow the int32 sums; "
+                                 "use BF16, INT8_GROUP or INT4")
 
     @property
     def weight_format(self):
         if self.backend is not None:
             return canonical_format(self.backend, self.quant_config.per_channel)
         return canonical_format(self.quant_config.method, self.quant_config.per_channel)
+
+    @property
+    def down_format(self):
+        """The down projection's format: down_quant_config's, else weight_format."""
+        if self.down_quant_config is None:
+            return self.weight_format
+        return canonical_format(self.down_quant_config.method, self.down_quant_config.per_channel)
+
+    @property
+    def down_group_size(self):
+        return (self.down_quant_config or self.quant_config).group_size
 
     @property
     def wants_amx(self):

@@ -20,7 +20,7 @@ from ktcy.convert_args import INPUT_TYPES, run_cli
 from ktcy.errors import naming
 from ktcy.formats import DEFAULT_INT4_GROUP, GROUP_SIZES, canonical_format, group_sizes, grouped_names, has_groups, weight_group
 from ktcy.gguf_checkpoint import GGUFCheckpoint, is_gguf
-from ktcy.loading import MODEL_FILE, block_settings, layer_group_size, original_checkpoint
+from ktcy.loading import MODEL_FILE, block_settings, layer_group_size, layer_quant_configs, original_checkpoint
 from ktcy.output_guard import (ConvertError, OutputLock, copy_file, refuse_output_in_input, remove,
                                source_fingerprint, write_json, publish)
 from ktcy.packed_io import (LAYOUT_VERSION, layer_file_name, layer_of_file_name, pack_layer, read_metadata,
@@ -69,6 +69,10 @@ def parse_layers(text, available, num_layers=None):
 def _span(layers):
     return f"{layers[0]}-{layers[-1]}" if len(layers) > 2 and layers == list(range(layers[0], layers[-1] + 1)) \
         else ", ".join(map(str, layers[:16])) + (", ..." if len(layers) > 16 else "")
+
+
+def _held(quant):
+    return f"{quant.method} group {quant.group_size}" if has_groups(quant.method) else quant.method
 
 
 def check_group_size(group_size, fmt):
@@ -222,6 +226,13 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
         fmt = asked or layer.native_format
         if fmt is None:
             raise layer.needs_method()
+        if not asked:
+            quant, down = layer_quant_configs(layer)
+            if down is not None:  # a packed layer file holds one format and group
+                raise CheckpointError(
+                    f"{ckpt.path}: layer {L} keeps gate and up as {_held(quant)} and down as {_held(down)}; a converted "
+                    f"layer holds one format: pass --method ({quant.method} keeps gate and up as stored, {down.method} "
+                    "keeps down), or load the model itself (load_experts, MoEModel and ktcy.hf keep each as stored)")
         g = layer_group_size(layer, fmt) if group_size is None else group  # released INT4 keeps its own groups
         return {"layer": L, "weight_format": fmt, "group_size": weight_group(fmt, g), "source_fingerprint": fingerprint,
                 "layout_version": LAYOUT_VERSION}

@@ -190,8 +190,13 @@ class GGUFLayerExperts:
                 require_decodable(ckpt.path, name, t.type_name)
                 self.types.setdefault(proj, set()).add(t.type_name)
         kept = {KEPT.get(t) for types in self.types.values() for t in types}
-        # kept as stored only when every tensor of the layer has a ktcy twin, the same one
-        self.native_format = next(iter(kept)) if len(kept) == 1 else None
+        gate_up = {KEPT.get(t) for p in ("gate", "up") for t in self.types[p]}
+        down = {KEPT.get(t) for t in self.types["down"]}
+        # kept as stored only when every tensor of the layer has a ktcy twin, gate and up the same
+        # one; down may have another (Q4_K_M: INT4_MIN gate and up, INT8_GROUP down)
+        whole = len(gate_up) == 1 and len(down) == 1 and None not in gate_up | down
+        self.native_format = next(iter(gate_up)) if whole else None
+        self.native_down_format = next(iter(down)) if whole else None
         # the formats some of its tensors are kept in, with a method naming one
         self.kept_formats = frozenset(f for f in kept if f is not None)
 
@@ -247,17 +252,19 @@ class GGUFLayerExperts:
         tensor, else 32), else None."""
         return self.kept_group(self.native_format)
 
-    def kept_group(self, fmt):
-        """The smallest group of the tensors kept as stored in fmt, or None."""
-        groups = [KEPT_GROUP[t] for types in self.types.values() for t in types if t in KEPT_GROUP and KEPT[t] == fmt]
+    def kept_group(self, fmt, projections=PROJECTIONS):
+        """The smallest group of the tensors of `projections` kept as stored in fmt, or None."""
+        groups = [KEPT_GROUP[t] for p in projections for t in self.types[p] if t in KEPT_GROUP and KEPT[t] == fmt]
         return min(groups) if groups else None
 
-    def _requantized(self, fmt):
-        """{ggml type: [projections]} of the tensors that loading as fmt dequantizes and quantizes again."""
+    def _requantized(self, fmt, down_fmt=None):
+        """{ggml type: [projections]} of the tensors that loading as fmt (down as down_fmt, default
+        fmt) dequantizes and quantizes again."""
         out = {}
         for proj, types in self.types.items():
+            target = down_fmt or fmt if proj == "down" else fmt
             for t in sorted(types):
-                if not keeps_codes(KEPT.get(t), fmt) and KEPT.get(t) != "BF16":
+                if not keeps_codes(KEPT.get(t), target) and KEPT.get(t) != "BF16":
                     out.setdefault(t, []).append(proj)
         return out
 
@@ -304,13 +311,16 @@ class GGUFLayerExperts:
         check_expert_index(e, self.num_experts)
         return {proj: stored_form(*self._raw(proj, e)) for proj in PROJECTIONS}
 
-    def source(self, fmt, strict=True):
+    def source(self, fmt, strict=True, down_fmt=None):
         """Expert e as ktcy keeps each tensor (stored_form: MoE.from_experts packs kept codes as
-        stored when fmt is theirs, else dequantizes them exactly), the others as the dequantized
-        values; one warning when a mixed layer's tensors are quantized again."""
+        stored when fmt, or down_fmt for the down projection, is theirs, else dequantizes them
+        exactly), the others as the dequantized values; one warning when a mixed layer's tensors
+        are quantized again."""
         del strict  # the GGUF codes ktcy keeps always fit its layout
-        again = self._requantized(fmt)
-        if self.native_format is None and again and fmt != "BF16":
+        again = self._requantized(fmt, down_fmt)
+        # a layer stored in one ktcy format loaded in another: the loader's warning says so
+        one_format = self.native_format is not None and self.native_format == self.native_down_format
+        if again and fmt != "BF16" and not one_format:
             kept = "" if not self.kept_formats & {fmt} else " (the rest stays as stored)"
             which = "; ".join(f"{t} ({', '.join(ps)})" for t, ps in again.items())
             warn_once(f"{self.ckpt.path}: the model stores {self.stored}; loading it as {fmt} dequantizes {which} "

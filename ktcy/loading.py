@@ -116,23 +116,47 @@ def experts_from_checkpoint(ckpt, layer, method=None, isa=None, group_size=None,
     """Routed experts of one layer of an open Checkpoint, packed in `method` (None: as stored)."""
     experts = ckpt.layer(layer)
     a = ckpt.arch
-    fmt = canonical_format(method) if method is not None else experts.native_format
-    if fmt is None:
-        raise experts.needs_method()
-    if group_size is not None and not has_groups(fmt):
-        raise ValueError(f"group_size applies to grouped formats ({grouped_names()}) only; the experts are loaded as {fmt}")
-    if group_size is not None and group_size not in group_sizes(fmt):
-        raise ValueError(f"group_size {group_size}: {fmt} takes {', '.join(map(str, group_sizes(fmt)))}")
-    group = group_size or layer_group_size(experts, fmt)
-    config = MoeConfig(a.num_experts, a.top_k, a.hidden_size, a.intermediate_size,
-                       QuantConfig(fmt, group_size=group), backend=method, isa=isa, **block_settings(a))
-    _warn_if_requantized(ckpt, experts.native_format, fmt, group, experts.kept_group(experts.native_format))
+    quant, down_quant = layer_quant_configs(experts, method, group_size)
+    fmt, group = quant.method, quant.group_size
+    config = MoeConfig(a.num_experts, a.top_k, a.hidden_size, a.intermediate_size, quant, backend=method, isa=isa,
+                       down_quant_config=down_quant, **block_settings(a))
+    if down_quant is None:  # a layer held in its one stored format, or in one asked for
+        _warn_if_requantized(ckpt, experts.native_format, fmt, group, experts.kept_group(experts.native_format))
     bias = experts.bias()
-    source = experts.source(fmt, strict=method is None)
+    source = experts.source(fmt, strict=method is None, down_fmt=config.down_format)
     with naming(f"{ckpt.path}: layer {layer}", CheckpointError):
         if bias is None:
             return MoE.from_experts(config, source, progress)
         return MoE.from_experts(config, source, progress, bias=bias)
+
+
+def layer_quant_configs(experts, method=None, group_size=None):
+    """(QuantConfig of gate and up, QuantConfig of down or None when it is the same) that load a
+    layer's experts: method None keeps every projection as stored (a GGUF layer's down may have
+    its own format, or group: Q4_K_M's Q6_K down as INT8_GROUP group 16 beside Q4_K's INT4_MIN
+    group 32); a method packs all three in it, each group the kept codes' where fmt keeps some
+    (group_size, when given, for all three).  Raises needs_method() where nothing is stored in a
+    ktcy format, ValueError for a group_size that does not apply."""
+    fmt = canonical_format(method) if method is not None else experts.native_format
+    if fmt is None:
+        raise experts.needs_method()
+    down_fmt = fmt if method is not None else experts.native_down_format
+    for f in {fmt, down_fmt} if group_size is not None else ():
+        if not has_groups(f):
+            raise ValueError(f"group_size applies to grouped formats ({grouped_names()}) only; the experts are loaded as {f}")
+        if group_size not in group_sizes(f):
+            raise ValueError(f"group_size {group_size}: {f} takes {', '.join(map(str, group_sizes(f)))}")
+
+    def group_of(f, projections):
+        if group_size is not None:
+            return group_size
+        kept = experts.kept_group(f, projections) or experts.kept_group(f)
+        return kept if has_groups(f) and kept in group_sizes(f) else DEFAULT_INT4_GROUP
+
+    quant = QuantConfig(fmt, group_size=group_of(fmt, ("gate", "up")))
+    down = QuantConfig(down_fmt, group_size=group_of(down_fmt, ("down",)))
+    same = down_fmt == fmt and (not has_groups(fmt) or down.group_size == quant.group_size)
+    return quant, None if same else down
 
 
 def _warn_if_requantized(ckpt, stored, fmt, group, stored_group):

@@ -90,32 +90,36 @@ class MoE:
         if not isinstance(config, MoeConfig):
             raise TypeError("config must be a ktcy.MoeConfig")
         E, H, I = config.num_experts, config.hidden_size, config.intermediate_size
-        fmt = config.weight_format
-        group = None
-        for name, ws, shape in (("gate", gate, (I, H)), ("up", up, (I, H)), ("down", down, (H, I))):
+        fmt, down_fmt = config.weight_format, config.down_format
+        groups: dict = {}
+        for name, ws, shape, want in (("gate", gate, (I, H), fmt), ("up", up, (I, H), fmt), ("down", down, (H, I), down_fmt)):
             if len(ws) != E:
                 raise ValueError(f"{name}: {len(ws)} experts, config says {E}")
+            side = "down" if name == "down" else "gate and up"
             for e, w in enumerate(ws):
                 if not isinstance(w, kernels.PackedWeight):
                     raise TypeError(f"{name}[{e}] must be a kernels.PackedWeight, got {type(w).__name__}")
-                if w.format != fmt or tuple(w.shape) != shape:
-                    raise ValueError(f"{name}[{e}] is {w.format} {tuple(w.shape)}, expected {fmt} {shape}")
-                group = w.group_size if group is None else group
-                if w.group_size != group:  # one group size per layer: the activation sums depend on it
-                    raise ValueError(f"{name}[{e}] has group size {w.group_size}, the layer's first expert {group}")
+                if w.format != want or tuple(w.shape) != shape:
+                    raise ValueError(f"{name}[{e}] is {w.format} {tuple(w.shape)}, expected {want} {shape}")
+                group = groups.setdefault(side, w.group_size)
+                if w.group_size != group:  # one group size per activation: its sums depend on it
+                    raise ValueError(f"{name}[{e}] has group size {w.group_size}, the layer's {side} {group}")
         if config.num_threads is not None:
             _native.check_thread_count(config.num_threads, "MoeConfig.num_threads")
         self.config = config
-        self.format = fmt
+        self.format = fmt  # gate's and up's; the down projection's is down_format
+        self.down_format = down_fmt
         self.gate, self.up, self.down = list(gate), list(up), list(down)
         self._mapped: list = []  # (fd, state, path) of files the weights are mapped from, see watch_file
         big_isa, big, small_isa, small = choose_kernels(fmt, config)
         self.isa, self.variant, self.decode_isa, self.decode_variant = big_isa, big, small_isa, small
+        self.down_kernels = choose_kernels(down_fmt, config) if down_fmt != fmt else (big_isa, big, small_isa, small)
         self.bias = _checked_bias(bias, E, H, I)  # read-only: the engine reads these very arrays
         self._engine = _native.MoEEngine(fmt, [w.native() for w in self.gate], [w.native() for w in self.up],
                                          [w.native() for w in self.down], big, small, AMX_MIN_ROWS[fmt],
                                          dict(self.bias) if self.bias else None,
-                                         config.activation, config.swiglu_alpha, config.swiglu_limit)
+                                         config.activation, config.swiglu_alpha, config.swiglu_limit,
+                                         down_fmt, self.down_kernels[1], self.down_kernels[3], AMX_MIN_ROWS[down_fmt])
         self._lock = threading.Lock()
         _LAYERS.add(self)
         log.info("MoE %d experts H=%d I=%d top-%d runs %s", E, H, I, config.top_k, self.kernel)
@@ -158,11 +162,18 @@ class MoE:
 
     @property
     def kernel(self) -> str:
-        """The format and kernels in use, e.g. 'INT8 on avx512 (int8_avx512_vnni)'."""
+        """The format and kernels in use, e.g. 'INT8 on avx512 (int8_avx512_vnni)'; a layer whose
+        down projection has its own format names both ('... gate and up; down: ...')."""
         text = f"{self.format} on {self.isa} ({self.variant})"
         if self.decode_variant != self.variant:
             text += f"; below {AMX_MIN_ROWS[self.format]} rows per expert: {self.decode_isa} ({self.decode_variant})"
-        return text
+        if self.down_format == self.format:
+            return text
+        isa, big, small_isa, small = self.down_kernels
+        down = f"{self.down_format} on {isa} ({big})"
+        if small != big:
+            down += f"; below {AMX_MIN_ROWS[self.down_format]} rows per expert: {small_isa} ({small})"
+        return f"{text} gate and up; down: {down}"
 
     @property
     def nbytes(self) -> int:
@@ -445,11 +456,13 @@ def pack_experts(config, expert, ids, progress=None):
     """{"gate"|"up"|"down": [PackedWeight]} of experts `ids` in that order (expert(e) as
     MoE.from_experts takes it), all in one ExpertArena: the kernels then stream them from huge
     pages.  progress(done, len(ids)) after each expert."""
-    fmt, group = config.weight_format, config.quant_config.group_size
+    target = {"gate": (config.weight_format, config.quant_config.group_size),
+              "up": (config.weight_format, config.quant_config.group_size),
+              "down": (config.down_format, config.down_group_size)}
     packed = {"gate": [], "up": [], "down": []}
     arena = None
     for i, e in enumerate(ids):
-        parts = {name: pack_expert_weight(w, scale, fmt, group, f"{name}[{e}]") for name, (w, scale) in expert(e).items()}
+        parts = {name: pack_expert_weight(w, scale, *target[name], f"{name}[{e}]") for name, (w, scale) in expert(e).items()}
         if arena is None:
             arena = ExpertArena(parts, len(ids))
         for name, w in parts.items():

@@ -162,8 +162,8 @@ def test_float_types_load_as_bf16(tmp_path, types):
         assert rel(ktcy.load_experts(path, 1, isa=isa).forward(x, ids, wts), ref) < 6e-3, isa
 
 
-@pytest.mark.parametrize("types", [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q8_0", "Q5_1"), ("Q5_K", "Q2_K", "Q3_K"),
-                                   ("Q4_1", "Q5_0", "Q5_1"), ("Q4_0", "Q4_0", "Q6_K"), ("IQ4_XS", "IQ4_XS", "IQ4_NL")])
+@pytest.mark.parametrize("types", [("Q4_K", "Q6_K", "Q6_K"), ("Q8_0", "Q8_0", "Q5_1"), ("Q5_K", "Q2_K", "Q3_K"),
+                                   ("Q4_1", "Q5_0", "Q5_1"), ("Q4_0", "Q4_0", "Q5_K"), ("IQ4_XS", "IQ4_XS", "IQ4_NL")])
 def test_other_types_need_a_method_and_dequantize_exactly(tmp_path, types, caplog):
     path = str(tmp_path / "m.gguf")
     truth = write_model(path, dict(zip(("gate", "up", "down"), types)))
@@ -274,18 +274,20 @@ def _int8_group_fields(type_name, raw, n, k):
     return codes.astype(np.int8).reshape(n, k), scale.reshape(n, k // 16)
 
 
-@pytest.mark.parametrize("types,group", [(("Q8_0",) * 3, 32), (("Q5_0",) * 3, 32), (("Q6_K",) * 3, 16),
-                                         (("Q8_0", "Q5_0", "Q6_K"), 16)])
-def test_q8_0_q5_0_and_q6_k_are_kept_as_int8_group(tmp_path, types, group):
+@pytest.mark.parametrize("types,groups", [(("Q8_0",) * 3, (32, 32)), (("Q5_0",) * 3, (32, 32)), (("Q6_K",) * 3, (16, 16)),
+                                          (("Q8_0", "Q5_0", "Q6_K"), (32, 16)), (("Q6_K", "Q8_0", "Q8_0"), (16, 32))])
+def test_q8_0_q5_0_and_q6_k_are_kept_as_int8_group(tmp_path, types, groups):
     """Kept as stored with method=None: the codes and scales of the file, s * q in float32 equal
-    to llama.cpp's value bit for bit; a layer mixing group 32 and Q6_K's 16 takes 16, each
-    group-32 scale twice (the same values)."""
+    to llama.cpp's value bit for bit.  Gate and up share a group (the smaller of theirs: a
+    group-32 scale twice where the other is Q6_K's 16), down has its own."""
     path = str(tmp_path / "m.gguf")
     truth = write_model(path, dict(zip(("gate", "up", "down"), types)))
     moe = ktcy.load_experts(path, 1)
-    assert moe.format == "INT8_GROUP" and moe.gate[0].group_size == group
+    assert moe.format == moe.down_format == "INT8_GROUP"
+    assert (moe.gate[0].group_size, moe.down[0].group_size) == groups
     layer = GGUFCheckpoint(path).layer(1)
     for proj, type_name in zip(("gate", "up", "down"), types):
+        group = groups[proj == "down"]
         for e in range(E):
             p = getattr(moe, proj)[e]
             codes, scale = _int8_group_fields(type_name, layer._raw(proj, e)[1], *p.shape)
@@ -302,13 +304,38 @@ def test_q8_0_q5_0_and_q6_k_are_kept_as_int8_group(tmp_path, types, group):
         assert np.array_equal(ktcy.load_experts(path, 1, isa=isa).forward(x, ids, wts), y), isa
 
 
-def test_q4_k_m_layer_keeps_its_q4_k_tensors_with_int4_min(tmp_path, caplog):
-    """Q4_K_M stores ffn_down as Q6_K in some layers: method=None asks for a method and says what
-    INT4_MIN would keep; with it gate and up stay as stored, down is quantized again."""
+def test_q4_k_m_layer_keeps_every_tensor_as_stored(tmp_path, caplog):
+    """Q4_K_M stores ffn_down as Q6_K in some layers: method=None keeps gate and up as INT4_MIN
+    group 32 and down as INT8_GROUP group 16, every value llama.cpp's, on every ISA; the
+    projections' kernels are named."""
     path = str(tmp_path / "m.gguf")
     truth = write_model(path, {"gate": "Q4_K", "up": "Q4_K", "down": "Q6_K"})
-    with pytest.raises(CheckpointError, match="method='INT4_MIN' keeps gate, up as stored and quantizes down"):
-        ktcy.load_experts(path, 1)
+    with caplog.at_level("WARNING", logger="ktcy"):
+        moe = ktcy.load_experts(path, 1)
+    assert "quantizes it again" not in caplog.text
+    assert (moe.format, moe.gate[0].group_size, moe.down_format, moe.down[0].group_size) == ("INT4_MIN", 32, "INT8_GROUP", 16)
+    assert moe.config.down_quant_config == ktcy.QuantConfig("INT8_GROUP", group_size=16)
+    assert "INT4_MIN on" in moe.kernel and "gate and up; down: INT8_GROUP on" in moe.kernel
+    for e in range(E):
+        for proj in ("gate", "up", "down"):
+            assert np.array_equal(getattr(moe, proj)[e].dequantize(np.float32), truth[1, proj][e]), (proj, e)
+    x, ids, wts = inputs()
+    y = moe.forward(x, ids, wts)
+    assert rel(y, silu_reference(x, ids, wts, truth, 1)) < 0.03  # the int8 activations' error only
+    for isa in isas():  # the same bits everywhere
+        other = ktcy.load_experts(path, 1, isa=isa)
+        assert np.array_equal(other.forward(x, ids, wts), y), isa
+        assert np.array_equal(other.forward(x[:1], ids[:1], wts[:1]), y[:1]), isa  # decode kernels too
+    with pytest.raises(CheckpointError, match="keeps gate and up as INT4_MIN group 32 and down as INT8_GROUP group 16; "
+                                              "a converted layer holds one format: pass --method"):
+        convert(path, str(tmp_path / "out"), progress=None)
+
+
+def test_q4_k_m_layer_with_int4_min_keeps_gate_and_up(tmp_path, caplog):
+    """With method="INT4_MIN" gate and up stay as stored, down is quantized again (one format, as
+    a converted folder holds it)."""
+    path = str(tmp_path / "m.gguf")
+    truth = write_model(path, {"gate": "Q4_K", "up": "Q4_K", "down": "Q6_K"})
     with caplog.at_level("WARNING", logger="ktcy"):
         moe = ktcy.load_experts(path, 1, method="INT4_MIN")
     assert "dequantizes Q6_K (down) and quantizes it again" in caplog.text and "the rest stays as stored" in caplog.text
@@ -503,7 +530,7 @@ def test_convert_round_trip_equals_loading_the_gguf(tmp_path, arch, types, metho
 def test_convert_cli_errors_are_one_line(tmp_path):
     path = str(tmp_path / "m.gguf")
     write_model(path, {"gate": "Q4_K", "up": "Q4_K", "down": "Q6_K"})
-    for extra, message in (([], "no ktcy format holds as stored; pass a method"),
+    for extra, message in (([], "a converted layer holds one format: pass --method"),
                            (["--method", "INT8", "--input-type", "bf16"], "stores ggml types")):
         r = subprocess.run([sys.executable, "-m", "ktcy", "convert", "-i", path, "-o", str(tmp_path / "o"), *extra],
                            capture_output=True, text=True)

@@ -35,7 +35,7 @@ from ktcy.distributed.placement import Placement
 from ktcy.formats import canonical_format
 from ktcy.gguf_checkpoint import GGUFCheckpoint, is_gguf
 from ktcy.kernels import as_float32_matrix
-from ktcy.loading import block_settings, converted_layer_file, is_converted, layer_group_size
+from ktcy.loading import block_settings, converted_layer_file, is_converted, layer_quant_configs
 from ktcy.moe import MoE, pack_experts, stacked_experts
 from ktcy.packed_io import map_layer
 from ktcy.paths import resolve_model_path
@@ -167,14 +167,11 @@ class ExpertParallelMoE:
             ckpt = GGUFCheckpoint(path) if is_gguf(path) else Checkpoint(path)
         experts = ckpt.layer(layer_number(layer))
         a = ckpt.arch
-        fmt = canonical_format(method) if method is not None else experts.native_format
-        if fmt is None:  # a GGUF type no ktcy format holds as stored
-            raise experts.needs_method()
-        config = MoeConfig(a.num_experts, a.top_k, a.hidden_size, a.intermediate_size,
-                           QuantConfig(fmt, group_size=layer_group_size(experts, fmt)), backend=method, isa=isa,
-                           **block_settings(a))
-        return cls.from_experts(config, experts.source(fmt, strict=method is None), group, placement,
-                                bias=experts.bias(), **options)
+        quant, down_quant = layer_quant_configs(experts, method)  # needs_method() where no format holds them
+        config = MoeConfig(a.num_experts, a.top_k, a.hidden_size, a.intermediate_size, quant, backend=method, isa=isa,
+                           down_quant_config=down_quant, **block_settings(a))
+        source = experts.source(quant.method, strict=method is None, down_fmt=config.down_format)
+        return cls.from_experts(config, source, group, placement, bias=experts.bias(), **options)
 
     # ---- properties -----------------------------------------------------------------------------
 
