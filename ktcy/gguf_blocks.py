@@ -210,6 +210,7 @@ class SharedTensors:
     width: int                      # the intermediate size of all shared experts together
     gate: Optional[str]             # the [H] gate's tensor name (Qwen), or None
     native: str                     # the ktcy format that keeps them as stored (BF16 where none does)
+    native_down: str                # ...the down projection's (Q4_K_M: INT8_GROUP beside INT4_MIN)
 
 
 def shared_tensors(ckpt, L):
@@ -237,7 +238,7 @@ def shared_tensors(ckpt, L):
     if graph.shared == "gated" and gate_name not in model:
         raise CheckpointError(f"{where}: no tensor {gate_name} (llama.cpp's {arch} graph gates its shared experts)")
     width = model.entry(names["gate"]).shape[0] if len(model.entry(names["gate"]).shape) == 2 else 0
-    types = set()
+    types = {}
     for proj, name in names.items():
         t = model.entry(name)
         want = (H, width) if proj == "down" else (width, H)
@@ -245,15 +246,18 @@ def shared_tensors(ckpt, L):
             raise CheckpointError(f"{where}: {name} is {list(t.shape)} (outermost first); expected {list(want)}"
                                   + ("" if width else " with a width of at least 1"))
         require_decodable(where, name, t.type_name)
-        types.add(t.type_name)
+        types[proj] = t.type_name
     stated = meta.get(f"{arch}.expert_shared_feed_forward_length")
     if stated is None and f"{arch}.expert_shared_count" in meta:
         stated = _meta_count(meta, f"{arch}.expert_shared_count", where, 0, 0) * ckpt.arch.intermediate_size
     if stated is not None and stated != width:
         raise CheckpointError(f"{where}: the shared experts of layer {L} are {width} wide; the metadata says {stated!r:.40}")
-    kept = {KEPT.get(t) for t in types}
-    native = kept.pop() if len(kept) == 1 and None not in kept else "BF16"
-    return SharedTensors(names, width, gate_name if gate_name in model else None, native)
+    gate_up, down = {KEPT.get(types["gate"]), KEPT.get(types["up"])}, KEPT.get(types["down"])
+    if len(gate_up) == 1 and None not in gate_up and down is not None:
+        native, native_down = gate_up.pop(), down
+    else:
+        native = native_down = "BF16"
+    return SharedTensors(names, width, gate_name if gate_name in model else None, native, native_down)
 
 
 def shared_expert(ckpt, L, found):

@@ -113,10 +113,10 @@ def load_rules(rules):
     return [Rule(i, r) for i, r in enumerate(rules)]
 
 
-def _kept_group(pairs, fmt):
-    """The group size that keeps a dense MLP's released codes as stored when they are in fmt
-    (else the packer dequantizes them, and INT4 takes the default group)."""
-    s = pairs["gate"][1]
+def _kept_group(pairs, fmt, proj="gate"):
+    """The group size that keeps a dense MLP's released codes of `proj` as stored when they are
+    in fmt (else the packer dequantizes them, and INT4 takes the default group)."""
+    s = pairs[proj][1]
     if isinstance(s, dict) and s["format"] == fmt and has_groups(fmt) and s.get("group_size") in group_sizes(fmt):
         return s["group_size"]
     return DEFAULT_INT4_GROUP
@@ -178,7 +178,8 @@ class MoEBlock:
         return h
 
     def describe(self) -> Dict[str, Any]:
-        row = {"name": self.name, "layer": self.layer, "format": self.experts.format, "isa": self.experts.isa,
+        row = {"name": self.name, "layer": self.layer, "format": self.experts.format,
+               "down_format": self.experts.down_format, "isa": self.experts.isa,
                "kernel": self.experts.kernel, "bytes": self.experts.nbytes, "router": self.router.kind,
                "shared_experts": self.shared is not None, "backend": self.backend,
                "rule": None if self.rule is None else self.rule.index, "experts_from": self.experts_from}
@@ -271,7 +272,7 @@ class MoEModel:
         names = self.checkpoint.config.get("architectures") if isinstance(self.checkpoint.config, dict) else None
         kind = names[0] if isinstance(names, list) and names and isinstance(names[0], str) else "unknown"
         layers = [b.layer for b in self.blocks.values()]
-        formats = sorted({b.experts.format for b in self.blocks.values()})
+        formats = sorted({f for b in self.blocks.values() for f in (b.experts.format, b.experts.down_format)})
         isas = sorted({b.experts.isa for b in self.blocks.values()})
         return (f"MoEModel(architecture={kind}, path={self.checkpoint.path!r}, blocks={len(layers)}, "
                 f"layers={ranges_text(layers) or 'none'}, experts={arch.num_experts}, top_k={arch.top_k}, "
@@ -287,11 +288,14 @@ class MoEModel:
         rule = self._rule_for(name)
         return rule, forced_backend or (rule.backend if rule is not None and rule.backend else None) or self.default_backend
 
-    def _shared_expert(self, pairs, fmt, width, backend, gate):
-        """A SharedExpert of one dense MLP (pairs as MoE.from_experts takes expert 0) packed in fmt."""
+    def _shared_expert(self, pairs, fmt, width, backend, gate, down_fmt=None):
+        """A SharedExpert of one dense MLP (pairs as MoE.from_experts takes expert 0) packed in fmt
+        (its down projection in down_fmt, default fmt)."""
         H = self.checkpoint.arch.hidden_size
-        config = MoeConfig(1, 1, H, width, QuantConfig(fmt, group_size=_kept_group(pairs, fmt)), backend=backend,
-                           isa=self.isa)
+        quant = QuantConfig(fmt, group_size=_kept_group(pairs, fmt))
+        down = QuantConfig(down_fmt or fmt, group_size=_kept_group(pairs, down_fmt or fmt, "down"))
+        config = MoeConfig(1, 1, H, width, quant, backend=backend, isa=self.isa,
+                           down_quant_config=None if down == quant else down)
         return SharedExpert(MoE.from_experts(config, lambda e: pairs), gate)
 
     def _experts(self, L, backend, repacked):
@@ -365,9 +369,10 @@ class MoEModel:
             # kept in their own precision unless a backend is asked for (as llama.cpp runs them;
             # a type no ktcy format holds as stored, Q8_0 say, becomes BF16)
             fmt = experts.format if backend is not None else found.native
+            down_fmt = fmt if backend is not None else found.native_down
             pairs, gate = gguf_blocks.shared_expert(ckpt, L, found)
             with naming(f"{ckpt.path}: layer {L} shared experts", CheckpointError):
-                shared = self._shared_expert(pairs, fmt, found.width, backend, gate)
+                shared = self._shared_expert(pairs, fmt, found.width, backend, gate, down_fmt)
         return MoEBlock(name, L, router, experts, shared, rule, backend, origin)
 
     def _bias(self, name):

@@ -226,6 +226,8 @@ def write_block_model(path, arch, meta=None, bias=False, shared=None, shared_gat
 
     def add_weight(name, values, kind=None):
         kind = kind or expert_type
+        if isinstance(kind, dict):  # a type per projection
+            kind = kind[name.split("ffn_")[1].split("_")[0]]
         if values.size == 0:  # a zero-width tensor, as a hostile file may hold one
             w.add_tensor(name, values)
             return values
@@ -336,6 +338,29 @@ def test_q4_0_routed_and_shared_experts_stay_int4_group_32(tmp_path):
     assert block.experts.format == shared.format == "INT4" and shared.gate[0].group_size == 32
     for proj in ("gate", "up", "down"):  # the stored codes and scales, not quantized again
         assert np.array_equal(getattr(shared, proj)[0].dequantize(np.float32), truth["shexp_" + proj]), proj
+    x = hidden(9, H, 2)
+    ids, wts = block.route(x)
+    assert np.linalg.norm(block.forward(x) - block_reference(x, truth, ids, wts)) < \
+        0.03 * np.linalg.norm(block_reference(x, truth, ids, wts))  # the int8 activations' error only
+
+
+def test_routed_and_shared_experts_keep_a_down_projection_of_another_type(tmp_path):
+    """Q4_0 gate and up with a Q8_0 down (as Q4_K_M pairs Q4_K with Q6_K): each projection as
+    stored, routed (INT4 gate and up, INT8_GROUP down) and shared experts alike."""
+    path = str(tmp_path / "m.gguf")
+    types = {"gate": "Q4_0", "up": "Q4_0", "down": "Q8_0"}
+    truth = write_block_model(path, "qwen2moe", {"expert_shared_feed_forward_length": 64}, shared=64,
+                              shared_gate=True, expert_type=types, shared_type=types)[1]
+    model = MoEModel.from_pretrained(path)
+    block = model.blocks["model.layers.1.mlp.experts"]
+    for moe in (block.experts, block.shared.moe):
+        assert (moe.format, moe.gate[0].group_size, moe.down_format, moe.down[0].group_size) == ("INT4", 32, "INT8_GROUP", 32)
+    for proj in ("gate", "up", "down"):  # the stored codes and scales, not quantized again
+        assert np.array_equal(getattr(block.shared.moe, proj)[0].dequantize(np.float32), truth["shexp_" + proj]), proj
+        for e in range(E):
+            assert np.array_equal(getattr(block.experts, proj)[e].dequantize(np.float32), truth[proj][e]), (proj, e)
+    row = model.describe()[0]
+    assert (row["format"], row["down_format"]) == ("INT4", "INT8_GROUP") and "INT4/INT8_GROUP" in repr(model)
     x = hidden(9, H, 2)
     ids, wts = block.route(x)
     assert np.linalg.norm(block.forward(x) - block_reference(x, truth, ids, wts)) < \

@@ -188,6 +188,10 @@ class ExpertParallelMoE:
         return self.config.weight_format
 
     @property
+    def down_format(self) -> str:
+        return self.config.down_format
+
+    @property
     def isa(self) -> Optional[str]:
         """The ISA of this rank's kernels (None when it holds no expert)."""
         return self.local.isa if self.local is not None else None

@@ -41,6 +41,10 @@ class KtcyExperts(torch.nn.Module):
     def format(self):
         return self.moe.format
 
+    @property
+    def down_format(self):
+        return self.moe.down_format
+
     def extra_repr(self):
         c = self.moe.config
         return f"{self.name}, experts={c.num_experts}, top_k={c.top_k}, kernel={self.kernel}"
