@@ -141,9 +141,10 @@ def write_gguf(folder, path, model_type, expert_type="BF16", drop=(), split=True
             continue
         if isinstance(stack, dict):
             stack = np.stack([stack[e] for e in range(E)])
-        kind = T[expert_type]
+        type_name = expert_type[proj] if isinstance(expert_type, dict) else expert_type  # or one per projection
+        kind = T[type_name]
         stack = np.ascontiguousarray(stack, np.float32)
-        raw = quantize_q4_k(stack) if expert_type == "Q4_K" else gguf.quants.quantize(stack, kind)
+        raw = quantize_q4_k(stack) if type_name == "Q4_K" else gguf.quants.quantize(stack, kind)
         w.add_tensor(f"blk.{layer}.ffn_{proj}_exps.weight", raw, raw_dtype=kind)
     for target, value in (extra or {}).items():
         w.add_tensor(target, value)
@@ -258,14 +259,17 @@ def test_quantize_q4_k_writes_what_llama_cpp_decodes():
 
 
 @pytest.mark.parametrize("expert_type,fmt", [("Q4_0", "INT4"), ("Q4_K", "INT4_MIN"), ("Q4_1", "INT4_MIN"),
-                                             ("Q8_0", "INT8_GROUP"), ("Q5_0", "INT8_GROUP")])
+                                             ("Q8_0", "INT8_GROUP"), ("Q5_0", "INT8_GROUP"),
+                                             ({"gate": "Q4_K", "up": "Q4_K", "down": "Q8_0"}, ("INT4_MIN", "INT8_GROUP"))],
+                         ids=["Q4_0", "Q4_K", "Q4_1", "Q8_0", "Q5_0", "Q4_K+Q8_0"])
 def test_quantized_experts_run_as_stored(tmp_path, expert_type, fmt):
     # K-quants store rows in blocks of 256 values: every type at that width
     folder = ckpts.build("qwen3_moe", tmp_path / "hf", seed=0, hidden_size=256, moe_intermediate_size=256)
     path = write_gguf(folder, str(tmp_path / "model.gguf"), "qwen3_moe", expert_type=expert_type)
     model = ktcy.hf.from_pretrained(config_only(folder, tmp_path / "cfg"), gguf_path=path, dtype=torch.float32)
     experts = list(model.ktcy_experts().values())
-    assert {(m.moe.format, m.moe.gate[0].group_size) for m in experts} == {(fmt, 32)}
+    gate_up, down = fmt if isinstance(fmt, tuple) else (fmt, fmt)  # down may have its own format
+    assert {(m.moe.format, m.moe.gate[0].group_size, m.moe.down_format) for m in experts} == {(gate_up, 32, down)}
     stock_model = stock_with_file_experts(folder, path)
     for L, m in enumerate(experts):  # the file's values, bit for bit
         for proj in ("gate", "up", "down"):
@@ -278,7 +282,7 @@ def test_quantized_experts_run_as_stored(tmp_path, expert_type, fmt):
     # int8 activations' error only, over two 256-wide layers: 2.7-3.2% for the 4-bit types, 3.5%
     # for Q5_0; the model with Q8_0's experts is more sensitive to it: 8.9% (per-channel INT8 gives
     # 10.1% there, bf16 activations 1.2%)
-    bound = {"Q8_0": 0.1, "Q5_0": 0.045}.get(expert_type, 0.04)
+    bound = {"Q8_0": 0.1, "Q5_0": 0.045}.get(expert_type, 0.04) if isinstance(expert_type, str) else 0.04
     assert float((logits(model, PROMPT) - ref).norm() / ref.norm()) < bound
     changed = model.inject_expert_backend(r"model\.layers\.0\.", "BF16")
     assert changed == ["model.layers.0.mlp.experts"] and model.ktcy_experts()[changed[0]].moe.format == "BF16"
