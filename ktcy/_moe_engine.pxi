@@ -25,8 +25,10 @@
 # is released after its call instead of holding the memory for the layer's life.
 #
 # The activation kind (int8 codes + row scales + group sums, or bf16 bits) comes from the format
-# descriptor; SwiGLU and the activation conversions run on the ISA of the selected kernels (all
-# their versions give the same bits).
+# descriptor: gate's and up's for the token rows, down's for the SwiGLU rows (down may have its
+# own format and group, as a GGUF Q4_K_M layer's Q6_K down beside Q4_K gate and up); SwiGLU and
+# the activation conversions run on the least capable ISA of the selected kernels (all their
+# versions give the same bits).
 
 from libc.string cimport memcpy
 from cython.parallel cimport parallel

@@ -21,7 +21,7 @@ results = {}
 for source, path in (("hf", moe_ckpt), ("gguf", gguf_model)):  # a checkpoint folder, a GGUF file
     hidden = ktcy.MoEModel.from_pretrained(path, layers=[]).checkpoint.arch.hidden_size
     h = np.random.default_rng(7).standard_normal((9, hidden)).astype(np.float32)
-    for backend in ("INT8", "BF16"):
+    for backend in ("INT8", "BF16") + ((None,) if source == "gguf" else ()):  # None: as stored (INT4 + INT8_GROUP)
         single = ktcy.MoEModel.from_pretrained(path, backend=backend)
         shared = ktcy.MoEModel.from_pretrained(path, backend=backend, group=world)
         for name, block in shared.blocks.items():

@@ -28,9 +28,11 @@ def folders(tmp_path_factory):
     moe_ckpt = root / "moe"
     build(str(moe_ckpt), "deepseek")   # grouped router, shared experts
     hf = hf_ckpts.build("qwen3_moe", root / "hf", seed=hf_ckpts.GREEDY_SEEDS["qwen3_moe"])
-    gguf_model = str(root / "model.gguf")  # a DeepSeek-V3-like GGUF: grouped sigmoid router, shared experts
+    gguf_model = str(root / "model.gguf")  # a DeepSeek-V3-like GGUF: grouped sigmoid router, shared experts,
+    # down in another type than gate and up (as Q4_K_M): kept as stored without a backend
     write_block_model(gguf_model, "deepseek2", ROUTING_CASES["deepseek2 sigmoid, groups, renormalised, scaled"][1],
-                      bias=True, shared=32, layers=(1, 2), blocks=3)
+                      bias=True, shared=32, layers=(1, 2), blocks=3,
+                      expert_type={"gate": "Q4_0", "up": "Q4_0", "down": "Q8_0"})
     return root, str(moe_ckpt), str(hf), gguf_model
 
 
@@ -41,6 +43,7 @@ def test_models_expert_parallel_equal_one_process(folders):
     ranks = [np.load(root / f"rank{r}.npz") for r in (0, 1)]
     keys = [k[:-len(":parallel")] for k in ranks[0].files if k.endswith(":parallel")]
     assert len(keys) >= 5 and any(k.startswith("gguf:") for k in keys)   # INT8 and BF16 blocks of both, the hf model
+    assert any(k.startswith("gguf:None:") for k in keys)   # the GGUF as stored: gate and up INT4, down INT8_GROUP
     for res in ranks:
         for key in keys:
             # the slots' all_reduce adds exact zeros, and the k slots are summed in forward's order
