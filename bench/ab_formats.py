@@ -6,6 +6,10 @@ call) on --isa.  Not part of CI.
 
     python bench/ab_formats.py --formats INT4_ZP,INT4_MIN --variant int4_avx2 --group 32 --rows 1,32,512
     python bench/ab_formats.py --formats INT4_ZP,INT4_MIN --moe 64 --isa avx2 --rows 1,32,512
+    python bench/ab_formats.py --formats INT4_MIN,INT4_MIN/INT8_GROUP --moe 128 --group 32 --down-group 16
+
+With --moe, "A/B" runs gate and up in A (group --group) and down in B (group --down-group), as a
+GGUF Q4_K_M layer keeps them (INT4_MIN/INT8_GROUP).
 """
 import argparse
 import sys
@@ -22,8 +26,13 @@ def _moe_rounds(formats, args):
     E, H, I, k = args.moe, 2048, 768, 8
     rng = np.random.default_rng(0)
     w = [(rng.standard_normal((E, n, kk)) * 0.02).astype(np.float32) for n, kk in ((I, H), (I, H), (H, I))]
-    layers = {f: ktcy.MoE.from_weights(ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig(f, group_size=args.group),
-                                                      isa=args.isa), *w) for f in formats}
+    def config(spec):
+        gate_up, _, down = spec.partition("/")
+        down_quant = ktcy.QuantConfig(down, group_size=args.down_group or args.group) if down else None
+        return ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig(gate_up, group_size=args.group), isa=args.isa,
+                              down_quant_config=down_quant)
+
+    layers = {f: ktcy.MoE.from_weights(config(f), *w) for f in formats}
     out = {}
     for T in (int(r) for r in args.rows.split(",")):
         x = rng.standard_normal((T, H)).astype(np.float32)
@@ -47,6 +56,7 @@ def main(argv=None):
     ap.add_argument("--moe", type=int, default=0, help="E: time a whole MoE layer of E experts instead")
     ap.add_argument("--isa", default=None, help="with --moe: the ISA (default: this CPU's best)")
     ap.add_argument("--group", type=int, default=64, help="group size of grouped formats")
+    ap.add_argument("--down-group", type=int, default=0, help="with --moe and A/B formats: B's group (default --group)")
     ap.add_argument("--rows", default="1,32,512", help="comma-separated row counts M")
     ap.add_argument("--n", type=int, default=768)
     ap.add_argument("--k", type=int, default=2048)
