@@ -1,10 +1,11 @@
 """Expert weights released already quantized, read as stored: compressed-tensors `pack-quantized`
-INT4 (Kimi-K2), GPTQ and AWQ INT4, and GPT-OSS's MXFP4 blocks.
+INT4 (Kimi-K2), GPTQ INT4 and symmetric INT8, AWQ INT4, and GPT-OSS's MXFP4 blocks.
 
 A reader returns one projection as (codes [N, K], spec), the form MoE.from_experts packs without
 re-quantizing: symmetric INT4 -> int8 codes in [-8, 7] with {"format": "INT4", "scale",
 "group_size"}; with zero points -> uint8 codes 0..15 with {"format": "INT4_ZP", "scale",
-"zero_points", "group_size"} (w = s * (q - z)); MXFP4 -> E2M1 codes 0..15 with {"format":
+"zero_points", "group_size"} (w = s * (q - z)); GPTQ's symmetric 8-bit -> int8 codes q - 128 with
+{"format": "INT8_GROUP", "scale", "group_size"}; MXFP4 -> E2M1 codes 0..15 with {"format":
 "MXFP4", "exponents"}.  Every tensor's dtype and shape is checked against config.json first.
 
 Packings (each documented by its library; written here from those descriptions):
@@ -15,7 +16,9 @@ Packings (each documented by its library; written here from those descriptions):
   GPTQ                qweight int32 [K/8, N] packed along K (row k at bits 4*(k % 8));
                       qzeros int32 [groups, N/8] packed along N; scales [groups, N]; g_idx [K]
                       (group of each K row; desc_act permutes it).  checkpoint_format "gptq" (v1,
-                      AutoGPTQ) stores z - 1, "gptq_v2" stores z.
+                      AutoGPTQ) stores z - 1, "gptq_v2" stores z.  bits 8: 4 bytes per int32
+                      (value k at bits 8*(k % 4)), qweight [K/4, N], qzeros [groups, N/4];
+                      symmetric means z = 128.
   AWQ (gemm)          qweight int32 [K, N/8] and qzeros [groups, N/8] packed along N in AWQ's
                       order: nibble i holds channel 8c + AWQ_ORDER[i]; scales [groups, N].
   MXFP4 (GPT-OSS)     *_blocks uint8 [E, N, K/32, 16], element 2j in the low nibble of byte j,
@@ -27,7 +30,7 @@ from typing import Optional
 import numpy as np
 
 from ktcy import _native
-from ktcy.formats import INT4_GROUP_SIZES
+from ktcy.formats import INT4_GROUP_SIZES, group_sizes
 from ktcy.kernels import E2M1_VALUES
 from ktcy.safetensors_io import CheckpointError
 
@@ -46,11 +49,14 @@ class QuantScheme:
     symmetric: bool = True
     zero_offset: int = 0        # GPTQ v1 stores z - 1
     desc_act: bool = False
+    bits: int = 4               # GPTQ: 4 or 8
 
     @property
     def native_format(self):
         if self.method == "mxfp4":
             return "MXFP4"
+        if self.bits == 8:  # asymmetric 8-bit has no ktcy twin: the reader says so (a method dequantizes it)
+            return "INT8_GROUP"
         return "INT4" if self.symmetric else "INT4_ZP"
 
     @property
@@ -90,13 +96,15 @@ def scheme_from_config(cfg, where="config.json"):
     if method == "compressed-tensors":
         return _compressed_tensors(q, where)
     if method == "gptq":
-        _four_bits(q, where, "bits", _setting(q, where, "bits", int))
+        bits = _setting(q, where, "bits", int)
+        if bits not in (4, 8):
+            raise CheckpointError(f"{where}: quantization_config.bits is {bits!r:.40}; ktcy reads 4- and 8-bit GPTQ weights")
         group = _setting(q, where, "group_size", int, 128)
         fmt = _setting(q, where, "checkpoint_format", str, "gptq")
         if fmt not in ("gptq", "gptq_v2"):
             raise CheckpointError(f"{where}: quantization_config.checkpoint_format {fmt!r:.40} is not gptq or gptq_v2")
         return QuantScheme("gptq", _group(group, where), _setting(q, where, "sym", bool, True),
-                           1 if fmt == "gptq" else 0, _setting(q, where, "desc_act", bool, False))
+                           1 if fmt == "gptq" else 0, _setting(q, where, "desc_act", bool, False), bits)
     if method == "awq":
         bits = q.get("bits", q.get("w_bit"))
         _four_bits(q, where, "bits", bits)
@@ -182,7 +190,7 @@ def dequantize_released(codes, spec):
         g_idx = np.arange(k) // spec["group_size"]
     scale = spec["scale"][:, g_idx].astype(np.float64)
     q = codes.astype(np.float64)
-    if spec["format"] == "INT4_ZP":
+    if spec.get("zero_points") is not None:  # INT4_ZP, 8-bit GPTQ with zero points
         q = q - spec["zero_points"][:, g_idx].astype(np.float64)
     return (q * scale).astype(np.float32)
 
@@ -272,8 +280,47 @@ def read_compressed_tensors(ckpt, base, n, k, scheme):
     return _with_g_idx(ckpt, f"{base}.weight_g_idx", result, k, g, groups)
 
 
+def _unpack_bytes(words, axis):
+    """int32 words -> their 4 bytes (bits 8i at position i) laid out along `axis`, uint8."""
+    w = np.asarray(words).view(np.uint32)
+    b = np.stack([(w >> (8 * i)) & 0xFF for i in range(4)], axis=axis + 1).astype(np.uint8)
+    shape = list(w.shape)
+    shape[axis] *= 4
+    return b.reshape(shape)
+
+
+def _int8_result(ckpt, name, scale_name, codes_u, scale, zero, g, symmetric):
+    """Released 8-bit GPTQ from unsigned codes [N, K], scale and zeros [N, groups]: symmetric
+    (z = 128) as INT8_GROUP codes q - 128; zero points otherwise, which no ktcy format keeps."""
+    scale = np.asarray(scale, np.float32)
+    if not np.isfinite(scale).all():
+        raise CheckpointError(f"{ckpt.path}: {scale_name} holds NaN or infinite scales")
+    problem = None if g in group_sizes("INT8_GROUP") else \
+        f"group size {g} (ktcy's INT8_GROUP takes {group_sizes('INT8_GROUP')})"
+    if symmetric and (zero != 128).any():
+        r, c = (int(v) for v in np.argwhere(zero != 128)[0])
+        raise CheckpointError(f"{ckpt.path}: {name}: the config says symmetric, but the zero point of channel {r}, "
+                              f"group {c} is {int(zero[r, c])}, not 128")
+    if not symmetric:  # s * (q - z): exact once dequantized, but no ktcy format keeps 8-bit zero points
+        spec = {"format": "INT8_GROUP", "scale": scale, "group_size": g, "zero_points": zero}
+        return Released(codes_u, spec, problem or f"{name}: 8-bit zero points (no ktcy format keeps them)")
+    spec = {"format": "INT8_GROUP", "scale": scale, "group_size": g}
+    return Released((codes_u.astype(np.int16) - 128).astype(np.int8), spec, problem)
+
+
 def read_gptq(ckpt, base, n, k, scheme):
     g, groups = _groups(ckpt, base, k, scheme.group_size)
+    if scheme.bits == 8:
+        if k % 4 or n % 4:
+            raise CheckpointError(f"{ckpt.path}: {base}: 8-bit GPTQ packs 4 values per int32; N = {n} and K = {k} "
+                                  "must be multiples of 4")
+        q = _unpack_bytes(_tensor(ckpt, f"{base}.qweight", ("int32",), (k // 4, n)), axis=0)  # [K, N]
+        zero = _unpack_bytes(_tensor(ckpt, f"{base}.qzeros", ("int32",), (groups, n // 4)), axis=1)
+        zero = zero.astype(np.int32) + scheme.zero_offset
+        scale = _tensor(ckpt, f"{base}.scales", _FLOAT_SCALES, (groups, n))
+        result = _int8_result(ckpt, f"{base}.qzeros", f"{base}.scales", np.ascontiguousarray(q.T),
+                              np.asarray(scale, np.float32).T, np.ascontiguousarray(zero.T), g, scheme.symmetric)
+        return _with_g_idx(ckpt, f"{base}.g_idx", result, k, g, groups)
     if k % 8 or n % 8:
         raise CheckpointError(f"{ckpt.path}: {base}: GPTQ packs 8 values per int32; N = {n} and K = {k} must be "
                               "multiples of 8")

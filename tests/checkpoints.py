@@ -106,6 +106,18 @@ def nibbles_to_int32(values, axis):
     return np.moveaxis(words.astype(np.uint32).view(np.int32), -1, axis)
 
 
+def bytes_to_int32(values, axis):
+    """uint 0..255 values -> int32 words, 4 per word along `axis`, value i of a word at bits 8i
+    (8-bit GPTQ's packing); the axis is zero-padded to a multiple of 4."""
+    v = np.moveaxis(np.asarray(values, np.uint64), axis, -1)
+    pad = -v.shape[-1] % 4
+    v = np.concatenate([v, np.zeros(v.shape[:-1] + (pad,), np.uint64)], axis=-1)
+    words = np.zeros(v.shape[:-1] + (v.shape[-1] // 4,), np.uint64)
+    for i in range(4):
+        words |= v[..., i::4] << np.uint64(8 * i)
+    return np.moveaxis(words.astype(np.uint32).view(np.int32), -1, axis)
+
+
 AWQ_PACK_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # word nibble i holds channel 8c + AWQ_PACK_ORDER[i]
 
 
@@ -125,6 +137,8 @@ RELEASED_CONFIG = {
     "gptq_v2": lambda g, sym: {"quant_method": "gptq", "bits": 4, "group_size": g, "sym": sym, "desc_act": False,
                                "checkpoint_format": "gptq_v2"},
     "awq": lambda g, sym: {"quant_method": "awq", "bits": 4, "group_size": g, "zero_point": True, "version": "gemm"},
+    "gptq8": lambda g, sym: {"quant_method": "gptq", "bits": 8, "group_size": g, "sym": sym, "desc_act": False,
+                             "checkpoint_format": "gptq"},
 }
 
 
@@ -141,10 +155,13 @@ def released_tensors(kind, base, q, z, s, g, rng, permute=False):
         return out
     if kind == "awq":
         return {f"{base}.qweight": awq_pack(q.T), f"{base}.qzeros": awq_pack(z.T), f"{base}.scales": s.T.astype(np.float16)}
-    stored_z = (z - 1) & 0xF if kind == "gptq" else z  # GPTQ v1 stores z - 1
     g_idx = np.arange(k, dtype=np.int32) // g
     if permute:  # desc_act: rows of a group scattered over K
         g_idx = rng.permutation(g_idx).astype(np.int32)
+    if kind == "gptq8":  # v1: z - 1, 4 bytes per word
+        return {f"{base}.qweight": bytes_to_int32(q.T, axis=0), f"{base}.qzeros": bytes_to_int32((z - 1).T, axis=1),
+                f"{base}.scales": s.T.astype(np.float16), f"{base}.g_idx": g_idx}
+    stored_z = (z - 1) & 0xF if kind == "gptq" else z  # GPTQ v1 stores z - 1
     return {f"{base}.qweight": nibbles_to_int32(q.T, axis=0), f"{base}.qzeros": nibbles_to_int32(stored_z.T, axis=1),
             f"{base}.scales": s.T.astype(np.float16), f"{base}.g_idx": g_idx}
 
@@ -152,7 +169,7 @@ def released_tensors(kind, base, q, z, s, g, rng, permute=False):
 def make_released_checkpoint(path, kind, *, group=32, sym=False, E=4, H=128, I=64, top_k=2, num_layers=2,
                              dense_layers=(0,), seed=0, permute=False, extra_config=None):
     """A Qwen-named checkpoint whose experts are INT4 as `kind` releases them ("ct", "gptq",
-    "gptq_v2", "awq").  Returns {layer: {proj: float64 [E, N, K] dequantized weights,
+    "gptq_v2", "awq"), or 8-bit GPTQ ("gptq8": codes 0..255, z = 128 when symmetric).  Returns {layer: {proj: float64 [E, N, K] dequantized weights,
     proj + "_g_idx": ...}}."""
     os.makedirs(path, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -170,8 +187,9 @@ def make_released_checkpoint(path, kind, *, group=32, sym=False, E=4, H=128, I=6
             full = np.empty((E, n, k))
             for e in range(E):
                 groups = -(-k // group)
-                q = rng.integers(0, 16, (n, k))
-                z = np.full((n, groups), 8) if sym else rng.integers(1 if kind == "gptq" else 0, 16, (n, groups))
+                top, mid = (256, 128) if kind == "gptq8" else (16, 8)
+                q = rng.integers(0, top, (n, k))
+                z = np.full((n, groups), mid) if sym else rng.integers(1 if kind.startswith("gptq") else 0, top, (n, groups))
                 s = rng.uniform(0.001, 0.01, (n, groups)).astype(np.float32)
                 base = f"model.layers.{L}.mlp.experts.{e}.{proj}_proj"
                 t = released_tensors(kind, base, q, z, s, group, rng, permute)

@@ -19,6 +19,8 @@ CASES = {  # id: (kind, group, symmetric, stored format)
     "gptq_v1_asym_g64": ("gptq", 64, False, "INT4_ZP"),
     "gptq_v2_asym_g32": ("gptq_v2", 32, False, "INT4_ZP"),
     "awq_g64": ("awq", 64, False, "INT4_ZP"),
+    "gptq8_sym_g32": ("gptq8", 32, True, "INT8_GROUP"),   # 8-bit: codes q - 128, -128 included
+    "gptq8_sym_g64": ("gptq8", 64, True, "INT8_GROUP"),
 }
 E, H, I, K = 4, 128, 64, 2
 
@@ -71,7 +73,7 @@ def test_loaded_as_stored_with_exact_dequantization(tmp_path, case):
         assert np.array_equal(ktcy.load_experts(path, 1, isa=isa).forward(x, ids, w), y), isa
 
 
-@pytest.mark.parametrize("case", ["ct_sym_g32", "gptq_v1_asym_g64", "awq_g64"])
+@pytest.mark.parametrize("case", ["ct_sym_g32", "gptq_v1_asym_g64", "awq_g64", "gptq8_sym_g32"])
 def test_convert_keeps_the_codes_bit_exact(tmp_path, case):
     path, _ = build(tmp_path, case)
     out = tmp_path / "packed"
@@ -110,6 +112,20 @@ def test_gptq_desc_act_is_refused_as_stored_and_converts_exactly(tmp_path):
     x, ids, w = inputs(7)
     ref = moe_reference(x, ids, w, truth, 1)
     assert np.linalg.norm(asked.forward(x, ids, w) - ref) / np.linalg.norm(ref) < 0.15  # one more INT4 rounding
+
+
+def test_gptq_8_bit_with_zero_points_is_refused_as_stored_and_dequantized_exactly(tmp_path):
+    path = tmp_path / "gptq8"
+    truth = make_released_checkpoint(path, "gptq8", group=32, sym=False, E=E, H=H, I=I, top_k=K)
+    with pytest.raises(CheckpointError, match="8-bit zero points"):
+        ktcy.load_experts(path, 1)
+    import ml_dtypes
+    moe = ktcy.load_experts(path, 1, method="BF16")
+    assert np.array_equal(moe.up[1].dequantize(), truth[1]["up"][1].astype(ml_dtypes.bfloat16).astype(np.float64))
+    kept = make_released_checkpoint(tmp_path / "sym", "gptq8", group=32, sym=True, E=E, H=H, I=I, top_k=K)
+    codes = ktcy.load_experts(tmp_path / "sym", 1).gate[0].codes()
+    assert codes.min() == -128 and codes.max() == 127  # the whole range, as released
+    assert kept[1]["gate"][0].min() < 0
 
 
 def test_gptq_v1_zero_point_16_is_refused_as_stored(tmp_path):
@@ -186,7 +202,9 @@ def test_tampered_tensors_are_refused_naming_the_tensor(tmp_path, case):
 
 CONFIGS = {
     "unknown_method": ({"quant_method": "bitsandbytes"}, "unknown quant_method"),
-    "gptq_8_bits": ({"quant_method": "gptq", "bits": 8, "group_size": 32}, "4-bit"),
+    "gptq_3_bits": ({"quant_method": "gptq", "bits": 3, "group_size": 32}, "4- and 8-bit"),
+    "gptq_8_bits_on_4_bit_tensors": ({"quant_method": "gptq", "bits": 8, "group_size": 32},
+                                     r"qweight has shape \(16, 64\); config.json implies \(32, 64\)"),
     "awq_gemv": ({"quant_method": "awq", "bits": 4, "group_size": 64, "version": "gemv"}, "gemm"),
     "group_does_not_divide_k": ({"quant_method": "gptq", "bits": 4, "group_size": 48, "sym": False,
                                  "checkpoint_format": "gptq_v2"}, "does not divide"),
@@ -345,7 +363,7 @@ def test_autogptq_quantize_config_json(tmp_path):
     with pytest.raises(ConvertError, match="already quantized"):
         convert_to_hf_fp8(path, tmp_path / "fp8", progress=Quiet())
     (path / "quantize_config.json").write_text(json.dumps(dict(q, bits=3)))
-    with pytest.raises(CheckpointError, match="quantize_config.json.*4-bit"):
+    with pytest.raises(CheckpointError, match="quantize_config.json.*4- and 8-bit"):
         ktcy.load_experts(path, 1)
 
 
