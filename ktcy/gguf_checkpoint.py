@@ -11,9 +11,10 @@ Codes a ktcy format holds exactly are kept: Q4_0 (d * (q - 8) over 32 values) is
 32, Q4_K (d * sc * q - dmin * m per 32 values) and Q4_1 (d * q + m) are INT4_MIN with group 32,
 Q8_0 (d * q) and Q5_0 (d * (q - 16)) are INT8_GROUP with group 32, Q6_K (d * sc * (q - 32) per
 16 values) INT8_GROUP with group 16, MXFP4 is MXFP4, BF16 is BF16 (F16 and F32 round to BF16, as
-from safetensors).  A layer stored in one of these (or in Q8_0/Q5_0 and Q6_K: INT8_GROUP with
-group 16) loads with method=None.  Every other ggml type (Q5_K, Q2_K, ...) has no ktcy twin,
-and neither has a layer that mixes types (Q4_K_M's Q6_K ffn_down): loading it needs a method.
+from safetensors).  A layer stored in these loads with method=None: one format takes the
+smallest group of its tensors (Q8_0 beside Q6_K: 16), and down may have a format of its own
+(Q4_K_M: Q4_K gate and up as INT4_MIN, Q6_K down as INT8_GROUP).  Every other ggml type (Q5_K,
+Q2_K, ...) has no ktcy twin, and neither have gate and up of two formats: loading needs a method.
 With a method, each tensor a kept type holds in that very format stays as stored (Q4_K_M's
 gate and up with INT4_MIN); the others are dequantized exactly (ktcy.gguf_quants) and quantized.
 Routers and shared experts (MoEModel) are read by ktcy.gguf_blocks."""
@@ -245,12 +246,6 @@ class GGUFLayerExperts:
         if len(kinds) == 1:
             return next(iter(kinds))
         return ", ".join(f"{t} ({', '.join(ps)})" for t, ps in kinds.items())
-
-    @property
-    def group_size(self):
-        """The group of the layer's native format (INT4, INT4_MIN: 32; INT8_GROUP: 16 with a Q6_K
-        tensor, else 32), else None."""
-        return self.kept_group(self.native_format)
 
     def kept_group(self, fmt, projections=PROJECTIONS):
         """The smallest group of the tensors of `projections` kept as stored in fmt, or None."""

@@ -51,8 +51,9 @@ def load_experts(path: PathLike, layer: int, method: Optional[str] = None, isa: 
         FP8 block, FP8 per-channel -> FP8 per-channel) or its released codes (symmetric INT4 of
         compressed-tensors / GPTQ -> INT4, INT4 with zero points of GPTQ / AWQ / compressed-tensors
         -> INT4_ZP, GPT-OSS's MXFP4 -> MXFP4, each with its own group size; GGUF's Q4_0 -> INT4
-        group 32, Q4_K and Q4_1 -> INT4_MIN group 32, MXFP4 -> MXFP4, BF16/F16/F32 -> BF16, and its
-        other types or mixed layers need a method, which keeps the tensors it holds as stored); a format or
+        group 32, Q4_K and Q4_1 -> INT4_MIN group 32, Q8_0 and Q5_0 -> INT8_GROUP group 32, Q6_K ->
+        INT8_GROUP group 16, MXFP4 -> MXFP4, BF16/F16/F32 -> BF16, down in its own format where it
+        differs (Q4_K_M), and its other types need a method, which keeps the tensors it holds as stored); a format or
         KTransformers backend name ("INT8", "AMXINT4", "FP8", ...) quantizes on load (released
         codes are dequantized exactly first).  A converted folder holds one format and can only
         be loaded in it.
@@ -117,11 +118,10 @@ def experts_from_checkpoint(ckpt, layer, method=None, isa=None, group_size=None,
     experts = ckpt.layer(layer)
     a = ckpt.arch
     quant, down_quant = layer_quant_configs(experts, method, group_size)
-    fmt, group = quant.method, quant.group_size
+    fmt = quant.method
     config = MoeConfig(a.num_experts, a.top_k, a.hidden_size, a.intermediate_size, quant, backend=method, isa=isa,
                        down_quant_config=down_quant, **block_settings(a))
-    if down_quant is None:  # a layer held in its one stored format, or in one asked for
-        _warn_if_requantized(ckpt, experts.native_format, fmt, group, experts.kept_group(experts.native_format))
+    _warn_if_requantized(ckpt, experts, quant, down_quant)
     bias = experts.bias()
     source = experts.source(fmt, strict=method is None, down_fmt=config.down_format)
     with naming(f"{ckpt.path}: layer {layer}", CheckpointError):
@@ -133,10 +133,11 @@ def experts_from_checkpoint(ckpt, layer, method=None, isa=None, group_size=None,
 def layer_quant_configs(experts, method=None, group_size=None):
     """(QuantConfig of gate and up, QuantConfig of down or None when it is the same) that load a
     layer's experts: method None keeps every projection as stored (a GGUF layer's down may have
-    its own format, or group: Q4_K_M's Q6_K down as INT8_GROUP group 16 beside Q4_K's INT4_MIN
-    group 32); a method packs all three in it, each group the kept codes' where fmt keeps some
-    (group_size, when given, for all three).  Raises needs_method() where nothing is stored in a
-    ktcy format, ValueError for a group_size that does not apply."""
+    its own format: Q4_K_M's Q6_K down as INT8_GROUP group 16 beside Q4_K's INT4_MIN group 32);
+    a method packs all three in it.  One format takes one group for the layer, the smallest its
+    kept codes have (a larger one's scales split exactly; what convert writes), two formats each
+    their own; group_size, when given, applies to all.  Raises needs_method() where nothing is
+    stored in a ktcy format, ValueError for a group_size that does not apply."""
     fmt = canonical_format(method) if method is not None else experts.native_format
     if fmt is None:
         raise experts.needs_method()
@@ -153,24 +154,36 @@ def layer_quant_configs(experts, method=None, group_size=None):
         kept = experts.kept_group(f, projections) or experts.kept_group(f)
         return kept if has_groups(f) and kept in group_sizes(f) else DEFAULT_INT4_GROUP
 
-    quant = QuantConfig(fmt, group_size=group_of(fmt, ("gate", "up")))
-    down = QuantConfig(down_fmt, group_size=group_of(down_fmt, ("down",)))
-    same = down_fmt == fmt and (not has_groups(fmt) or down.group_size == quant.group_size)
-    return quant, None if same else down
+    if down_fmt == fmt:
+        return QuantConfig(fmt, group_size=group_of(fmt, ("gate", "up", "down"))), None
+    return (QuantConfig(fmt, group_size=group_of(fmt, ("gate", "up"))),
+            QuantConfig(down_fmt, group_size=group_of(down_fmt, ("down",))))
 
 
-def _warn_if_requantized(ckpt, stored, fmt, group, stored_group):
+def _warn_if_requantized(ckpt, experts, quant, down_quant):
     """One WARNING when a load dequantizes weights the checkpoint already stores quantized and
     quantizes them again (FP8 per-channel loaded as FP8 = 128x128 blocks, INT4 with another
-    group size, ...): an accuracy loss nobody asked for by name.  Float targets (BF16) are exact."""
-    if stored in (None, "BF16") or fmt == "BF16":
-        return
-    if keeps_codes(stored, fmt) and (not has_groups(fmt) or group == stored_group):
-        return
-    held = f"{stored}" + (f" group {stored_group}" if has_groups(stored) and stored_group else "")
-    warn_once(f"{ckpt.path}: the checkpoint stores {held}; loading it as {fmt}"
-               + (f" group {group}" if has_groups(fmt) else "")
-               + " dequantizes and quantizes it again, which costs accuracy (method=None keeps it as stored)")
+    group size, ...): an accuracy loss nobody asked for by name.  Float targets (BF16) are exact,
+    and so is a group that divides the stored one (each scale repeated).  A GGUF layer whose
+    projections are stored in two formats is warned about by its source (per ggml type) where a
+    format changes; here where a group does."""
+    stored_gu, stored_down = experts.native_format, experts.native_down_format
+    sides = [("it", ("gate", "up", "down"), stored_gu, quant)] if stored_gu == stored_down and down_quant is None else \
+        [("gate and up", ("gate", "up"), stored_gu, quant), ("down", ("down",), stored_down, down_quant or quant)]
+    for what, projections, stored, q in sides:
+        fmt, group = canonical_format(q.method, q.per_channel), q.group_size
+        if stored in (None, "BF16") or fmt == "BF16":
+            continue
+        stored_group = experts.kept_group(stored, projections)
+        if keeps_codes(stored, fmt):
+            if not has_groups(fmt) or not stored_group or stored_group % group == 0:
+                continue
+        elif len(sides) == 2:
+            continue
+        held = f"{stored}" + (f" group {stored_group}" if has_groups(stored) and stored_group else "")
+        warn_once(f"{ckpt.path}: the checkpoint stores {held}; loading {what} as {fmt}"
+                  + (f" group {group}" if has_groups(fmt) else "")
+                  + " dequantizes and quantizes it again, which costs accuracy (method=None keeps it as stored)")
 
 
 def layer_group_size(experts, fmt):

@@ -113,13 +113,16 @@ def load_rules(rules):
     return [Rule(i, r) for i, r in enumerate(rules)]
 
 
-def _kept_group(pairs, fmt, proj="gate"):
-    """The group size that keeps a dense MLP's released codes of `proj` as stored when they are
-    in fmt (else the packer dequantizes them, and INT4 takes the default group)."""
-    s = pairs[proj][1]
-    if isinstance(s, dict) and s["format"] == fmt and has_groups(fmt) and s.get("group_size") in group_sizes(fmt):
-        return s["group_size"]
-    return DEFAULT_INT4_GROUP
+def _kept_group(pairs, fmt, projections=("gate", "up", "down")):
+    """The group size that keeps a dense MLP's released codes of `projections` as stored where
+    they are in fmt: the smallest of theirs (a larger one's scales split exactly), else that of
+    the MLP's other projections in fmt, else the default (the packer dequantizes the rest), as
+    routed experts take theirs (loading.layer_quant_configs)."""
+    def kept(names):
+        groups = [s["group_size"] for s in (pairs[p][1] for p in names)
+                  if isinstance(s, dict) and s["format"] == fmt and has_groups(fmt) and s.get("group_size") in group_sizes(fmt)]
+        return min(groups) if groups else None
+    return kept(projections) or kept(("gate", "up", "down")) or DEFAULT_INT4_GROUP
 
 
 class SharedExpert:
@@ -165,7 +168,9 @@ class MoEBlock:
         cfg = self.experts.config
         return (f"MoEBlock({self.name!r}, layer={self.layer}, experts={cfg.num_experts}, top_k={cfg.top_k}, "
                 f"hidden_size={cfg.hidden_size}, intermediate_size={cfg.intermediate_size}, "
-                f"format={self.experts.format}, isa={self.experts.isa}, router={self.router.kind}, "
+                f"format={self.experts.format}"
+                + (f", down_format={self.experts.down_format}" if self.experts.down_format != self.experts.format else "")
+                + f", isa={self.experts.isa}, router={self.router.kind}, "
                 f"shared_experts={self.shared is not None}, experts_from={self.experts_from!r})")
 
     def _hidden(self, h):
@@ -292,10 +297,12 @@ class MoEModel:
         """A SharedExpert of one dense MLP (pairs as MoE.from_experts takes expert 0) packed in fmt
         (its down projection in down_fmt, default fmt)."""
         H = self.checkpoint.arch.hidden_size
-        quant = QuantConfig(fmt, group_size=_kept_group(pairs, fmt))
-        down = QuantConfig(down_fmt or fmt, group_size=_kept_group(pairs, down_fmt or fmt, "down"))
-        config = MoeConfig(1, 1, H, width, quant, backend=backend, isa=self.isa,
-                           down_quant_config=None if down == quant else down)
+        if (down_fmt or fmt) == fmt:  # one format, one group (as routed experts)
+            quant, down = QuantConfig(fmt, group_size=_kept_group(pairs, fmt)), None
+        else:
+            quant = QuantConfig(fmt, group_size=_kept_group(pairs, fmt, ("gate", "up")))
+            down = QuantConfig(down_fmt, group_size=_kept_group(pairs, down_fmt, ("down",)))
+        config = MoeConfig(1, 1, H, width, quant, backend=backend, isa=self.isa, down_quant_config=down)
         return SharedExpert(MoE.from_experts(config, lambda e: pairs), gate)
 
     def _experts(self, L, backend, repacked):

@@ -152,7 +152,8 @@ class MoE:
         E = config.num_experts
         bar = None
         if progress is None and E * 3 * config.hidden_size * config.intermediate_size >= _PROGRESS_MIN_WEIGHTS:
-            bar = progress = _progress.reporter(f"packing {config.weight_format}", E, "expert")
+            packing = config.weight_format + (f" (down {config.down_format})" if config.down_format != config.weight_format else "")
+            bar = progress = _progress.reporter(f"packing {packing}", E, "expert")
         try:
             packed = pack_experts(config, expert, range(E), progress)
         finally:
@@ -187,6 +188,8 @@ class MoE:
     def __repr__(self):
         c = self.config
         group = f" group {self.gate[0].group_size}" if self.gate[0].group_size else ""
+        if self.down_format != self.format or self.down[0].group_size != self.gate[0].group_size:
+            group += f", down {self.down_format}" + (f" group {self.down[0].group_size}" if self.down[0].group_size else "")
         return (f"MoE({self.format}{group}, {c.num_experts} experts, top-{c.top_k}, H={c.hidden_size}, "
                 f"I={c.intermediate_size}, {self.nbytes / 2**30:.2f} GiB, kernel: {self.kernel})")
 

@@ -275,14 +275,17 @@ def _int8_group_fields(type_name, raw, n, k):
 
 
 @pytest.mark.parametrize("types,groups", [(("Q8_0",) * 3, (32, 32)), (("Q5_0",) * 3, (32, 32)), (("Q6_K",) * 3, (16, 16)),
-                                          (("Q8_0", "Q5_0", "Q6_K"), (32, 16)), (("Q6_K", "Q8_0", "Q8_0"), (16, 32))])
-def test_q8_0_q5_0_and_q6_k_are_kept_as_int8_group(tmp_path, types, groups):
+                                          (("Q8_0", "Q5_0", "Q6_K"), (16, 16)), (("Q6_K", "Q8_0", "Q8_0"), (16, 16))])
+def test_q8_0_q5_0_and_q6_k_are_kept_as_int8_group(tmp_path, types, groups, caplog):
     """Kept as stored with method=None: the codes and scales of the file, s * q in float32 equal
-    to llama.cpp's value bit for bit.  Gate and up share a group (the smaller of theirs: a
-    group-32 scale twice where the other is Q6_K's 16), down has its own."""
+    to llama.cpp's value bit for bit.  One format takes one group, the smallest of its tensors'
+    (a group-32 scale twice beside Q6_K's 16: the same values, no warning), as convert writes it."""
     path = str(tmp_path / "m.gguf")
     truth = write_model(path, dict(zip(("gate", "up", "down"), types)))
-    moe = ktcy.load_experts(path, 1)
+    with caplog.at_level("WARNING", logger="ktcy"):
+        moe = ktcy.load_experts(path, 1)
+        assert ktcy.load_experts(path, 1, group_size=16).gate[0].group_size == 16  # split exactly: no warning
+    assert "quantizes it again" not in caplog.text
     assert moe.format == moe.down_format == "INT8_GROUP"
     assert (moe.gate[0].group_size, moe.down[0].group_size) == groups
     layer = GGUFCheckpoint(path).layer(1)
@@ -327,8 +330,15 @@ def test_q4_k_m_layer_keeps_every_tensor_as_stored(tmp_path, caplog):
         assert np.array_equal(other.forward(x, ids, wts), y), isa
         assert np.array_equal(other.forward(x[:1], ids[:1], wts[:1]), y[:1]), isa  # decode kernels too
     with pytest.raises(CheckpointError, match="keeps gate and up as INT4_MIN group 32 and down as INT8_GROUP group 16; "
-                                              "a converted layer holds one format: pass --method"):
+                                              "a converted layer holds one format: pass --method .INT4_MIN keeps gate "
+                                              "and up as stored, INT8_GROUP keeps down"):
         convert(path, str(tmp_path / "out"), progress=None)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="ktcy"):  # a group that is not the stored one's divisor: said once
+        regrouped = ktcy.load_experts(path, 1, group_size=64)
+    assert (regrouped.gate[0].group_size, regrouped.down[0].group_size) == (64, 64)
+    assert "loading gate and up as INT4_MIN group 64 dequantizes" in caplog.text
+    assert "loading down as INT8_GROUP group 64 dequantizes" in caplog.text
 
 
 def test_q4_k_m_layer_with_int4_min_keeps_gate_and_up(tmp_path, caplog):

@@ -361,6 +361,10 @@ def test_routed_and_shared_experts_keep_a_down_projection_of_another_type(tmp_pa
             assert np.array_equal(getattr(block.experts, proj)[e].dequantize(np.float32), truth[proj][e]), (proj, e)
     row = model.describe()[0]
     assert (row["format"], row["down_format"]) == ("INT4", "INT8_GROUP") and "INT4/INT8_GROUP" in repr(model)
+    assert "down_format=INT8_GROUP" in repr(block) and "down INT8_GROUP group 32" in repr(block.experts)
+    asked = MoEModel.from_pretrained(path, backend="INT4").blocks["model.layers.1.mlp.experts"]
+    for moe in (asked.experts, asked.shared.moe):  # one format asked for: one group, the kept codes' (32)
+        assert {(w.format, w.group_size) for w in moe.gate + moe.up + moe.down} == {("INT4", 32)}
     x = hidden(9, H, 2)
     ids, wts = block.route(x)
     assert np.linalg.norm(block.forward(x) - block_reference(x, truth, ids, wts)) < \

@@ -210,7 +210,8 @@ class ExpertParallelMoE:
 
     def __repr__(self):
         c = self.config
-        return (f"ExpertParallelMoE({self.format}, rank {self.rank} of {self.world_size}, "
+        down = f", down {self.down_format}" if self.down_format != self.format else ""
+        return (f"ExpertParallelMoE({self.format}{down}, rank {self.rank} of {self.world_size}, "
                 f"{len(self.local_experts)} of {c.num_experts} experts, top-{c.top_k}, H={c.hidden_size}, "
                 f"I={c.intermediate_size}, reduce={self.reduce}, kernel: {self.kernel})")
 
