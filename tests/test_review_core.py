@@ -465,7 +465,8 @@ GUARDED_GEMMS = GUARD_HELPER + textwrap.dedent("""
             rng = np.random.default_rng(m + n + k)
             W = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
             X = rng.standard_normal((m, k)).astype(np.float32)
-            p = kernels.pack(W, fmt, group_size=32) if fmt in GROUPED_FORMATS else kernels.pack(W, fmt)
+            group = 16 if fmt == "INT8_GROUP" else 32  # its 4-row groups and 16-byte AMX steps
+            p = kernels.pack(W, fmt, group_size=group) if fmt in GROUPED_FORMATS else kernels.pack(W, fmt)
             moved = {f: at_page_end(getattr(p, f)) for f in ("data", "scale", "colsum", "zero")
                      if getattr(p, f) is not None}
             g = dataclasses.replace(p, **moved)
@@ -478,9 +479,11 @@ GUARDED_GEMMS = GUARD_HELPER + textwrap.dedent("""
     E, K_TOP, H, I = 3, 2, 144, 80
     rng = np.random.default_rng(0)
     weights = [rng.standard_normal(s).astype(np.float32) * 0.1 for s in ((E, I, H), (E, I, H), (E, H, I))]
-    for fmt in ("INT8", "INT4", "MXFP4"):
+    down16 = ktcy.QuantConfig("INT8_GROUP", group_size=16)
+    for fmt, down in (("INT8", None), ("INT4", None), ("MXFP4", None), ("BF16", down16)):
         for isa in [i for i in ktcy.available_isas() if i in ("avx2", "avx512")] + ["amx_emu"]:
-            layer = ktcy.MoE.from_weights(ktcy.MoeConfig(E, K_TOP, H, I, ktcy.QuantConfig(fmt), isa=isa), *weights)
+            layer = ktcy.MoE.from_weights(ktcy.MoeConfig(E, K_TOP, H, I, ktcy.QuantConfig(fmt), isa=isa,
+                                                         down_quant_config=down), *weights)
             for T in (1, 40):
                 x = rng.standard_normal((T, H)).astype(np.float32)
                 ids = np.stack([rng.permutation(E)[:K_TOP] for _ in range(T)])
