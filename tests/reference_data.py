@@ -11,6 +11,11 @@ MOE_REFERENCE = DATA / "moe_reference_v1.npz"     # MoE.forward outputs on the p
 # by asym_reference_arrays() (python tests/reference_data.py) when INT4_MIN came in, 2026-12-07
 ASYM_REFERENCE = DATA / "int4_asym_reference_v1.npz"
 ASYM_CASES = [("INT4_ZP", 32), ("INT4_ZP", 128), ("INT4_MIN", 32), ("INT4_MIN", 128)]
+# INT8_GROUP's outputs the same way, and a layer whose down has its own format (Q4_K_M's pair),
+# made by int8_group_reference_arrays() when they came in, 2026-12-07
+INT8_GROUP_REFERENCE = DATA / "int8_group_reference_v1.npz"
+INT8_GROUP_CASES = [("INT8_GROUP", 16), ("INT8_GROUP", 128)]
+MIXED_LAYER = (("INT4_MIN", 32), ("INT8_GROUP", 16))  # gate and up, down
 GEMM_SHAPES = [(1, 40, 200), (17, 72, 300), (33, 48, 520)]
 
 MOE_SHAPE = dict(E=5, k=3, H=136, I=48, T=9)      # H, I not multiples of 64; expert 4 gets no token
@@ -52,5 +57,31 @@ def asym_reference_arrays():
     return out
 
 
-if __name__ == "__main__":
-    np.savez(ASYM_REFERENCE, **asym_reference_arrays())
+def int8_group_reference_arrays():
+    """As asym_reference_arrays for INT8_GROUP_CASES (variant int8_group_ref), plus "MOE_MIXED":
+    MoE.forward of MIXED_LAYER on the portable kernels."""
+    import ktcy
+    from ktcy import kernels
+    out = {}
+    gate, up, down, x, ids, w = moe_inputs()
+    s = MOE_SHAPE
+    for fmt, group in INT8_GROUP_CASES:
+        for i, (m, n, k) in enumerate(GEMM_SHAPES):
+            packed = kernels.pack(formula((n, k), 10 + i, 1.0), fmt, group_size=group)
+            out[f"Y{i}_{fmt}_{group}"] = kernels.linear_variant(formula((m, k), 20 + i, 1.0), packed, "int8_group_ref")
+        cfg = ktcy.MoeConfig(s["E"], s["k"], s["H"], s["I"], ktcy.QuantConfig(fmt, group_size=group), isa="ref")
+        out[f"MOE_{fmt}_{group}"] = ktcy.MoE.from_weights(cfg, gate, up, down).forward(x, ids, w)
+    (gu, gu_group), (dn, dn_group) = MIXED_LAYER
+    cfg = ktcy.MoeConfig(s["E"], s["k"], s["H"], s["I"], ktcy.QuantConfig(gu, group_size=gu_group), isa="ref",
+                         down_quant_config=ktcy.QuantConfig(dn, group_size=dn_group))
+    out["MOE_MIXED"] = ktcy.MoE.from_weights(cfg, gate, up, down).forward(x, ids, w)
+    return out
+
+
+if __name__ == "__main__":  # python tests/reference_data.py [asym|int8_group]: writes that file
+    import sys
+    which = sys.argv[1] if len(sys.argv) > 1 else "asym"
+    if which == "asym":
+        np.savez(ASYM_REFERENCE, **asym_reference_arrays())
+    else:
+        np.savez(INT8_GROUP_REFERENCE, **int8_group_reference_arrays())
