@@ -204,13 +204,18 @@ def _tensor(ckpt, name, dtypes, shape):
     return t
 
 
+def _unpack(words, axis, bits):
+    """int32 words -> their 32 / bits fields (bits * i at position i) laid out along `axis`, uint8."""
+    w, per = np.asarray(words).view(np.uint32), 32 // bits
+    fields = np.stack([(w >> (bits * i)) & ((1 << bits) - 1) for i in range(per)], axis=axis + 1).astype(np.uint8)
+    shape = list(w.shape)
+    shape[axis] *= per
+    return fields.reshape(shape)
+
+
 def _unpack_nibbles(words, axis):
     """int32 words -> their 8 nibbles (bits 4i at position i) laid out along `axis`, uint8."""
-    w = np.asarray(words).view(np.uint32)
-    nib = np.stack([(w >> (4 * i)) & 0xF for i in range(8)], axis=axis + 1).astype(np.uint8)
-    shape = list(w.shape)
-    shape[axis] *= 8
-    return nib.reshape(shape)
+    return _unpack(words, axis, 4)
 
 
 def _groups(ckpt, base, k, group):
@@ -280,15 +285,6 @@ def read_compressed_tensors(ckpt, base, n, k, scheme):
     return _with_g_idx(ckpt, f"{base}.weight_g_idx", result, k, g, groups)
 
 
-def _unpack_bytes(words, axis):
-    """int32 words -> their 4 bytes (bits 8i at position i) laid out along `axis`, uint8."""
-    w = np.asarray(words).view(np.uint32)
-    b = np.stack([(w >> (8 * i)) & 0xFF for i in range(4)], axis=axis + 1).astype(np.uint8)
-    shape = list(w.shape)
-    shape[axis] *= 4
-    return b.reshape(shape)
-
-
 def _int8_result(ckpt, name, scale_name, codes_u, scale, zero, g, symmetric):
     """Released 8-bit GPTQ from unsigned codes [N, K], scale and zeros [N, groups]: symmetric
     (z = 128) as INT8_GROUP codes q - 128; zero points otherwise, which no ktcy format keeps."""
@@ -314,8 +310,8 @@ def read_gptq(ckpt, base, n, k, scheme):
         if k % 4 or n % 4:
             raise CheckpointError(f"{ckpt.path}: {base}: 8-bit GPTQ packs 4 values per int32; N = {n} and K = {k} "
                                   "must be multiples of 4")
-        q = _unpack_bytes(_tensor(ckpt, f"{base}.qweight", ("int32",), (k // 4, n)), axis=0)  # [K, N]
-        zero = _unpack_bytes(_tensor(ckpt, f"{base}.qzeros", ("int32",), (groups, n // 4)), axis=1)
+        q = _unpack(_tensor(ckpt, f"{base}.qweight", ("int32",), (k // 4, n)), 0, 8)  # [K, N]
+        zero = _unpack(_tensor(ckpt, f"{base}.qzeros", ("int32",), (groups, n // 4)), 1, 8)
         zero = zero.astype(np.int32) + scheme.zero_offset
         scale = _tensor(ckpt, f"{base}.scales", _FLOAT_SCALES, (groups, n))
         result = _int8_result(ckpt, f"{base}.qzeros", f"{base}.scales", np.ascontiguousarray(q.T),

@@ -94,28 +94,28 @@ def make_checkpoint(path, *, style="qwen", dtype="bf16", E=4, H=128, I=64, top_k
 
 # ---- checkpoints released quantized, packed here from each format's description ----
 
-def nibbles_to_int32(values, axis):
-    """uint 0..15 values -> int32 words, 8 per word along `axis`, value i of a word at bits 4i
-    (the packing compressed-tensors and GPTQ describe); the axis is zero-padded to a multiple of 8."""
+def fields_to_int32(values, axis, bits):
+    """uint values of `bits` bits -> int32 words, 32 / bits per word along `axis`, value i of a
+    word at bits * i (the packing compressed-tensors and GPTQ describe); the axis is zero-padded
+    to a whole word."""
+    per = 32 // bits
     v = np.moveaxis(np.asarray(values, np.uint64), axis, -1)
-    pad = -v.shape[-1] % 8
+    pad = -v.shape[-1] % per
     v = np.concatenate([v, np.zeros(v.shape[:-1] + (pad,), np.uint64)], axis=-1)
-    words = np.zeros(v.shape[:-1] + (v.shape[-1] // 8,), np.uint64)
-    for i in range(8):
-        words |= v[..., i::8] << np.uint64(4 * i)
+    words = np.zeros(v.shape[:-1] + (v.shape[-1] // per,), np.uint64)
+    for i in range(per):
+        words |= v[..., i::per] << np.uint64(bits * i)
     return np.moveaxis(words.astype(np.uint32).view(np.int32), -1, axis)
+
+
+def nibbles_to_int32(values, axis):
+    """uint 0..15 values -> int32 words, 8 per word (4-bit GPTQ and compressed-tensors)."""
+    return fields_to_int32(values, axis, 4)
 
 
 def bytes_to_int32(values, axis):
-    """uint 0..255 values -> int32 words, 4 per word along `axis`, value i of a word at bits 8i
-    (8-bit GPTQ's packing); the axis is zero-padded to a multiple of 4."""
-    v = np.moveaxis(np.asarray(values, np.uint64), axis, -1)
-    pad = -v.shape[-1] % 4
-    v = np.concatenate([v, np.zeros(v.shape[:-1] + (pad,), np.uint64)], axis=-1)
-    words = np.zeros(v.shape[:-1] + (v.shape[-1] // 4,), np.uint64)
-    for i in range(4):
-        words |= v[..., i::4] << np.uint64(8 * i)
-    return np.moveaxis(words.astype(np.uint32).view(np.int32), -1, axis)
+    """uint 0..255 values -> int32 words, 4 per word (8-bit GPTQ)."""
+    return fields_to_int32(values, axis, 8)
 
 
 AWQ_PACK_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # word nibble i holds channel 8c + AWQ_PACK_ORDER[i]

@@ -40,37 +40,34 @@ def moe_inputs():
     return gate, up, down, x, ids.astype(np.int64), weights
 
 
-def asym_reference_arrays():
+def _stored_arrays(cases, variant):
     """{"Y{i}_{fmt}_{group}": kernels.linear on GEMM_SHAPES[i], "MOE_{fmt}_{group}": MoE.forward on
-    moe_inputs()} for ASYM_CASES, on the portable kernels, from weights quantized by ktcy."""
+    moe_inputs()} for `cases`, on the portable kernels (`variant`), from weights quantized by ktcy."""
     import ktcy
     from ktcy import kernels
     out = {}
     gate, up, down, x, ids, w = moe_inputs()
     s = MOE_SHAPE
-    for fmt, group in ASYM_CASES:
+    for fmt, group in cases:
         for i, (m, n, k) in enumerate(GEMM_SHAPES):
             packed = kernels.pack(formula((n, k), 10 + i, 1.0), fmt, group_size=group)
-            out[f"Y{i}_{fmt}_{group}"] = kernels.linear_variant(formula((m, k), 20 + i, 1.0), packed, "int4_ref")
+            out[f"Y{i}_{fmt}_{group}"] = kernels.linear_variant(formula((m, k), 20 + i, 1.0), packed, variant)
         cfg = ktcy.MoeConfig(s["E"], s["k"], s["H"], s["I"], ktcy.QuantConfig(fmt, group_size=group), isa="ref")
         out[f"MOE_{fmt}_{group}"] = ktcy.MoE.from_weights(cfg, gate, up, down).forward(x, ids, w)
     return out
 
 
+def asym_reference_arrays():
+    return _stored_arrays(ASYM_CASES, "int4_ref")
+
+
 def int8_group_reference_arrays():
-    """As asym_reference_arrays for INT8_GROUP_CASES (variant int8_group_ref), plus "MOE_MIXED":
-    MoE.forward of MIXED_LAYER on the portable kernels."""
+    """_stored_arrays for INT8_GROUP_CASES, plus "MOE_MIXED": MoE.forward of MIXED_LAYER on the
+    portable kernels."""
     import ktcy
-    from ktcy import kernels
-    out = {}
+    out = _stored_arrays(INT8_GROUP_CASES, "int8_group_ref")
     gate, up, down, x, ids, w = moe_inputs()
     s = MOE_SHAPE
-    for fmt, group in INT8_GROUP_CASES:
-        for i, (m, n, k) in enumerate(GEMM_SHAPES):
-            packed = kernels.pack(formula((n, k), 10 + i, 1.0), fmt, group_size=group)
-            out[f"Y{i}_{fmt}_{group}"] = kernels.linear_variant(formula((m, k), 20 + i, 1.0), packed, "int8_group_ref")
-        cfg = ktcy.MoeConfig(s["E"], s["k"], s["H"], s["I"], ktcy.QuantConfig(fmt, group_size=group), isa="ref")
-        out[f"MOE_{fmt}_{group}"] = ktcy.MoE.from_weights(cfg, gate, up, down).forward(x, ids, w)
     (gu, gu_group), (dn, dn_group) = MIXED_LAYER
     cfg = ktcy.MoeConfig(s["E"], s["k"], s["H"], s["I"], ktcy.QuantConfig(gu, group_size=gu_group), isa="ref",
                          down_quant_config=ktcy.QuantConfig(dn, group_size=dn_group))

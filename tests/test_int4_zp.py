@@ -88,14 +88,14 @@ def test_bad_codes_and_zero_points_are_refused(bad):
                                zero_points=None if bad == "missing" else zero)
 
 
-@pytest.mark.parametrize("fmt", ASYMMETRIC)
-def test_moe_and_packed_file(tmp_path, fmt):
+@pytest.mark.parametrize("fmt,group", [(f, 32) for f in ASYMMETRIC] + [("INT8_GROUP", 16)])
+def test_moe_and_packed_file(tmp_path, fmt, group):
     rng = np.random.default_rng(7)
     E, k, H, I = 5, 2, 128, 96
     gate, up = (rng.standard_normal((E, I, H), np.float32) * 0.05 + 0.01 for _ in range(2))
     down = rng.standard_normal((E, H, I), np.float32) * 0.05
     method = "INT4_ASYM" if fmt == "INT4_ZP" else fmt  # KTransformers' name for INT4_ZP
-    cfg = ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig(method, group_size=32))
+    cfg = ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig(method, group_size=group))
     layer = ktcy.MoE.from_weights(cfg, gate, up, down)
     x = rng.standard_normal((6, H)).astype(np.float32)
     ids = np.array([[0, 1], [2, 3], [1, 1], [0, 2], [3, 0], [1, 2]])  # expert 4 gets no tokens
@@ -107,11 +107,11 @@ def test_moe_and_packed_file(tmp_path, fmt):
         for t, e in enumerate(ids[:, j])]) for j in range(k))
     assert np.linalg.norm(y - exact) / np.linalg.norm(exact) < 0.03  # int8 activation error only
     for isa in [i for i in ktcy.available_isas() if i != "amx"] + ["amx_emu"]:
-        other = ktcy.MoE(ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig(fmt, group_size=32), isa=isa),
+        other = ktcy.MoE(ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig(fmt, group_size=group), isa=isa),
                          layer.gate, layer.up, layer.down)
         assert np.array_equal(other.forward(x, ids, w), y), isa
     experts = {e: {p: (a[e], None) for p, a in (("gate", gate), ("up", up), ("down", down))} for e in range(E)}
-    write_layer(str(tmp_path / "l.safetensors"), pack_layer(E, fmt, 32, experts.__getitem__), fmt, 32,
+    write_layer(str(tmp_path / "l.safetensors"), pack_layer(E, fmt, group, experts.__getitem__), fmt, group,
                 E, k, H, I, 0)
     loaded = load_layer(str(tmp_path / "l.safetensors"))
     assert loaded.format == fmt and np.array_equal(loaded.forward(x, ids, w), y)

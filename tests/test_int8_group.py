@@ -1,14 +1,12 @@
 """INT8 with a scale per (K group, channel) (w = s * q; llama.cpp's Q8_0 and Q5_0 as group 32,
 Q6_K as group 16, GPTQ's symmetric 8-bit as group 128): layout round trip, the same bits on
-every ISA as a float32 reference built from the integers, the quantizer, bad input, the MoE
-engine and packed files."""
+every ISA as a float32 reference built from the integers, the quantizer, bad input.  The MoE
+engine and packed files: tests/test_int4_zp.py's shared test."""
 import numpy as np
 import pytest
 
-import ktcy
 from conftest import int4_exact_reference, per_channel_groups, runnable_variants
 from ktcy import kernels
-from ktcy.packed_io import load_layer, pack_layer, write_layer
 
 GROUPS = [16, 32, 64, 128]
 
@@ -145,30 +143,3 @@ def test_long_rows_are_not_limited_to_int8_per_channel_k():
     p = kernels.pack_quantized(codes, scale, "INT8_GROUP", group_size=128)
     X = rng.standard_normal((2, k)).astype(np.float32)
     assert np.array_equal(kernels.linear(X, p), int4_exact_reference(X, p))
-
-
-def test_moe_and_packed_file(tmp_path):
-    rng = np.random.default_rng(7)
-    E, k, H, I = 5, 2, 128, 96
-    gate, up = (rng.standard_normal((E, I, H), np.float32) * 0.05 + 0.01 for _ in range(2))
-    down = rng.standard_normal((E, H, I), np.float32) * 0.05
-    cfg = ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig("INT8_GROUP", group_size=16))
-    layer = ktcy.MoE.from_weights(cfg, gate, up, down)
-    x = rng.standard_normal((6, H)).astype(np.float32)
-    ids = np.array([[0, 1], [2, 3], [1, 1], [0, 2], [3, 0], [1, 2]])  # expert 4 gets no tokens
-    w = rng.random((6, k)).astype(np.float32)
-    y = layer.forward(x, ids, w)
-    exact = sum(w[:, j:j + 1] * np.stack([
-        (lambda g, u: (g / (1 + np.exp(-g)) * u) @ layer.down[e].dequantize().T)(
-            x[t].astype(np.float64) @ layer.gate[e].dequantize().T, x[t].astype(np.float64) @ layer.up[e].dequantize().T)
-        for t, e in enumerate(ids[:, j])]) for j in range(k))
-    assert np.linalg.norm(y - exact) / np.linalg.norm(exact) < 0.03  # int8 activation error only
-    for isa in [i for i in ktcy.available_isas() if i != "amx"] + ["amx_emu"]:
-        other = ktcy.MoE(ktcy.MoeConfig(E, k, H, I, ktcy.QuantConfig("INT8_GROUP", group_size=16), isa=isa),
-                         layer.gate, layer.up, layer.down)
-        assert np.array_equal(other.forward(x, ids, w), y), isa
-    experts = {e: {p: (a[e], None) for p, a in (("gate", gate), ("up", up), ("down", down))} for e in range(E)}
-    write_layer(str(tmp_path / "l.safetensors"), pack_layer(E, "INT8_GROUP", 16, experts.__getitem__), "INT8_GROUP",
-                16, E, k, H, I, 0)
-    loaded = load_layer(str(tmp_path / "l.safetensors"))
-    assert loaded.format == "INT8_GROUP" and np.array_equal(loaded.forward(x, ids, w), y)

@@ -304,14 +304,7 @@ KT_AI int KT_(has_mins)(const ktcy_weight *w) { return KT_INT4_MINS(w); }
 KT_AI float KT_(min_row)(const ktcy_act *a, int64_t m, int64_t g, int64_t groups) {
     return (float)a->group_sum[m * groups + g];
 }
-KT_AI float KT_(group_row)(const ktcy_act *a, int64_t m) { (void)a; (void)m; return 1.0f; }
-KT_AI float KT_(tile_group)(float acc, int32_t c, float r, float s) { (void)r; return acc + (float)c * s; }
-KT_AI void KT_(final_cols)(const ktcy_weight *w, int64_t p, int np, float *t) {
-    (void)w; (void)p;
-    for (int j = 0; j < 16 * np; ++j) t[j] = 1.0f;
-}
-KT_AI float KT_(final_row)(const ktcy_act *a, int64_t m) { return a->scale[m]; }
-KT_AI float KT_(tile_final)(float acc, float r, float t) { (void)t; return acc * r; }
+#include "traits_amx_column_groups.h"
 
 #else
 #error "fmt_int4.h: no traits for this skeleton"

@@ -7,7 +7,7 @@
 
 #if KT_SKEL == KT_SKEL_REF
 KT_AI int32_t KT_(code)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) {
-    return ((const int8_t *)w->data)[(p * (w->k_pad / 64) + k / 64) * 1024 + ktcy_int8_offset(nn, k % 64)];
+    return ktcy_int8_block_code(w->data, w->k_pad, p, nn, k);
 }
 KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return w->k_pad; }
 KT_AI float KT_(group)(float acc, int32_t part, const ktcy_act *a, int64_t m, const ktcy_weight *w, int64_t n,

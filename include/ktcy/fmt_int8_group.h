@@ -16,7 +16,7 @@
 
 #if KT_SKEL == KT_SKEL_REF
 KT_AI int32_t KT_(code)(const ktcy_weight *w, int64_t p, int64_t nn, int64_t k) {
-    return ((const int8_t *)w->data)[(p * (w->k_pad / 64) + k / 64) * 1024 + ktcy_int8_offset(nn, k % 64)];
+    return ktcy_int8_block_code(w->data, w->k_pad, p, nn, k);
 }
 KT_AI int64_t KT_(group_len)(const ktcy_weight *w) { return w->group; }
 KT_AI float KT_(group)(float acc, int32_t part, const ktcy_act *a, int64_t m, const ktcy_weight *w, int64_t n,
@@ -145,14 +145,7 @@ KT_AI void KT_(group_cols)(const ktcy_weight *w, int64_t p, int np, int64_t g, f
         for (int nn = 0; nn < KTCY_PANEL; ++nn) s[q * KTCY_PANEL + nn] = from[nn];
     }
 }
-KT_AI float KT_(group_row)(const ktcy_act *a, int64_t m) { (void)a; (void)m; return 1.0f; }
-KT_AI float KT_(tile_group)(float acc, int32_t c, float r, float s) { (void)r; return acc + (float)c * s; }
-KT_AI void KT_(final_cols)(const ktcy_weight *w, int64_t p, int np, float *t) {
-    (void)w; (void)p;
-    for (int j = 0; j < 16 * np; ++j) t[j] = 1.0f;
-}
-KT_AI float KT_(final_row)(const ktcy_act *a, int64_t m) { return a->scale[m]; }
-KT_AI float KT_(tile_final)(float acc, float r, float t) { (void)t; return acc * r; }
+#include "traits_amx_column_groups.h"
 
 #else
 #error "fmt_int8_group.h: no traits for this skeleton"

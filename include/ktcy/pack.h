@@ -34,6 +34,11 @@
 #include "formats.h"
 
 static inline int64_t ktcy_int8_offset(int64_t nn, int64_t kk) { return (kk >> 2) * 64 + nn * 4 + (kk & 3); }
+/* The s8 code of channel p * 16 + nn at K offset k of INT8-order blocks (INT8, INT8_GROUP) with
+ * k_pad columns: what the portable kernels read. */
+static inline int32_t ktcy_int8_block_code(const uint8_t *data, int64_t k_pad, int64_t p, int64_t nn, int64_t k) {
+    return ((const int8_t *)data)[(p * (k_pad / 64) + k / 64) * 1024 + ktcy_int8_offset(nn, k % 64)];
+}
 static inline int64_t ktcy_pair_offset(int64_t nn, int64_t kk) { return (kk >> 1) * 32 + nn * 2 + (kk & 1); }
 
 /* Lays out panels [p0, p1) of an [n][k] code matrix (int8 for S8/U4, bf16 bits, E4M3 bytes;

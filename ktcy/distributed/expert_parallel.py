@@ -29,10 +29,9 @@ import numpy as np
 
 from ktcy import torch_bridge
 from ktcy.checkpoint import Checkpoint, layer_number
-from ktcy.config import MoeConfig, QuantConfig
+from ktcy.config import MoeConfig
 from ktcy.distributed.comm import DistributedError, Group
 from ktcy.distributed.placement import Placement
-from ktcy.formats import canonical_format
 from ktcy.gguf_checkpoint import GGUFCheckpoint, is_gguf
 from ktcy.kernels import as_float32_matrix
 from ktcy.loading import block_settings, converted_layer_file, is_converted, layer_quant_configs
