@@ -202,7 +202,8 @@ cdef class MoEEngine:
         self.big_fn_d, self.small_fn_d = KTCY_VARIANTS[vbd].fn, KTCY_VARIANTS[vsd].fn
         isas = [ISAS[KTCY_VARIANTS[v].isa] for v in (vb, vs, vbd, vsd)]
         # SwiGLU and the conversions run on the least capable ISA of the four (the same bits anywhere)
-        need = _layer_need(min(isas, key=_ISA_RANK.get), min(isas, key=_ISA_RANK.get))
+        least = min(isas, key=_ISA_RANK.get)
+        need = _layer_need(least, least)
         self.swiglu = _swiglu_for(need)
         self.quant_act = _quant_act_for(need)
         self.e2m1_starts = _e2m1_starts_for(need) if self.fmt == KTCY_FMT_MXFP4_A8 else NULL

@@ -59,9 +59,13 @@ def _q4_1(b):
     return _f16(b, 0) * _nibbles(b[:, 4:20]).astype(np.float32) + _f16(b, 2)
 
 
+def _q5_0_codes(b):
+    """Q5_0's signed codes q - 16 (int16 [nb, 32]): the nibbles with their fifth bits on top."""
+    return (_nibbles(b[:, 6:22]) | (_high_bits(b, 2, 32) << 4)).astype(np.int16) - 16
+
+
 def _q5_0(b):
-    q = _nibbles(b[:, 6:22]) | (_high_bits(b, 2, 32) << 4)
-    return _f16(b, 0) * (q.astype(np.float32) - 16)
+    return _f16(b, 0) * _q5_0_codes(b).astype(np.float32)
 
 
 def _q5_1(b):
@@ -169,17 +173,12 @@ def int8_group_parts(type_name, raw, n, k):
     most 24 significant bits): the value the decoder above gives, bit for bit."""
     if type_name == "Q6_K":
         b = raw.reshape(n * k // 256, 210)
-        nb = b.shape[0]
-        low = (b[:, 0:128].reshape(nb, 2, 1, 2, 32) >> _NIBBLE_SHIFTS.reshape(1, 1, 2, 1, 1) & 0x0F).reshape(nb, 2, 4, 32)
-        high = (b[:, 128:192].reshape(nb, 2, 1, 32) >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)) & 3
-        codes = ((low | (high << 4)).reshape(nb, 256).astype(np.int16) - 32).astype(np.int8)
-        scale = _f16(b, 208) * b[:, 192:208].view(np.int8).astype(np.float32)
-        return codes.reshape(n, k), scale.reshape(n, k // 16), 16
+        return _q6_k_codes(b).astype(np.int8).reshape(n, k), _q6_k_steps(b).reshape(n, k // 16), 16
     b = raw.reshape(n * k // 32, -1)
     if type_name == "Q8_0":
         codes = np.ascontiguousarray(b[:, 2:34]).view(np.int8)
     elif type_name == "Q5_0":
-        codes = ((_nibbles(b[:, 6:22]) | (_high_bits(b, 2, 32) << 4)).astype(np.int16) - 16).astype(np.int8)
+        codes = _q5_0_codes(b).astype(np.int8)
     else:
         raise ValueError(f"{type_name} has no int8 codes with one scale per group")
     return codes.reshape(n, k), _f16(b, 0).reshape(n, k // 32), 32
@@ -191,16 +190,24 @@ def _q5_k(b):
     return _k_quant(b, _k_nibbles(b[:, 48:176]) | (bits << 4))
 
 
-def _q6_k(b):
-    """Half h of 128 values: value 32j + i is the low (j = 0, 1) or high (j = 2, 3) nibble of
-    low-byte 32(j % 2) + i, with bits 2j..2j+1 of high-byte i on top; minus 32."""
+def _q6_k_codes(b):
+    """Q6_K's signed codes q - 32 (int16 [nb, 256]).  Half h of 128 values: value 32j + i is the
+    low (j = 0, 1) or high (j = 2, 3) nibble of low-byte 32(j % 2) + i, with bits 2j..2j+1 of
+    high-byte i on top."""
     nb = b.shape[0]
     low = b[:, 0:128].reshape(nb, 2, 1, 2, 32) >> _NIBBLE_SHIFTS.reshape(1, 1, 2, 1, 1) & 0x0F   # [nb, h, nib, j%2, i]
     low = low.reshape(nb, 2, 4, 32)
     high = (b[:, 128:192].reshape(nb, 2, 1, 32) >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)) & 3
-    q = (low | (high << 4)).reshape(nb, 256).astype(np.int16) - 32
-    step = _f16(b, 208) * b[:, 192:208].view(np.int8).astype(np.float32)
-    return _per_sub_block(q.astype(np.float32), step, 16)
+    return (low | (high << 4)).reshape(nb, 256).astype(np.int16) - 32
+
+
+def _q6_k_steps(b):
+    """d * sc per 16 values, float32 [nb, 16] (exact: an 11-bit significand times an int8)."""
+    return _f16(b, 208) * b[:, 192:208].view(np.int8).astype(np.float32)
+
+
+def _q6_k(b):
+    return _per_sub_block(_q6_k_codes(b).astype(np.float32), _q6_k_steps(b), 16)
 
 
 def _mxfp4(b):

@@ -149,10 +149,7 @@ def layer_quant_configs(experts, method=None, group_size=None):
             raise ValueError(f"group_size {group_size}: {f} takes {', '.join(map(str, group_sizes(f)))}")
 
     def group_of(f, projections):
-        if group_size is not None:
-            return group_size
-        kept = experts.kept_group(f, projections) or experts.kept_group(f)
-        return kept if has_groups(f) and kept in group_sizes(f) else DEFAULT_INT4_GROUP
+        return group_size or layer_group_size(experts, f, projections)
 
     if down_fmt == fmt:
         return QuantConfig(fmt, group_size=group_of(fmt, ("gate", "up", "down"))), None
@@ -186,10 +183,11 @@ def _warn_if_requantized(ckpt, experts, quant, down_quant):
                   + " dequantizes and quantizes it again, which costs accuracy (method=None keeps it as stored)")
 
 
-def layer_group_size(experts, fmt):
-    """The group size that keeps released grouped codes as stored (their own, when fmt is their
-    format and ktcy's layout takes it), else the default."""
-    stored = experts.kept_group(fmt)  # GGUF keeps formats per tensor
+def layer_group_size(experts, fmt, projections=("gate", "up", "down")):
+    """The group size that keeps released grouped codes as stored: the smallest of those of
+    `projections` in fmt (else of the layer's other projections in fmt) when ktcy's layout takes
+    it, else the default."""
+    stored = experts.kept_group(fmt, projections) or experts.kept_group(fmt)  # GGUF keeps formats per tensor
     if has_groups(fmt) and stored in group_sizes(fmt):
         return stored
     return DEFAULT_INT4_GROUP
