@@ -23,11 +23,12 @@ from ktcy.gguf_checkpoint import GGUFCheckpoint, is_gguf
 from ktcy.loading import MODEL_FILE, block_settings, layer_group_size, layer_quant_configs, original_checkpoint
 from ktcy.output_guard import (ConvertError, OutputLock, copy_file, refuse_output_in_input, remove,
                                source_fingerprint, write_json, publish)
-from ktcy.packed_io import (LAYOUT_VERSION, layer_file_name, layer_of_file_name, pack_layer, read_metadata,
+from ktcy.packed_io import (layer_file_name, layer_of_file_name, layout_version, pack_layer, read_metadata,
                             source_fingerprint_of, write_layer)
 from ktcy.safetensors_io import CheckpointError
 from ktcy.version import __version__
 
+MANIFEST_VERSION = "2"  # ktcy_model.json's; each layer file records its own layout
 METHODS = ("AMXINT8", "AMXBF16", "AMXINT4", "INT8", "INT8_GROUP", "INT4", "INT4_ZP", "INT4_MIN", "MXFP4", "MXFP4_A8", "BF16",
            "FP8", "FP8_PERCHANNEL")
 _LAYER_PART = re.compile(r"([0-9]+)(?:-([0-9]+))?")
@@ -71,8 +72,8 @@ def _span(layers):
         else ", ".join(map(str, layers[:16])) + (", ..." if len(layers) > 16 else "")
 
 
-def _held(quant):
-    return f"{quant.method} group {quant.group_size}" if has_groups(quant.method) else quant.method
+def _held_as(fmt, group):
+    return f"{fmt} group {group}" if has_groups(fmt) else fmt
 
 
 def check_group_size(group_size, fmt):
@@ -143,9 +144,10 @@ def check_input_type(experts, input_type):
 
 
 def _record(meta, dims):
-    """What a packed layer file was made from: layer, format, group size, source fingerprint,
-    layout."""
+    """What a packed layer file was made from: layer, formats and group sizes, source
+    fingerprint, layout."""
     return {"layer": dims["layer"], "weight_format": meta["weight_format"], "group_size": dims["group_size"],
+            "down_weight_format": meta["down_weight_format"], "down_group_size": dims["down_group_size"],
             "source_fingerprint": source_fingerprint_of(meta), "layout_version": meta["layout_version"]}
 
 
@@ -175,10 +177,13 @@ def _difference(record, wanted, input_path):
         parts.append(f"format {record['weight_format']} on disk, {wanted['weight_format']} asked")
     if record["group_size"] != wanted["group_size"]:
         parts.append(f"group size {record['group_size'] or 'none'} on disk, {wanted['group_size'] or 'none'} asked")
+    down = [_held_as(r["down_weight_format"], r["down_group_size"]) for r in (record, wanted)]
+    if down[0] != down[1]:
+        parts.append(f"down {down[0]} on disk, {down[1]} asked")
     if record["source_fingerprint"] != wanted["source_fingerprint"]:
         parts.append(f"converted from another checkpoint (source fingerprint {record['source_fingerprint'] or 'not recorded'}"
                      f" on disk, {wanted['source_fingerprint']} for {input_path})")
-    if record["layout_version"] != wanted["layout_version"]:
+    if record["layout_version"] != wanted["layout_version"] and down[0] == down[1]:
         parts.append(f"packed layout {record['layout_version']} on disk (an earlier ktcy), {wanted['layout_version']} now")
     return "; ".join(parts)
 
@@ -226,16 +231,17 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
         fmt = asked or layer.native_format
         if fmt is None:
             raise layer.needs_method()
-        if not asked:
+        if asked:
+            g = layer_group_size(layer, fmt) if group_size is None else group  # released INT4 keeps its own groups
+            sides = [(fmt, weight_group(fmt, g))] * 2
+        else:  # each side as stored: a GGUF layer's down may be in a format of its own
             quant, down = layer_quant_configs(layer)
-            if down is not None:  # a packed layer file holds one format and group
-                raise CheckpointError(
-                    f"{ckpt.path}: layer {L} keeps gate and up as {_held(quant)} and down as {_held(down)}; a converted "
-                    f"layer holds one format: pass --method ({quant.method} keeps gate and up as stored, {down.method} "
-                    "keeps down), or load the model itself (load_experts, MoEModel and ktcy.hf keep each as stored)")
-        g = layer_group_size(layer, fmt) if group_size is None else group  # released INT4 keeps its own groups
-        return {"layer": L, "weight_format": fmt, "group_size": weight_group(fmt, g), "source_fingerprint": fingerprint,
-                "layout_version": LAYOUT_VERSION}
+            sides = [(f, weight_group(f, q.group_size)) for q in (quant, down or quant)
+                     for f in [canonical_format(q.method, q.per_channel)]]
+        (fmt, g), (down_fmt, down_g) = sides
+        return {"layer": L, "weight_format": fmt, "group_size": g, "down_weight_format": down_fmt,
+                "down_group_size": down_g, "source_fingerprint": fingerprint,
+                "layout_version": layout_version(fmt, g, (down_fmt, down_g))}
 
     for L in chosen:  # every layer's format and dtype settled (a GGUF layer may need a method) before any write
         wanted(L)
@@ -281,17 +287,18 @@ def convert(input_path, output_path, method=None, input_type=None, layers=None, 
                 continue
             experts = ckpt.layer(L)
             want = wanted(L)
-            fmt = want["weight_format"]
-            label = f"layer {L} ({i + 1}/{len(chosen)}) {fmt}"
+            fmt, down_fmt = want["weight_format"], want["down_weight_format"]
+            label = f"layer {L} ({i + 1}/{len(chosen)}) {fmt}" + (f" (down {down_fmt})" if down_fmt != fmt else "")
             t0 = time.perf_counter()
             g = want["group_size"] or group
+            down = (down_fmt, want["down_group_size"] or group)
             with naming(f"{input_path}: layer {L}", ConvertError):
-                arrays = pack_layer(arch.num_experts, fmt, g, experts.source(fmt, strict=asked is None),
-                                    lambda n, total: progress.bar(label, n, total))
+                arrays = pack_layer(arch.num_experts, fmt, g, experts.source(fmt, strict=asked is None, down_fmt=down_fmt),
+                                    lambda n, total: progress.bar(label, n, total), down=down)
             bias = experts.bias()  # GPT-OSS: biases and the clamped activation go into the layer file
             publish(final, lambda tmp: write_layer(tmp, arrays, fmt, g, arch.num_experts, arch.top_k,
                                                     arch.hidden_size, arch.intermediate_size, L, source=source,
-                                                    bias=bias, activation=activation))
+                                                    bias=bias, activation=activation, down=down))
             arrays = None  # the packed layer is on disk: its buffers go before the next layer's
             seconds = time.perf_counter() - t0
             progress.line(f"{label}: {os.path.getsize(final) / 2**20:.1f} MiB in {seconds:.1f} s "
@@ -308,7 +315,7 @@ def _write_manifest(output_path, input_path, fingerprint, asked, group, arch, wa
     """ktcy_model.json lists exactly the layer files on disk whose record matches this run:
     never another model's or another method's layers."""
     records = {L: rec for L, rec in _layers_on_disk(output_path).items() if rec is not None and rec == wanted(L)}
-    model = {"format": "ktcy.packed_model", "layout_version": LAYOUT_VERSION, "ktcy_version": __version__,
+    model = {"format": "ktcy.packed_model", "layout_version": MANIFEST_VERSION, "ktcy_version": __version__,
              "layers": sorted(records), "num_experts": arch.num_experts, "top_k": arch.top_k,
              "hidden_size": arch.hidden_size, "intermediate_size": arch.intermediate_size,
              "source": os.path.abspath(input_path), "source_fingerprint": fingerprint, "method": asked,

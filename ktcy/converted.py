@@ -14,6 +14,7 @@ import os
 
 import numpy as np
 
+from ktcy.formats import canonical_format
 from ktcy.loading import MODEL_FILE, block_settings, is_converted
 from ktcy.moe import pack_expert_weight
 from ktcy.output_guard import LOCK_NAME, source_fingerprint
@@ -27,7 +28,8 @@ _SHAPE_KEYS = ("num_experts", "top_k", "hidden_size", "intermediate_size")
 
 
 class ConvertedFolder:
-    """The converted experts of one checkpoint: .format(L) is what layer L is packed in,
+    """The converted experts of one checkpoint: .formats(L) is what layer L is packed in (gate's
+    and up's format, down's), .serves(L, backend) whether its file is what `backend` asks for,
     .load(L, isa) its MoE (memory-mapped, no copy), .file(L) its path."""
 
     def __init__(self, path, ckpt):
@@ -62,18 +64,29 @@ class ConvertedFolder:
                                   f"layers {_listed(held) or 'none'}); convert them, or pass layers= / --layer to "
                                   "build only converted layers")
         for L in layers:
-            self.format(L)
+            self.formats(L)
 
-    def format(self, L):
-        """The weight format layer L's file holds (its metadata checked against the checkpoint)."""
+    def formats(self, L):
+        """(gate's and up's format, down's) in layer L's file (its metadata checked against the
+        checkpoint)."""
         if L not in self._formats:
             f = self.file(L)
             if not os.path.lexists(f):
                 raise CheckpointError(f"{self.path}: layer {L} was not converted (no {layer_file_name(L)})")
             _, meta, dims = read_metadata(f)
             self._check_dims(f, L, dims, meta)
-            self._formats[L] = meta["weight_format"]
+            self._formats[L] = (meta["weight_format"], meta["down_weight_format"])
         return self._formats[L]
+
+    def format(self, L):
+        """Layer L's format in words: "INT4_MIN", or "INT4_MIN (down INT8_GROUP)"."""
+        fmt, down = self.formats(L)
+        return fmt if down == fmt else f"{fmt} (down {down})"
+
+    def serves(self, L, backend):
+        """Whether layer L's file is what `backend` asks for (None: as converted; a format: all
+        three projections in it)."""
+        return backend is None or set(self.formats(L)) == {canonical_format(backend)}
 
     def load(self, L, isa=None):
         """Layer L's experts, mapped from the file; checked again after loading (the file may
@@ -89,8 +102,9 @@ class ConvertedFolder:
                 "intermediate_size": c.intermediate_size}
         meta = {"activation": c.activation, "swiglu_alpha": c.swiglu_alpha, "swiglu_limit": c.swiglu_limit}
         self._check_dims(f, L, dims, meta)
-        if moe.format != self.format(L):
-            raise CheckpointError(f"{f}: changed while loading ({self.format(L)} before, {moe.format} now; is a "
+        if (moe.format, moe.down_format) != self.formats(L):
+            now = moe.format if moe.down_format == moe.format else f"{moe.format} (down {moe.down_format})"
+            raise CheckpointError(f"{f}: changed while loading ({self.format(L)} before, {now} now; is a "
                                   f"`ktcy convert` writing {self.path}?)")
         if self._recorded_fingerprint(f) != self.fingerprint:
             self._compare_with_checkpoint(f, L, moe)
@@ -172,12 +186,13 @@ class ConvertedFolder:
         """The first and last expert packed again from the checkpoint in the file's format must
         give the file's bytes: otherwise the folder was converted from other weights."""
         layer = self.ckpt.layer(L)
-        fmt, group = moe.format, moe.gate[0].group_size
-        source = layer.source(fmt, strict=False)
+        target = {"gate": (moe.format, moe.gate[0].group_size), "up": (moe.format, moe.up[0].group_size),
+                  "down": (moe.down_format, moe.down[0].group_size)}
+        source = layer.source(moe.format, strict=False, down_fmt=moe.down_format)
         bias = layer.bias()
         for e in sorted({0, moe.config.num_experts - 1}):
             for proj, (w, scale) in source(e).items():
-                fresh = pack_expert_weight(w, scale, fmt, group, f"{proj}[{e}]")
+                fresh = pack_expert_weight(w, scale, *target[proj], f"{proj}[{e}]")
                 held = getattr(moe, proj)[e]
                 if not all(_same(getattr(fresh, part), getattr(held, part)) for part in ("data", "scale", "colsum", "zero")):
                     raise CheckpointError(f"{self.path}: layer {L} was converted from other weights than "

@@ -55,8 +55,9 @@ def load_experts(path: PathLike, layer: int, method: Optional[str] = None, isa: 
         INT8_GROUP group 16, MXFP4 -> MXFP4, BF16/F16/F32 -> BF16, down in its own format where it
         differs (Q4_K_M), and its other types need a method, which keeps the tensors it holds as stored); a format or
         KTransformers backend name ("INT8", "AMXINT4", "FP8", ...) quantizes on load (released
-        codes are dequantized exactly first).  A converted folder holds one format and can only
-        be loaded in it.
+        codes are dequantized exactly first).  A converted folder is loaded as it was packed (gate
+        and up in one format, down in the same or, from a GGUF Q4_K_M, its own); a method or group
+        size must be what it holds.
       isa: force one instruction set ("amx", "amx_emu", "avx512", "avx2", "ref"); None picks the
         best this CPU runs.  An ISA the CPU cannot run raises UnsupportedISAError.
       group_size: grouped formats only (INT4, INT4_ZP, INT4_MIN: 32, 64 (default; a released
@@ -102,12 +103,16 @@ def converted_layer_file(path, layer, method=None, group_size=None):
     if dims["layer"] != layer:
         raise CheckpointError(f"{f}: holds layer {dims['layer']}, not layer {layer} (a file renamed or copied from "
                               "another layer); convert the checkpoint again")
-    stored = meta["weight_format"]
-    if method is not None and canonical_format(method) != stored:
-        raise CheckpointError(f"{f}: packed as {stored}; converting to "
+    gate = (meta["weight_format"], dims["group_size"])
+    down = (meta["down_weight_format"], dims["down_group_size"])
+    sides = [gate] if down == gate else [gate, down]
+    if method is not None and {fmt for fmt, _ in sides} != {canonical_format(method)}:
+        formats = gate[0] if down[0] == gate[0] else f"{gate[0]} (down {down[0]})"
+        raise CheckpointError(f"{f}: packed as {formats}; converting to "
                               f"{canonical_format(method)} needs the original checkpoint")
-    if group_size is not None and (not has_groups(stored) or group_size != dims["group_size"]):
-        held = f"{stored} with group size {dims['group_size']}" if has_groups(stored) else f"{stored} (no group size)"
+    if group_size is not None and any(not has_groups(fmt) or group_size != group for fmt, group in sides):
+        held = " and down as ".join(f"{fmt} with group size {group}" if has_groups(fmt) else f"{fmt} (no group size)"
+                                    for fmt, group in sides)
         raise CheckpointError(f"{f}: packed as {held}; group_size={group_size} needs converting the original "
                               "checkpoint again")
     return f

@@ -3,7 +3,11 @@ blocks stacked per projection ("gate.data" [E, bytes], "gate.scale" [E, ...], "g
 [E, N_pad] for INT8, "gate.zero" for zero-point formats, laid out like the group scales), with
 metadata naming the format, layout version, shapes, group size, scale kind and ktcy version.
 Layout version 1 kept group scales and zero points group-major ([E, groups, N_pad]); such files
-still load (those small arrays are rearranged on load, the blocks are the same).  Loading maps
+still load (those small arrays are rearranged on load, the blocks are the same).  Layout version
+3 is version 2 with the down projection in a format of its own ("down_weight_format",
+"down_group_size", "down_scale_kind": a GGUF Q4_K_M layer's Q6_K down kept beside Q4_K's gate
+and up); files in one format are still written as version 2, which earlier ktcy reads, while a
+version it does not know stops it before it reads down's blocks in gate's format.  Loading maps
 the file and wraps the stacked arrays, no copy; the layout is ISA-independent, so a file packed
 on one machine runs on any other."""
 import os
@@ -24,7 +28,8 @@ from ktcy.safetensors_io import CheckpointError, SafetensorsFile, open_regular_f
 
 FILE_FORMAT = "ktcy.packed_experts"
 LAYOUT_VERSION = "2"
-READABLE_LAYOUTS = ("1", "2")
+DOWN_FORMAT_LAYOUT = "3"  # LAYOUT_VERSION plus a down projection in its own format
+READABLE_LAYOUTS = ("1", "2", "3")
 PROJECTIONS = ("gate", "up", "down")
 # Largest dimension a metadata value may claim: far above any model, far below what could
 # overflow the size arithmetic.
@@ -45,13 +50,21 @@ def layer_of_file_name(name):
     return int(m[1]) if m else None
 
 
-def pack_layer(num_experts, fmt, group, expert, progress=None):
+def layout_version(fmt, group, down=None):
+    """The layout a layer file is written in: DOWN_FORMAT_LAYOUT when down (format, group size)
+    differs from gate's and up's."""
+    return LAYOUT_VERSION if down is None or tuple(down) == (fmt, group) else DOWN_FORMAT_LAYOUT
+
+
+def pack_layer(num_experts, fmt, group, expert, progress=None, down=None):
     """Stacked arrays of a whole layer, packed expert by expert into buffers allocated once
-    (the peak is one packed layer plus one expert's source)."""
+    (the peak is one packed layer plus one expert's source); down: (format, group size) of the
+    down projection when it is not (fmt, group)."""
+    target = {"gate": (fmt, group), "up": (fmt, group), "down": tuple(down or (fmt, group))}
     arrays = {}
     for e in range(num_experts):
         for proj, (w, scale) in expert(e).items():
-            p = pack_expert_weight(w, scale, fmt, group, f"{proj}[{e}]")
+            p = pack_expert_weight(w, scale, *target[proj], f"{proj}[{e}]")
             parts = {"data": p.data, "scale": p.scale, "colsum": p.colsum, "zero": p.zero}
             for part, a in parts.items():
                 if a is None:
@@ -66,15 +79,21 @@ def pack_layer(num_experts, fmt, group, expert, progress=None):
 
 
 def write_layer(path, arrays, fmt, group, num_experts, top_k, hidden, inter, layer, source="", bias=None,
-                activation=None):
+                activation=None, down=None):
     """bias: optional {"gate"|"up"|"down": float32 [E, I] / [E, H]} stored as "<proj>.bias";
     activation: optional {"activation", "swiglu_alpha", "swiglu_limit"} (GPT-OSS) kept in the
-    metadata, so the layer file alone says how its experts run."""
-    meta = {"format": FILE_FORMAT, "layout_version": LAYOUT_VERSION, "weight_format": fmt,
+    metadata, so the layer file alone says how its experts run; down: the down projection's
+    (format, group size) as pack_layer took it."""
+    version = layout_version(fmt, group, down)
+    meta = {"format": FILE_FORMAT, "layout_version": version, "weight_format": fmt,
             "group_size": weight_group(fmt, group),
             "scale_kind": DESCRIPTORS[fmt]["scale"],
             "num_experts": num_experts, "top_k": top_k, "hidden_size": hidden, "intermediate_size": inter,
             "layer": layer, "ktcy_version": __version__, "source": source}
+    if version == DOWN_FORMAT_LAYOUT:
+        down_fmt, down_group = down
+        meta.update(down_weight_format=down_fmt, down_group_size=weight_group(down_fmt, down_group),
+                    down_scale_kind=DESCRIPTORS[down_fmt]["scale"])
     for key, value in (activation or {}).items():
         meta[key] = value
     arrays = dict(arrays)
@@ -99,9 +118,14 @@ def _activation_settings(path, m):
     return settings
 
 
+_DOWN_KEYS = ("down_weight_format", "down_group_size", "down_scale_kind")
+
+
 def read_metadata(path, fd=None):
-    """The validated metadata of a packed layer file (CheckpointError if foreign or corrupt);
-    fd: the file already open (see SafetensorsFile)."""
+    """The validated metadata of a packed layer file (CheckpointError if foreign or corrupt):
+    (file, metadata, whole numbers) where the numbers include "down_group_size" and the metadata
+    "down_weight_format" in every layout (gate's where down has no format of its own); fd: the
+    file already open (see SafetensorsFile)."""
     f = SafetensorsFile(path, fd)
     m = f.metadata
     if m.get("format") != FILE_FORMAT:
@@ -110,10 +134,20 @@ def read_metadata(path, fd=None):
         raise CheckpointError(f"{path}: layout version {m.get('layout_version')!r}; this ktcy "
                               f"({__version__}) reads versions {', '.join(READABLE_LAYOUTS)} - convert the "
                               f"checkpoint again")
-    if m.get("weight_format") not in FORMATS:
-        raise CheckpointError(f"{path}: unknown weight format {m.get('weight_format')!r}")
+    own_down = m["layout_version"] == DOWN_FORMAT_LAYOUT
+    listed = [key for key in _DOWN_KEYS if key in m]
+    if own_down and len(listed) < len(_DOWN_KEYS):
+        raise CheckpointError(f"{path}: layout version {DOWN_FORMAT_LAYOUT} without metadata "
+                              f"{', '.join(k for k in _DOWN_KEYS if k not in m)}")
+    if listed and not own_down:
+        raise CheckpointError(f"{path}: metadata {listed[0]} in a layout {m['layout_version']} file (only layout "
+                              f"{DOWN_FORMAT_LAYOUT} gives down a format of its own)")
+    for key in ("weight_format",) + (("down_weight_format",) if own_down else ()):
+        if m.get(key) not in FORMATS:
+            raise CheckpointError(f"{path}: unknown {key.replace('_', ' ')} {m.get(key)!r}")
     dims = {}
-    for key in ("num_experts", "top_k", "hidden_size", "intermediate_size", "group_size", "layer"):
+    for key in ("num_experts", "top_k", "hidden_size", "intermediate_size", "group_size", "layer") \
+            + (("down_group_size",) if own_down else ()):
         value = m.get(key)
         if not isinstance(value, str) or not _WHOLE_NUMBER.fullmatch(value) or int(value) > _MAX_DIM:
             raise CheckpointError(f"{path}: metadata {key}={value!r} is not a whole number up to {_MAX_DIM}")
@@ -123,10 +157,15 @@ def read_metadata(path, fd=None):
             raise CheckpointError(f"{path}: metadata {key}={dims[key]} must be positive")
     if dims["top_k"] > dims["num_experts"]:
         raise CheckpointError(f"{path}: metadata top_k {dims['top_k']} exceeds num_experts {dims['num_experts']}")
-    kind = DESCRIPTORS[m["weight_format"]]["scale"]
-    if m.get("scale_kind", kind) != kind:
-        raise CheckpointError(f"{path}: metadata scale_kind {m.get('scale_kind')!r} contradicts "
-                              f"{m['weight_format']} ({kind})")
+    m = dict(m)
+    if not own_down:
+        m["down_weight_format"], dims["down_group_size"] = m["weight_format"], dims["group_size"]
+    for prefix in ("", "down_"):
+        fmt = m[f"{prefix}weight_format"]
+        kind = DESCRIPTORS[fmt]["scale"]
+        if m.get(f"{prefix}scale_kind", kind) != kind:
+            raise CheckpointError(f"{path}: metadata {prefix}scale_kind {m.get(prefix + 'scale_kind')!r} contradicts "
+                                  f"{fmt} ({kind})")
     return f, m, dims
 
 
@@ -197,17 +236,18 @@ def map_layer(path, isa=None, experts=None) -> MappedLayer:
     fd = open_regular_file(path)
     try:
         f, m, d = read_metadata(path, fd)  # the very file watched is the one mapped
-        fmt = m["weight_format"]
-        code = FORMATS.index(fmt)
-        E, H, I, group = d["num_experts"], d["hidden_size"], d["intermediate_size"], d["group_size"]
+        E, H, I = d["num_experts"], d["hidden_size"], d["intermediate_size"]
+        held = {"gate": (m["weight_format"], d["group_size"]), "up": (m["weight_format"], d["group_size"]),
+                "down": (m["down_weight_format"], d["down_group_size"])}
         wanted = range(E) if experts is None else experts
         if any(not 0 <= int(e) < E for e in wanted):
             raise CheckpointError(f"{path}: holds experts 0..{E - 1}; asked for {sorted(wanted)}")
         shapes = {"gate": (I, H), "up": (I, H), "down": (H, I)}
         weights: Dict[str, List[Optional[PackedWeight]]] = {}  # None: an expert not asked for
         for proj in PROJECTIONS:
+            fmt, group = held[proj]
             try:
-                want = _native.packed_shapes(code, *shapes[proj], group)
+                want = _native.packed_shapes(FORMATS.index(fmt), *shapes[proj], group)
             except ValueError as err:
                 raise CheckpointError(f"{path}: {proj}: {err}") from None
             data = _stacked(f, path, f"{proj}.data", np.uint8, E, want["data"])
@@ -235,9 +275,10 @@ def map_layer(path, isa=None, experts=None) -> MappedLayer:
             raise CheckpointError(f"{path}: metadata bias={m['bias']!r} names no projection")
         bias = {proj: _stacked(f, path, f"{proj}.bias", np.float32, E, ((H,) if proj == "down" else (I,)))
                 for proj in listed} or None
-        quant = QuantConfig(fmt, group_size=group or DEFAULT_INT4_GROUP)
+        quant, down_quant = (QuantConfig(f, group_size=g or DEFAULT_INT4_GROUP) for f, g in (held["gate"], held["down"]))
         try:
-            config = MoeConfig(E, d["top_k"], H, I, quant, isa=isa, **_activation_settings(path, m))
+            config = MoeConfig(E, d["top_k"], H, I, quant, isa=isa, **_activation_settings(path, m),
+                               down_quant_config=None if held["down"] == held["gate"] else down_quant)
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"{path}: {e}") from None
         return MappedLayer(path, fd, f.state, config, weights, bias)

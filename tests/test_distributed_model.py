@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")  # CI installs the hf extra: this never ski
 
 import hf_checkpoints as hf_ckpts  # noqa: E402
 from test_gguf_model import ROUTING_CASES, write_block_model  # noqa: E402
+from ktcy.convert import convert  # noqa: E402
 from test_model import build  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -33,21 +34,26 @@ def folders(tmp_path_factory):
     write_block_model(gguf_model, "deepseek2", ROUTING_CASES["deepseek2 sigmoid, groups, renormalised, scaled"][1],
                       bias=True, shared=32, layers=(1, 2), blocks=3,
                       expert_type={"gate": "Q4_0", "up": "Q4_0", "down": "Q8_0"})
+    convert(gguf_model, str(root / "gguf_packed"), progress=None)
     return root, str(moe_ckpt), str(hf), gguf_model
 
 
 def test_models_expert_parallel_equal_one_process(folders):
     root, moe_ckpt, hf, gguf_model = folders
-    run = launch([sys.executable, os.path.join(HERE, "dist_model_rank.py"), moe_ckpt, hf, str(root), gguf_model])
+    run = launch([sys.executable, os.path.join(HERE, "dist_model_rank.py"), moe_ckpt, hf, str(root), gguf_model,
+                  str(root / "gguf_packed")])
     assert run.returncode == 0, run.stderr[-3000:]
     ranks = [np.load(root / f"rank{r}.npz") for r in (0, 1)]
     keys = [k[:-len(":parallel")] for k in ranks[0].files if k.endswith(":parallel")]
     assert len(keys) >= 5 and any(k.startswith("gguf:") for k in keys)   # INT8 and BF16 blocks of both, the hf model
     assert any(k.startswith("gguf:None:") for k in keys)   # the GGUF as stored: gate and up INT4, down INT8_GROUP
+    assert any(k.startswith("gguf:converted:None:") for k in keys)   # and from its converted folder
     for res in ranks:
         for key in keys:
             # the slots' all_reduce adds exact zeros, and the k slots are summed in forward's order
             assert np.array_equal(res[key + ":parallel"], res[key + ":single"]), key
+            if key.startswith("gguf:converted:"):  # the folder's layers are the GGUF's, byte for byte
+                assert np.array_equal(res[key + ":single"], res[key.replace(":converted", "") + ":single"]), key
     local = next(k for k in ranks[0].files if k.endswith(":local"))
     owned = [set(ranks[r][local].tolist()) for r in (0, 1)]
     assert owned[0] and owned[1] and not owned[0] & owned[1]   # each rank holds its own experts

@@ -5,6 +5,7 @@ group 32, Q8_0 and Q5_0 -> INT8_GROUP group 32, Q6_K -> INT8_GROUP group 16, MXF
 refused without a method and quantized again with one, MoE forward against float64 on every
 ISA, split files, and damaged or foreign files refused with a CheckpointError."""
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -21,6 +22,8 @@ from ktcy.gguf_checkpoint import ARCHITECTURES, GGUFCheckpoint
 from ktcy.gguf_io import GGML_TYPES, GGUFFile
 from ktcy.gguf_quants import DECODERS, dequantize
 from ktcy.output_guard import ConvertError, source_fingerprint
+from ktcy.packed_io import read_metadata
+from ktcy.safetensors_io import SafetensorsFile, write
 from ktcy.safetensors_io import CheckpointError
 
 T = gguf.GGMLQuantizationType
@@ -329,10 +332,6 @@ def test_q4_k_m_layer_keeps_every_tensor_as_stored(tmp_path, caplog):
         other = ktcy.load_experts(path, 1, isa=isa)
         assert np.array_equal(other.forward(x, ids, wts), y), isa
         assert np.array_equal(other.forward(x[:1], ids[:1], wts[:1]), y[:1]), isa  # decode kernels too
-    with pytest.raises(CheckpointError, match="keeps gate and up as INT4_MIN group 32 and down as INT8_GROUP group 16; "
-                                              "a converted layer holds one format: pass --method .INT4_MIN keeps gate "
-                                              "and up as stored, INT8_GROUP keeps down"):
-        convert(path, str(tmp_path / "out"), progress=None)
     caplog.clear()
     with caplog.at_level("WARNING", logger="ktcy"):  # a group that is not the stored one's divisor: said once
         regrouped = ktcy.load_experts(path, 1, group_size=64)
@@ -514,12 +513,60 @@ class Quiet:
         pass
 
 
+def _rewritten(path, **changes):
+    """The packed layer file at `path` written again with its metadata changed (None: removed)."""
+    old = SafetensorsFile(path)
+    tensors = {k: np.array(old.get(k)) for k in old.keys()}
+    meta = {k: v for k, v in dict(old.metadata, **changes).items() if v is not None}
+    write(path, tensors, meta)
+
+
+def test_a_converted_q4_k_m_layer_is_loaded_as_packed_and_its_down_format_checked(tmp_path):
+    """The folder keeps Q4_K_M's two formats: a method or group size that is not what a side
+    holds is refused, a conversion in one format is another conversion, and metadata that
+    contradicts the layout is refused before any block is read."""
+    path, out = str(tmp_path / "m.gguf"), tmp_path / "packed"
+    write_model(path, {"gate": "Q4_K", "up": "Q4_K", "down": "Q6_K"}, layers=(1, 2))
+    assert convert(path, out, progress=Quiet()) == [1, 2]
+    with pytest.raises(CheckpointError, match=r"packed as INT4_MIN \(down INT8_GROUP\); converting to INT4_MIN needs"):
+        ktcy.load_experts(out, 1, method="INT4_MIN")
+    with pytest.raises(CheckpointError, match="packed as INT4_MIN with group size 32 and down as INT8_GROUP with group "
+                                              "size 16; group_size=32 needs"):
+        ktcy.load_experts(out, 1, group_size=32)
+    assert convert(path, out, resume=True, progress=Quiet()) == [1, 2]  # kept: the same record
+    with pytest.raises(ConvertError, match="down INT8_GROUP group 16 on disk, INT4_MIN group 32 asked"):
+        convert(path, out, method="INT4_MIN", resume=True, progress=Quiet())
+    f = str(out / "ktcy_layer_0002.safetensors")
+    good = open(f, "rb").read()
+    refusals = [({"down_weight_format": None}, "layout version 3 without metadata down_weight_format"),
+                ({"layout_version": "2"}, "metadata down_weight_format in a layout 2 file"),
+                ({"down_weight_format": "INT5"}, "unknown down weight format 'INT5'"),
+                ({"down_group_size": "x"}, "down_group_size='x' is not a whole number"),
+                ({"down_scale_kind": "channel"}, "down_scale_kind 'channel' contradicts INT8_GROUP"),
+                ({"down_weight_format": "INT4_MIN", "down_group_size": "32"}, "down.data is uint8"),
+                ({"down_weight_format": "INT4_MIN"}, "down: group size 16 is not valid for INT4_MIN"),
+                ({"down_group_size": "32"}, "down.scale is float32")]
+    for changes, message in refusals:
+        _rewritten(f, **changes)
+        with pytest.raises(CheckpointError, match=re.escape(message)):
+            ktcy.load_experts(out, 2)
+        with open(f, "wb") as w:
+            w.write(good)
+    x, ids, wts = inputs(4)
+    assert np.array_equal(ktcy.load_experts(out, 2).forward(x, ids, wts), ktcy.load_experts(path, 2).forward(x, ids, wts))
+
+
 @pytest.mark.parametrize("arch, types, method", [("qwen3moe", ("Q4_0",) * 3, None), ("gpt-oss", ("MXFP4",) * 3, None),
                                                  ("gpt-oss", ("MXFP4",) * 3, "MXFP4_A8"),
                                                  ("deepseek2", ("Q4_K", "Q4_K", "Q6_K"), "INT4"),
                                                  ("qwen3moe", ("Q4_K",) * 3, None),
-                                                 ("qwen3moe", ("Q4_K", "Q4_K", "Q6_K"), "INT4_MIN")])
+                                                 ("qwen3moe", ("Q4_K", "Q4_K", "Q6_K"), "INT4_MIN"),
+                                                 ("qwen3moe", ("Q4_K", "Q4_K", "Q6_K"), None),
+                                                 ("qwen3moe", ("Q4_0", "Q4_0", "Q8_0"), None),
+                                                 ("qwen3moe", ("Q8_0", "Q8_0", "Q6_K"), None)])
 def test_convert_round_trip_equals_loading_the_gguf(tmp_path, arch, types, method):
+    """A converted layer is the GGUF layer as load_experts packs it, byte for byte: Q4_K_M's Q6_K
+    down too, in a format of its own (layout 3), and Q8_0 beside Q6_K in one format (group 16)."""
     path, out = str(tmp_path / "m.gguf"), tmp_path / "packed"
     write_model(path, dict(zip(("gate", "up", "down"), types)), arch=arch, layers=(1, 2), biases=arch == "gpt-oss")
     assert convert(path, out, method=method, progress=Quiet()) == [1, 2]
@@ -527,10 +574,17 @@ def test_convert_round_trip_equals_loading_the_gguf(tmp_path, arch, types, metho
     x, ids, wts = inputs(9)
     for L in (1, 2):
         direct, packed = ktcy.load_experts(path, L, method=method), ktcy.load_experts(out, L)
-        assert packed.format == direct.format and packed.config.activation == direct.config.activation
+        assert (packed.format, packed.down_format) == (direct.format, direct.down_format)
+        assert packed.config.activation == direct.config.activation
         assert np.array_equal(packed.forward(x, ids, wts), direct.forward(x, ids, wts))
         for proj in ("gate", "up", "down"):
-            assert np.array_equal(getattr(packed, proj)[3].data, getattr(direct, proj)[3].data)
+            held, fresh = getattr(packed, proj)[3], getattr(direct, proj)[3]
+            assert (held.format, held.group_size) == (fresh.format, fresh.group_size), proj
+            for part in ("data", "scale", "colsum", "zero"):
+                a, b = getattr(held, part), getattr(fresh, part)
+                assert (a is None and b is None) or np.array_equal(np.ravel(a), np.ravel(b)), (proj, part)
+    own_down = packed.down_format != packed.format
+    assert read_metadata(str(out / "ktcy_layer_0001.safetensors"))[1]["layout_version"] == ("3" if own_down else "2")
     assert convert(path, out, method=method, resume=True, progress=Quiet()) == [1, 2]  # the fingerprint matches
     os.utime(path, ns=(1, 1))  # the GGUF "changed": its layers are converted again, not kept
     with pytest.raises(ConvertError, match="differs from this conversion"):
@@ -540,8 +594,8 @@ def test_convert_round_trip_equals_loading_the_gguf(tmp_path, arch, types, metho
 def test_convert_cli_errors_are_one_line(tmp_path):
     path = str(tmp_path / "m.gguf")
     write_model(path, {"gate": "Q4_K", "up": "Q4_K", "down": "Q6_K"})
-    for extra, message in (([], "a converted layer holds one format: pass --method"),
-                           (["--method", "INT8", "--input-type", "bf16"], "stores ggml types")):
+    for extra, message in ((["--method", "INT8", "--input-type", "bf16"], "stores ggml types"),
+                           (["--group-size", "32"], "the target format is the checkpoint’s own precision")):
         r = subprocess.run([sys.executable, "-m", "ktcy", "convert", "-i", path, "-o", str(tmp_path / "o"), *extra],
                            capture_output=True, text=True)
         assert r.returncode != 0 and message in r.stderr and "Traceback" not in r.stderr, r.stderr

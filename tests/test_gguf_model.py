@@ -344,7 +344,7 @@ def test_q4_0_routed_and_shared_experts_stay_int4_group_32(tmp_path):
         0.03 * np.linalg.norm(block_reference(x, truth, ids, wts))  # the int8 activations' error only
 
 
-def test_routed_and_shared_experts_keep_a_down_projection_of_another_type(tmp_path):
+def test_routed_and_shared_experts_keep_a_down_projection_of_another_type(tmp_path, caplog):
     """Q4_0 gate and up with a Q8_0 down (as Q4_K_M pairs Q4_K with Q6_K): each projection as
     stored, routed (INT4 gate and up, INT8_GROUP down) and shared experts alike."""
     path = str(tmp_path / "m.gguf")
@@ -369,6 +369,15 @@ def test_routed_and_shared_experts_keep_a_down_projection_of_another_type(tmp_pa
     ids, wts = block.route(x)
     assert np.linalg.norm(block.forward(x) - block_reference(x, truth, ids, wts)) < \
         0.03 * np.linalg.norm(block_reference(x, truth, ids, wts))  # the int8 activations' error only
+    out = str(tmp_path / "packed")  # converted as stored: the folder serves the block in both formats
+    convert(path, out, progress=Quiet())
+    from_folder = MoEModel.from_pretrained(path, experts_path=out).blocks["model.layers.1.mlp.experts"]
+    assert from_folder.experts_from.startswith(out)
+    assert (from_folder.experts.format, from_folder.experts.down_format) == ("INT4", "INT8_GROUP")
+    np.testing.assert_array_equal(from_folder.forward(x), block.forward(x))
+    with caplog.at_level("WARNING", logger="ktcy"):  # one format asked for: not what the folder holds
+        repacked = MoEModel.from_pretrained(path, experts_path=out, backend="INT4").blocks["model.layers.1.mlp.experts"]
+    assert repacked.experts_from == path and "holds INT4 (down INT8_GROUP); packed from the checkpoint" in caplog.text
 
 
 def test_multi_token_prediction_layers_are_not_decoder_layers(tmp_path):

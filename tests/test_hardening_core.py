@@ -20,13 +20,14 @@ from ktcy.safetensors_io import CheckpointError
 E, K_TOP, H, I = 3, 2, 128, 64
 
 
-def write_packed(path, fmt, group=64, seed=0):
+def write_packed(path, fmt, group=64, seed=0, down=None):
+    """A packed layer file; down: the down projection's (format, group) when it has its own."""
     rng = np.random.default_rng(seed)
     src = {e: {"gate": (rng.standard_normal((I, H), np.float32), None),
                "up": (rng.standard_normal((I, H), np.float32), None),
                "down": (rng.standard_normal((H, I), np.float32), None)} for e in range(E)}
-    arrays = pack_layer(E, fmt, group, lambda e: src[e])
-    write_layer(str(path), arrays, fmt, group, E, K_TOP, H, I, 0)
+    arrays = pack_layer(E, fmt, group, lambda e: src[e], down=down)
+    write_layer(str(path), arrays, fmt, group, E, K_TOP, H, I, 0, down=down)
     return path
 
 
@@ -218,9 +219,11 @@ def test_repr_names_format_and_shapes():
     assert "INT4" in repr(layer.gate[0]) and "N=64" in repr(layer.gate[0])
 
 
-@pytest.fixture(scope="module")
-def clean_file(tmp_path_factory):
-    path = write_packed(tmp_path_factory.mktemp("fuzz") / "layer.safetensors", "INT4")
+@pytest.fixture(scope="module", params=[("INT4", None), ("INT4_MIN", ("INT8_GROUP", 16))],
+                ids=["INT4", "INT4_MIN+INT8_GROUP"])  # layout 2, and 3 (down in a format of its own)
+def clean_file(tmp_path_factory, request):
+    fmt, down = request.param
+    path = write_packed(tmp_path_factory.mktemp("fuzz") / "layer.safetensors", fmt, down=down)
     return read_header(path)
 
 
@@ -243,8 +246,8 @@ def clean_output(tmp_path_factory, clean_file):
 
 
 META_KEYS = ["weight_format", "group_size", "num_experts", "top_k", "hidden_size", "intermediate_size",
-             "scale_kind", "layout_version", "format"]
-META_VALUES = st.one_of(st.sampled_from(list(ktcy.FORMATS) + ["32", "64", "128", "0", "-1", "3", "2", "64", "128",
+             "scale_kind", "layout_version", "format", "down_weight_format", "down_group_size", "down_scale_kind"]
+META_VALUES = st.one_of(st.sampled_from(list(ktcy.FORMATS) + ["32", "64", "128", "0", "-1", "3", "2", "16", "group", "channel",
                                                                 "256", "1e9", "", "x", "99999999999"]),
                         st.integers(-5, 10**6).map(str))
 

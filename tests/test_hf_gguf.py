@@ -15,6 +15,7 @@ import hf_checkpoints as ckpts
 torch = pytest.importorskip("torch")  # CI installs the hf extra: this never skips there
 pytest.importorskip("transformers")
 import ktcy.hf  # noqa: E402
+from ktcy.convert import convert  # noqa: E402
 from ktcy.safetensors_io import CheckpointError  # noqa: E402
 from hf_compare import assert_same_greedy, logits, stock  # noqa: E402
 from test_hf import NEW_TOKENS, PROMPT as GREEDY_PROMPT  # noqa: E402  (the prompt the greedy seeds were chosen for)
@@ -284,6 +285,12 @@ def test_quantized_experts_run_as_stored(tmp_path, expert_type, fmt):
     # 10.1% there, bf16 activations 1.2%)
     bound = {"Q8_0": 0.1, "Q5_0": 0.045}.get(expert_type, 0.04) if isinstance(expert_type, str) else 0.04
     assert float((logits(model, PROMPT) - ref).norm() / ref.norm()) < bound
+    if isinstance(fmt, tuple):  # converted as stored, each side in its format: the same model from the folder
+        convert(path, str(tmp_path / "packed"), progress=None)
+        folder_model = ktcy.hf.from_pretrained(config_only(folder, tmp_path / "cfg2"), gguf_path=path, dtype=torch.float32,
+                                               experts_path=str(tmp_path / "packed"))
+        assert {(m.moe.format, m.moe.down_format) for m in folder_model.ktcy_experts().values()} == {fmt}
+        assert torch.equal(logits(folder_model, PROMPT), logits(model, PROMPT))
     changed = model.inject_expert_backend(r"model\.layers\.0\.", "BF16")
     assert changed == ["model.layers.0.mlp.experts"] and model.ktcy_experts()[changed[0]].moe.format == "BF16"
 

@@ -313,7 +313,7 @@ class _KtcyState:
         the checkpoint still has)."""
         if self.converted is not None:
             held = self.converted.format(L)
-            if backend is None or canonical_format(backend) == held:
+            if self.converted.serves(L, backend):
                 moe = self.converted.load(L, self.isa)
                 if self.group is not None:  # each rank keeps only its experts
                     from ktcy.distributed import ExpertParallelMoE
