@@ -158,6 +158,15 @@ def _moe_layers(cfg, where, layers):
     return tuple(sorted(moe))
 
 
+def released_tensor(ckpt, q, name):
+    """Whether `name` is a weight stored in the checkpoint's integer scheme q: its weight suffix
+    (qweight, weight_packed) or, for compressed-tensors int-quantized, int8 codes under the plain
+    "weight" name (modules the scheme leaves out keep float weights there)."""
+    if q is None or not q.weight_suffix or not name.endswith("." + q.weight_suffix) or name not in ckpt:
+        return False
+    return q.weight_suffix != "weight" or ckpt.get(name).dtype.name == "int8"
+
+
 @dataclass(frozen=True)
 class MoEArchitecture:
     num_experts: int
@@ -419,7 +428,7 @@ class LayerExperts:
     @property
     def group_size(self):
         """The stored INT4 group size (None for other formats)."""
-        return self.quant.group_size if self.quant is not None and self.quant.method != "mxfp4" else None
+        return self.quant.kept_group_size if self.quant is not None else None
 
     def kept_group(self, fmt, projections=None):
         """The group size of the tensors kept as stored in fmt (None when fmt keeps none, or has
@@ -442,8 +451,9 @@ class LayerExperts:
                 elif f"{base}.block_sparse_moe.experts.0.w1.{suffix}" in self.ckpt:
                     self.mlp_prefix = f"{base}.block_sparse_moe"
                     scheme = ("per_expert", f"{base}.block_sparse_moe.experts.{{e}}.{{proj}}.{suffix}", {"gate": "w1", "up": "w3", "down": "w2"})
-                if scheme is not None:
-                    self.quant = q if suffix != "weight" else None  # experts left out of quantization read as floats
+                if scheme is not None:  # experts left out of quantization read as floats
+                    first = scheme[1].format(e=0, proj=scheme[2]["gate"])
+                    self.quant = q if released_tensor(self.ckpt, q, first) else None
                     break
             if scheme is None and f"{experts}.gate_up_proj_blocks" in self.ckpt:
                 self.mlp_prefix = f"{base}.mlp"
@@ -609,8 +619,7 @@ class LayerExperts:
         for proj in ("gate", "up", "down"):
             tensor = f"{name}.{proj}_proj.weight"
             expect = (inter, hidden) if proj != "down" else (hidden, inter)
-            if q is not None and q.weight_suffix and tensor not in self.ckpt \
-                    and f"{name}.{proj}_proj.{q.weight_suffix}" in self.ckpt:
+            if q is not None and q.weight_suffix and released_tensor(self.ckpt, q, f"{name}.{proj}_proj.{q.weight_suffix}"):
                 r = READERS[q.method](self.ckpt, f"{name}.{proj}_proj", *expect, q)
                 out[proj] = (r.dequantize(), None) if r.problem else (r.codes, r.spec)
                 continue

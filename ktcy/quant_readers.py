@@ -1,18 +1,25 @@
 """Expert weights released already quantized, read as stored: compressed-tensors `pack-quantized`
-INT4 (Kimi-K2), GPTQ INT4 and symmetric INT8, AWQ INT4, and GPT-OSS's MXFP4 blocks.
+INT4 (Kimi-K2) and INT8 and `int-quantized` INT8 (W8A16, W8A8), GPTQ INT4 and INT8, AWQ INT4, and
+GPT-OSS's MXFP4 blocks.
 
 A reader returns one projection as (codes [N, K], spec), the form MoE.from_experts packs without
 re-quantizing: symmetric INT4 -> int8 codes in [-8, 7] with {"format": "INT4", "scale",
 "group_size"}; with zero points -> uint8 codes 0..15 with {"format": "INT4_ZP", "scale",
-"zero_points", "group_size"} (w = s * (q - z)); GPTQ's symmetric 8-bit -> int8 codes q - 128 with
-{"format": "INT8_GROUP", "scale", "group_size"}; MXFP4 -> E2M1 codes 0..15 with {"format":
-"MXFP4", "exponents"}.  Every tensor's dtype and shape is checked against config.json first.
+"zero_points", "group_size"} (w = s * (q - z)); symmetric 8-bit -> int8 codes (-128 included:
+compressed-tensors' scale is amax / 127.5) with {"format": "INT8_GROUP", "scale", "group_size"};
+MXFP4 -> E2M1 codes 0..15 with {"format": "MXFP4", "exponents"}.  A scale per output channel
+(GPTQ group_size -1, compressed-tensors' channel strategy) is kept as groups of CHANNEL_GROUP,
+each scale repeated: the same values in a layout ktcy packs.  Every tensor's dtype and shape is
+checked against config.json first.
 
 Packings (each documented by its library; written here from those descriptions):
-  compressed-tensors  weight_packed int32 [N, ceil(K/8)], value k at bits 4*(k % 8) of word
-                      k // 8, stored as q + 8; weight_zero_point (asymmetric) packed the same way
-                      along N: int32 [ceil(N/8), groups]; weight_shape = [N, K]; with actorder
-                      weight_g_idx [K] (the group of each K column).
+  compressed-tensors  pack-quantized: weight_packed int32 [N, ceil(K/8)], value k at bits 4*(k % 8)
+                      of word k // 8, stored as q + 8; weight_zero_point (asymmetric) packed the
+                      same way along N: int32 [ceil(N/8), groups]; weight_shape = [N, K]; with
+                      actorder weight_g_idx [K] (the group of each K column).  num_bits 8: 4 per
+                      word (value k at bits 8*(k % 4)), stored as q + 128.  int-quantized: weight
+                      int8 [N, K] as it is, weight_zero_point int8 [N, groups].  weight_scale
+                      [N, groups] ([N, 1] for the channel strategy).
   GPTQ                qweight int32 [K/8, N] packed along K (row k at bits 4*(k % 8));
                       qzeros int32 [groups, N/8] packed along N; scales [groups, N]; g_idx [K]
                       (group of each K row; desc_act permutes it).  checkpoint_format "gptq" (v1,
@@ -39,6 +46,8 @@ _FLOAT_SCALES = ("bfloat16", "float16", "float32")
 # quant_method values whose experts the float/FP8 readers handle (codes stored as E4M3 bytes)
 _FLOAT_METHODS = ("fp8",)
 _CT_FLOAT_FORMATS = ("float-quantized", "naive-quantized", "dense")
+_CT_INT_FORMATS = ("pack-quantized", "int-quantized")
+CHANNEL_GROUP = 128  # the group a scale per output channel is kept in (the largest: the fastest)
 
 
 @dataclass(frozen=True)
@@ -49,7 +58,8 @@ class QuantScheme:
     symmetric: bool = True
     zero_offset: int = 0        # GPTQ v1 stores z - 1
     desc_act: bool = False
-    bits: int = 4               # GPTQ: 4 or 8
+    bits: int = 4               # GPTQ and compressed-tensors: 4 or 8
+    packing: str = "pack-quantized"  # compressed-tensors: or "int-quantized" (int8 weights as they are)
 
     @property
     def native_format(self):
@@ -60,7 +70,16 @@ class QuantScheme:
         return "INT4" if self.symmetric else "INT4_ZP"
 
     @property
+    def kept_group_size(self):
+        """The group size the stored codes are kept in: a per-channel scale's is CHANNEL_GROUP."""
+        if self.method == "mxfp4":
+            return None
+        return CHANNEL_GROUP if self.group_size is None else self.group_size
+
+    @property
     def weight_suffix(self):
+        if self.method == "compressed-tensors" and self.packing == "int-quantized":
+            return "weight"
         return {"compressed-tensors": "weight_packed", "gptq": "qweight", "awq": "qweight"}.get(self.method)
 
 
@@ -138,31 +157,52 @@ def _compressed_tensors(q, where):
         w = g.get("weights")
         if g_fmt in _CT_FLOAT_FORMATS:
             continue
-        if g_fmt != "pack-quantized":
+        if g_fmt not in _CT_INT_FORMATS:
             raise CheckpointError(f"{where}: compressed-tensors format {g_fmt!r:.40} (config group {name}); ktcy "
-                                  "reads pack-quantized INT4 and float-quantized FP8")
+                                  "reads pack-quantized INT4 and INT8, int-quantized INT8 and float-quantized FP8")
         if not isinstance(w, dict):
             raise CheckpointError(f"{where}: config_groups.{name}.weights must be a JSON object")
-        _four_bits(w, where, f"config_groups.{name}.weights.num_bits", w.get("num_bits"))
-        if w.get("type", "int") != "int" or w.get("strategy") != "group":
-            raise CheckpointError(f"{where}: config_groups.{name}.weights is {w.get('type')!r:.20} "
-                                  f"{w.get('strategy')!r:.20}; ktcy reads int weights with group strategy")
-        if g.get("input_activations") is not None:
-            raise CheckpointError(f"{where}: config_groups.{name} quantizes activations too; ktcy reads "
-                                  "weight-only schemes")
+        key = f"config_groups.{name}.weights"
+        bits = w.get("num_bits")
+        if bits not in ((4, 8) if g_fmt == "pack-quantized" else (8,)) or isinstance(bits, bool):
+            raise CheckpointError(f"{where}: quantization_config.{key}.num_bits is {bits!r:.40}; ktcy reads "
+                                  + ("4- and 8-bit pack-quantized" if g_fmt == "pack-quantized" else "8-bit int-quantized")
+                                  + " weights")
+        strategies = ("group", "channel") if bits == 8 else ("group",)
+        if w.get("type", "int") != "int" or w.get("strategy") not in strategies:
+            raise CheckpointError(f"{where}: {key} is {w.get('type')!r:.20} {w.get('strategy')!r:.20}; ktcy reads "
+                                  f"{bits}-bit int weights with {' or '.join(strategies)} strategy")
+        _check_activations(g.get("input_activations"), bits, where, name)
         symmetric = w.get("symmetric", True)
         if not isinstance(symmetric, bool):
-            raise CheckpointError(f"{where}: config_groups.{name}.weights.symmetric must be true or false")
-        found.add((_group(w.get("group_size"), where), symmetric))
+            raise CheckpointError(f"{where}: {key}.symmetric must be true or false")
+        if w["strategy"] == "channel":
+            group = None
+        else:
+            group = _group(w.get("group_size"), where)
+            if group is None:
+                raise CheckpointError(f"{where}: compressed-tensors group strategy without a group_size")
+        found.add((group, symmetric, bits, g_fmt))
     if not found:
         return None
     if len(found) > 1:
-        raise CheckpointError(f"{where}: compressed-tensors config groups disagree on group size or symmetry "
-                              f"({sorted(found, key=str)}); ktcy reads one INT4 scheme per model")
-    group, symmetric = found.pop()
-    if group is None:
-        raise CheckpointError(f"{where}: compressed-tensors group strategy without a group_size")
-    return QuantScheme("compressed-tensors", group, symmetric)
+        raise CheckpointError(f"{where}: compressed-tensors config groups disagree on group size, symmetry, bits or "
+                              f"packing ({sorted(found, key=str)}); ktcy reads one integer scheme per model")
+    group, symmetric, bits, packing = found.pop()
+    return QuantScheme("compressed-tensors", group, symmetric, bits=bits, packing=packing)
+
+
+def _check_activations(acts, bits, where, name):
+    """Weight-only schemes, and 8-bit weights with dynamic int8 activations (W8A8): ktcy's 8-bit
+    kernels quantize each token's activations as they run, as a dynamic scheme does.  Static
+    activation scales would be ignored, so they are refused."""
+    if acts is None:
+        return
+    dynamic = isinstance(acts, dict) and acts.get("dynamic") is True
+    if bits != 8 or not dynamic:
+        raise CheckpointError(f"{where}: config_groups.{name} quantizes activations "
+                              + ("with static scales" if bits == 8 else f"beside {bits}-bit weights")
+                              + "; ktcy reads weight-only schemes, and 8-bit weights with dynamic activations")
 
 
 @dataclass
@@ -248,13 +288,19 @@ def _int4_result(ckpt, name, scale_name, codes_u, scale, zero, g, symmetric):
     return Released(codes_u, spec, problem)
 
 
-def read_compressed_tensors(ckpt, base, n, k, scheme):
-    g, groups = _groups(ckpt, base, k, scheme.group_size)
-    packed = _tensor(ckpt, f"{base}.weight_packed", ("int32",), (n, -(-k // 8)))
+def _weight_shape(ckpt, base, n, k):
     shape_name = f"{base}.weight_shape"
     shape = np.asarray(ckpt.get(shape_name))
     if shape.shape != (2,) or not np.issubdtype(shape.dtype, np.integer) or tuple(int(v) for v in shape) != (n, k):
         raise CheckpointError(f"{ckpt.path}: {shape_name} is {shape.tolist()!r:.60}; config.json implies [{n}, {k}]")
+
+
+def read_compressed_tensors(ckpt, base, n, k, scheme):
+    if scheme.bits == 8:
+        return _read_compressed_tensors_8(ckpt, base, n, k, scheme)
+    g, groups = _groups(ckpt, base, k, scheme.group_size)
+    packed = _tensor(ckpt, f"{base}.weight_packed", ("int32",), (n, -(-k // 8)))
+    _weight_shape(ckpt, base, n, k)
     codes = _unpack_nibbles(packed, axis=1)[:, :k]
     scale = _tensor(ckpt, f"{base}.weight_scale", _FLOAT_SCALES, (n, groups))
     zname = f"{base}.weight_zero_point"
@@ -283,6 +329,44 @@ def read_compressed_tensors(ckpt, base, n, k, scheme):
     result = _int4_result(ckpt, f"{base}.weight_zero_point" if not scheme.symmetric else base, f"{base}.weight_scale", codes,
                           np.asarray(scale, np.float32), zero, g, scheme.symmetric)
     return _with_g_idx(ckpt, f"{base}.weight_g_idx", result, k, g, groups)
+
+
+def _read_compressed_tensors_8(ckpt, base, n, k, scheme):
+    """8-bit compressed-tensors: pack-quantized (4 codes per int32, stored as q + 128) or
+    int-quantized (int8 codes); codes and zero points read as q + 128, 0..255, as GPTQ's."""
+    g, groups = _groups(ckpt, base, k, scheme.group_size)
+    if scheme.packing == "pack-quantized":
+        packed = _tensor(ckpt, f"{base}.weight_packed", ("int32",), (n, -(-k // 4)))
+        _weight_shape(ckpt, base, n, k)
+        codes = _unpack(packed, 1, 8)[:, :k]
+    else:
+        codes = (np.asarray(_tensor(ckpt, f"{base}.weight", ("int8",), (n, k))).astype(np.int16) + 128).astype(np.uint8)
+    scale = _tensor(ckpt, f"{base}.weight_scale", _FLOAT_SCALES, (n, groups))
+    zname = f"{base}.weight_zero_point"
+    zero = np.full((n, groups), 128, np.int32)
+    if zname in ckpt or not scheme.symmetric:  # symmetric writers may store zeros: they must be zero
+        z = ckpt.get(zname)
+        if z.dtype.name == "int32" and z.shape == (-(-n // 4), groups) and scheme.packing == "pack-quantized":
+            zero = _unpack(z, 0, 8)[:n].astype(np.int32)  # stored as z + 128, like the weights
+        elif z.dtype.name == "int8" and z.shape == (n, groups):
+            zero = np.asarray(z).astype(np.int32) + 128
+        else:
+            packed_zero = f"int32 {(-(-n // 4), groups)} (packed) or " if scheme.packing == "pack-quantized" else ""
+            raise CheckpointError(f"{ckpt.path}: {zname} is {z.dtype} {tuple(z.shape)}; expected {packed_zero}int8 "
+                                  f"{(n, groups)}")
+    g_kept, scale, zero = _per_channel_as_groups(k, g, np.asarray(scale, np.float32), zero)
+    result = _int8_result(ckpt, zname if not scheme.symmetric else base, f"{base}.weight_scale", codes, scale, zero,
+                          g_kept, scheme.symmetric)
+    return _with_g_idx(ckpt, f"{base}.weight_g_idx", result, k, g, groups)
+
+
+def _per_channel_as_groups(k, g, scale, zero):
+    """(group, scale, zero) of a weight as ktcy keeps it: a single group spanning K (a scale per
+    output channel) becomes groups of CHANNEL_GROUP, each scale and zero point repeated."""
+    if g != k:
+        return g, scale, zero
+    reps = -(-k // CHANNEL_GROUP)
+    return CHANNEL_GROUP, np.repeat(scale, reps, axis=1), np.repeat(zero, reps, axis=1)
 
 
 def _int8_result(ckpt, name, scale_name, codes_u, scale, zero, g, symmetric):
@@ -314,8 +398,10 @@ def read_gptq(ckpt, base, n, k, scheme):
         zero = _unpack(_tensor(ckpt, f"{base}.qzeros", ("int32",), (groups, n // 4)), 1, 8)
         zero = zero.astype(np.int32) + scheme.zero_offset
         scale = _tensor(ckpt, f"{base}.scales", _FLOAT_SCALES, (groups, n))
-        result = _int8_result(ckpt, f"{base}.qzeros", f"{base}.scales", np.ascontiguousarray(q.T),
-                              np.asarray(scale, np.float32).T, np.ascontiguousarray(zero.T), g, scheme.symmetric)
+        g_kept, scale, zero = _per_channel_as_groups(k, g, np.asarray(scale, np.float32).T,
+                                                     np.ascontiguousarray(zero.T))
+        result = _int8_result(ckpt, f"{base}.qzeros", f"{base}.scales", np.ascontiguousarray(q.T), scale, zero, g_kept,
+                              scheme.symmetric)
         return _with_g_idx(ckpt, f"{base}.g_idx", result, k, g, groups)
     if k % 8 or n % 8:
         raise CheckpointError(f"{ckpt.path}: {base}: GPTQ packs 8 values per int32; N = {n} and K = {k} must be "
@@ -324,8 +410,9 @@ def read_gptq(ckpt, base, n, k, scheme):
     zero = _unpack_nibbles(_tensor(ckpt, f"{base}.qzeros", ("int32",), (groups, n // 8)), axis=1)
     zero = zero.astype(np.int32) + scheme.zero_offset
     scale = _tensor(ckpt, f"{base}.scales", _FLOAT_SCALES, (groups, n))
-    result = _int4_result(ckpt, f"{base}.qzeros", f"{base}.scales", np.ascontiguousarray(q.T), np.asarray(scale, np.float32).T,
-                          np.ascontiguousarray(zero.T), g, scheme.symmetric)
+    g_kept, scale, zero = _per_channel_as_groups(k, g, np.asarray(scale, np.float32).T, np.ascontiguousarray(zero.T))
+    result = _int4_result(ckpt, f"{base}.qzeros", f"{base}.scales", np.ascontiguousarray(q.T), scale, zero, g_kept,
+                          scheme.symmetric)
     return _with_g_idx(ckpt, f"{base}.g_idx", result, k, g, groups)
 
 

@@ -132,14 +132,25 @@ RELEASED_CONFIG = {
     "ct": lambda g, sym: {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {
         "group_0": {"targets": ["Linear"], "input_activations": None, "weights": {
             "num_bits": 4, "type": "int", "symmetric": sym, "group_size": g, "strategy": "group"}}}},
-    "gptq": lambda g, sym: {"quant_method": "gptq", "bits": 4, "group_size": g, "sym": sym, "desc_act": False,
+    "gptq": lambda g, sym: {"quant_method": "gptq", "bits": 4, "group_size": g or -1, "sym": sym, "desc_act": False,
                             "checkpoint_format": "gptq"},
     "gptq_v2": lambda g, sym: {"quant_method": "gptq", "bits": 4, "group_size": g, "sym": sym, "desc_act": False,
                                "checkpoint_format": "gptq_v2"},
     "awq": lambda g, sym: {"quant_method": "awq", "bits": 4, "group_size": g, "zero_point": True, "version": "gemm"},
-    "gptq8": lambda g, sym: {"quant_method": "gptq", "bits": 8, "group_size": g, "sym": sym, "desc_act": False,
+    "gptq8": lambda g, sym: {"quant_method": "gptq", "bits": 8, "group_size": g or -1, "sym": sym, "desc_act": False,
                              "checkpoint_format": "gptq"},
+    "ct8": lambda g, sym: _ct8("pack-quantized", g, sym, None),  # W8A16
+    "ct8_int": lambda g, sym: _ct8("int-quantized", g, sym, {   # W8A8: int8 weights, dynamic per-token activations
+        "num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True}),
 }
+
+
+def _ct8(packing, g, sym, acts):
+    """8-bit compressed-tensors: strategy group (g) or channel (g None)."""
+    weights = {"num_bits": 8, "type": "int", "symmetric": sym, "group_size": g,
+               "strategy": "group" if g else "channel"}
+    return {"quant_method": "compressed-tensors", "format": packing, "config_groups": {
+        "group_0": {"targets": ["Linear"], "input_activations": acts, "weights": weights}}}
 
 
 def released_tensors(kind, base, q, z, s, g, rng, permute=False):
@@ -152,6 +163,16 @@ def released_tensors(kind, base, q, z, s, g, rng, permute=False):
                f"{base}.weight_scale": s.astype(ml_dtypes.bfloat16)}
         if (z != 8).any():
             out[f"{base}.weight_zero_point"] = nibbles_to_int32(z, axis=0)
+        return out
+    if kind in ("ct8", "ct8_int"):  # stored signed: q - 128 (pack-quantized adds 128 back before packing)
+        out = {f"{base}.weight_scale": s.astype(ml_dtypes.bfloat16)}
+        if kind == "ct8":
+            out[f"{base}.weight_packed"] = bytes_to_int32(q, axis=1)
+            out[f"{base}.weight_shape"] = np.array([n, k], np.int64)
+        else:
+            out[f"{base}.weight"] = (q - 128).astype(np.int8)
+        if (z != 128).any():
+            out[f"{base}.weight_zero_point"] = bytes_to_int32(z, axis=0) if kind == "ct8" else (z - 128).astype(np.int8)
         return out
     if kind == "awq":
         return {f"{base}.qweight": awq_pack(q.T), f"{base}.qzeros": awq_pack(z.T), f"{base}.scales": s.T.astype(np.float16)}
@@ -169,8 +190,9 @@ def released_tensors(kind, base, q, z, s, g, rng, permute=False):
 def make_released_checkpoint(path, kind, *, group=32, sym=False, E=4, H=128, I=64, top_k=2, num_layers=2,
                              dense_layers=(0,), seed=0, permute=False, extra_config=None):
     """A Qwen-named checkpoint whose experts are INT4 as `kind` releases them ("ct", "gptq",
-    "gptq_v2", "awq"), or 8-bit GPTQ ("gptq8": codes 0..255, z = 128 when symmetric).  Returns {layer: {proj: float64 [E, N, K] dequantized weights,
-    proj + "_g_idx": ...}}."""
+    "gptq_v2", "awq"), or 8-bit ("gptq8", compressed-tensors "ct8" pack-quantized and "ct8_int"
+    int-quantized: codes 0..255, z = 128 when symmetric; group None: a scale per channel).
+    Returns {layer: {proj: float64 [E, N, K] dequantized weights, proj + "_g_idx": ...}}."""
     os.makedirs(path, exist_ok=True)
     rng = np.random.default_rng(seed)
     config = {"architectures": ["Test"], "model_type": "qwen3_moe", "hidden_size": H, "num_hidden_layers": num_layers,
@@ -186,17 +208,18 @@ def make_released_checkpoint(path, kind, *, group=32, sym=False, E=4, H=128, I=6
         for proj, (n, k) in (("gate", (I, H)), ("up", (I, H)), ("down", (H, I))):
             full = np.empty((E, n, k))
             for e in range(E):
-                groups = -(-k // group)
-                top, mid = (256, 128) if kind == "gptq8" else (16, 8)
+                g = group or k
+                groups = -(-k // g)
+                top, mid = (256, 128) if kind in ("gptq8", "ct8", "ct8_int") else (16, 8)
                 q = rng.integers(0, top, (n, k))
                 z = np.full((n, groups), mid) if sym else rng.integers(1 if kind.startswith("gptq") else 0, top, (n, groups))
                 s = rng.uniform(0.001, 0.01, (n, groups)).astype(np.float32)
                 base = f"model.layers.{L}.mlp.experts.{e}.{proj}_proj"
-                t = released_tensors(kind, base, q, z, s, group, rng, permute)
+                t = released_tensors(kind, base, q, z, s, g, rng, permute)
                 tensors.update(t)
                 stored_s = (t.get(f"{base}.weight_scale", t.get(f"{base}.scales"))).astype(np.float64)
-                stored_s = stored_s if kind == "ct" else stored_s.T
-                g_idx = t[f"{base}.g_idx"] if f"{base}.g_idx" in t else np.arange(k) // group
+                stored_s = stored_s if kind.startswith("ct") else stored_s.T
+                g_idx = t[f"{base}.g_idx"] if f"{base}.g_idx" in t else np.arange(k) // g
                 full[e] = (q - z[:, g_idx]) * stored_s[:, g_idx]
             truth[L][proj] = full
         router = (rng.standard_normal((E, H)) * 0.3).astype(ml_dtypes.bfloat16)

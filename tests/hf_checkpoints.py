@@ -9,6 +9,7 @@ BF16 rounding of the experts.  0.25 gives logits with a standard deviation of ab
 (test_greedy_generation_equals_stock checks the gap at every step)."""
 import json
 import os
+import re
 import shutil
 
 import ml_dtypes
@@ -384,6 +385,40 @@ def as_kimi_k2(folder_deepseek, folder_kimi, int4_group=None):
     with open(os.path.join(folder_kimi, "config.json"), "w") as f:
         json.dump(cfg, f)
     return str(folder_kimi)
+
+
+W8A8_LINEAR = re.compile(r"(self_attn\.[qkvo]_proj|experts\.[0-9]+\.(gate|up|down)_proj)\.weight$")
+
+
+def as_w8a8(folder_src, folder_w8a8):
+    """The W8A8 release llm-compressor writes (compressed-tensors int-quantized: int8 weights with
+    a bf16 scale per output channel, amax / 127.5 so that -128 occurs; activations dynamic per
+    token) of attention and expert weights, from a float folder; folder_src is overwritten with
+    exactly the values those codes mean, so that it stays the stock reference."""
+    from safetensors.numpy import load_file, save_file
+    from checkpoints import RELEASED_CONFIG
+    shutil.copytree(folder_src, folder_w8a8)
+    tensors = load_file(os.path.join(folder_src, "model.safetensors"))
+    quantized, ref = {}, {}
+    for name, t in tensors.items():
+        if not W8A8_LINEAR.search(name):
+            quantized[name] = ref[name] = t
+            continue
+        w = t.astype(np.float32)
+        scale = (np.abs(w).max(axis=1, keepdims=True) / 127.5).astype(ml_dtypes.bfloat16)
+        s = np.maximum(scale.astype(np.float32), 1e-30)
+        q = np.clip(np.rint(w / s), -128, 127).astype(np.int8)
+        base = name[:-len(".weight")]
+        quantized[name], quantized[f"{base}.weight_scale"] = q, scale
+        ref[name] = q.astype(np.float32) * scale.astype(np.float32)  # exact: 8 bits times a bf16
+    save_file(quantized, os.path.join(folder_w8a8, "model.safetensors"), metadata={"format": "pt"})
+    save_file(ref, os.path.join(folder_src, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(folder_w8a8, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["quantization_config"] = dict(RELEASED_CONFIG["ct8_int"](None, True), ignore=["lm_head", "re:.*mlp.gate$"])
+    with open(os.path.join(folder_w8a8, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return str(folder_w8a8)
 
 
 def add_word_tokenizer(folder):

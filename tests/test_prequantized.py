@@ -21,7 +21,14 @@ CASES = {  # id: (kind, group, symmetric, stored format)
     "awq_g64": ("awq", 64, False, "INT4_ZP"),
     "gptq8_sym_g32": ("gptq8", 32, True, "INT8_GROUP"),   # 8-bit: codes q - 128, -128 included
     "gptq8_sym_g64": ("gptq8", 64, True, "INT8_GROUP"),
+    "gptq8_sym_channel": ("gptq8", None, True, "INT8_GROUP"),  # group_size -1: kept as groups of 128
+    "gptq_v1_sym_channel": ("gptq", None, True, "INT4"),
+    "ct8_sym_g32": ("ct8", 32, True, "INT8_GROUP"),             # compressed-tensors W8A16
+    "ct8_sym_channel": ("ct8", None, True, "INT8_GROUP"),
+    "ct8_int_sym_channel": ("ct8_int", None, True, "INT8_GROUP"),  # W8A8: int8 weights as they are
+    "ct8_int_sym_g64": ("ct8_int", 64, True, "INT8_GROUP"),
 }
+KEPT_GROUP = 128  # the group a scale per output channel is kept in
 E, H, I, K = 4, 128, 64, 2
 
 
@@ -61,7 +68,7 @@ def inputs(seed=1, T=6):
 def test_loaded_as_stored_with_exact_dequantization(tmp_path, case):
     path, truth = build(tmp_path, case)
     moe = ktcy.load_experts(path, 1)
-    assert moe.format == CASES[case][3] and moe.gate[0].group_size == CASES[case][1]
+    assert moe.format == CASES[case][3] and moe.gate[0].group_size == (CASES[case][1] or KEPT_GROUP)
     for proj in ("gate", "up", "down"):
         for e in range(E):
             assert np.array_equal(getattr(moe, proj)[e].dequantize(), truth[1][proj][e]), (proj, e)
@@ -73,19 +80,21 @@ def test_loaded_as_stored_with_exact_dequantization(tmp_path, case):
         assert np.array_equal(ktcy.load_experts(path, 1, isa=isa).forward(x, ids, w), y), isa
 
 
-@pytest.mark.parametrize("case", ["ct_sym_g32", "gptq_v1_asym_g64", "awq_g64", "gptq8_sym_g32"])
+@pytest.mark.parametrize("case", ["ct_sym_g32", "gptq_v1_asym_g64", "awq_g64", "gptq8_sym_g32", "ct8_sym_channel",
+                                  "ct8_int_sym_g64"])
 def test_convert_keeps_the_codes_bit_exact(tmp_path, case):
     path, _ = build(tmp_path, case)
     out = tmp_path / "packed"
     assert convert(path, out, progress=Quiet()) == [1]
     x, ids, w = inputs(2)
     original, packed = ktcy.load_experts(path, 1), ktcy.load_experts(out, 1)
-    assert packed.format == original.format and packed.gate[0].group_size == CASES[case][1]
+    group = CASES[case][1] or KEPT_GROUP
+    assert packed.format == original.format and packed.gate[0].group_size == group
     assert np.array_equal(packed.forward(x, ids, w), original.forward(x, ids, w))
     for proj in ("gate", "up", "down"):
         assert np.array_equal(getattr(packed, proj)[3].codes(), getattr(original, proj)[3].codes())
     record = json.loads((out / "ktcy_model.json").read_text())["layer_records"]["1"]
-    assert record["weight_format"] == CASES[case][3] and record["group_size"] == CASES[case][1]
+    assert record["weight_format"] == CASES[case][3] and record["group_size"] == group
 
 
 def test_other_methods_dequantize_exactly_first(tmp_path):
@@ -126,6 +135,17 @@ def test_gptq_8_bit_with_zero_points_is_refused_as_stored_and_dequantized_exactl
     codes = ktcy.load_experts(tmp_path / "sym", 1).gate[0].codes()
     assert codes.min() == -128 and codes.max() == 127  # the whole range, as released
     assert kept[1]["gate"][0].min() < 0
+
+
+@pytest.mark.parametrize("kind", ["ct8", "ct8_int"])
+def test_compressed_tensors_8_bit_with_zero_points_is_refused_as_stored_and_dequantized_exactly(tmp_path, kind):
+    import ml_dtypes
+    path = tmp_path / kind
+    truth = make_released_checkpoint(path, kind, group=32, sym=False, E=E, H=H, I=I, top_k=K)
+    with pytest.raises(CheckpointError, match="8-bit zero points"):
+        ktcy.load_experts(path, 1)
+    moe = ktcy.load_experts(path, 1, method="BF16")
+    assert np.array_equal(moe.down[2].dequantize(), truth[1]["down"][2].astype(ml_dtypes.bfloat16).astype(np.float64))
 
 
 def test_gptq_v1_zero_point_16_is_refused_as_stored(tmp_path):
@@ -187,6 +207,15 @@ TAMPERED = {
         f"{EXPERT0}.gate_proj.qzeros", nibbles_to_int32(np.full((4, I), 3), axis=1)), "symmetric"),
     "awq_qweight_shape": ("awq_g64", lambda t: t.__setitem__(f"{EXPERT0}.down_proj.qweight",
                                                              t[f"{EXPERT0}.down_proj.qweight"][:32]), "qweight"),
+    "ct8_packed_shape": ("ct8_sym_g32", lambda t: t.__setitem__(f"{EXPERT0}.gate_proj.weight_packed",
+                                                                t[f"{EXPERT0}.gate_proj.weight_packed"][:, :8]),
+                         "weight_packed"),
+    "ct8_channel_scale_shape": ("ct8_sym_channel", lambda t: t.__setitem__(
+        f"{EXPERT0}.up_proj.weight_scale", np.repeat(t[f"{EXPERT0}.up_proj.weight_scale"], 2, axis=1)), "weight_scale"),
+    "ct8_int_weight_dtype": ("ct8_int_sym_channel", lambda t: t.__setitem__(
+        f"{EXPERT0}.down_proj.weight", t[f"{EXPERT0}.down_proj.weight"].astype(np.int16)), "down_proj.weight is int16"),
+    "ct8_int_sym_with_zero_points": ("ct8_int_sym_g64", lambda t: t.__setitem__(
+        f"{EXPERT0}.gate_proj.weight_zero_point", np.full((I, 2), 3, np.int8)), "symmetric"),
 }
 
 
@@ -210,7 +239,19 @@ CONFIGS = {
                                  "checkpoint_format": "gptq_v2"}, "does not divide"),
     "ct_activations": ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {
         "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32},
-        "input_activations": {"num_bits": 8}}}}, "activations"),
+        "input_activations": {"num_bits": 8}}}}, "activations beside 4-bit weights"),
+    "ct8_static_activations": ({"quant_method": "compressed-tensors", "format": "int-quantized", "config_groups": {"g": {
+        "weights": {"num_bits": 8, "type": "int", "strategy": "channel"},
+        "input_activations": {"num_bits": 8, "dynamic": False, "strategy": "tensor"}}}}, "activations with static scales"),
+    "ct_int_quantized_4_bits": ({"quant_method": "compressed-tensors", "format": "int-quantized", "config_groups": {"g": {
+        "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32}}}}, "8-bit int-quantized"),
+    "ct8_tensor_strategy": ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {
+        "weights": {"num_bits": 8, "type": "int", "strategy": "tensor"}}}}, "group or channel strategy"),
+    "ct_channel_4_bits": ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {
+        "weights": {"num_bits": 4, "type": "int", "strategy": "channel"}}}}, "4-bit int weights with group strategy"),
+    "ct_two_bit_widths": ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {
+        "a": {"weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32}},
+        "b": {"weights": {"num_bits": 8, "type": "int", "strategy": "group", "group_size": 32}}}}, "disagree"),
 }
 
 
@@ -283,9 +324,11 @@ SHORT = settings(max_examples=60, deadline=None, database=None, suppress_health_
 LONG = settings(max_examples=2000, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 SCALARS = st.none() | st.booleans() | st.integers(-3, 300) | st.floats() | st.text(max_size=6) \
-    | st.sampled_from(["gptq", "awq", "mxfp4", "compressed-tensors", "pack-quantized", "group", "int", "gemm", "gptq_v2"])
+    | st.sampled_from(["gptq", "awq", "mxfp4", "compressed-tensors", "pack-quantized", "int-quantized", "group",
+                       "channel", "int", "gemm", "gptq_v2"])
 VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-    st.sampled_from(["weights", "num_bits", "group_size", "strategy", "symmetric", "type", "format", "g"]), inner,
+    st.sampled_from(["weights", "num_bits", "group_size", "strategy", "symmetric", "type", "format", "g",
+                     "input_activations", "dynamic"]), inner,
     max_size=4), max_leaves=10)
 CONFIG_KEYS = st.sampled_from(["quant_method", "bits", "w_bit", "group_size", "sym", "desc_act", "checkpoint_format",
                                "version", "zero_point", "format", "config_groups"])
@@ -297,7 +340,7 @@ def _config_property(q):
         scheme = scheme_from_config({"quantization_config": q})
     except CheckpointError:
         return
-    assert scheme is None or scheme.native_format in ("INT4", "INT4_ZP", "MXFP4")
+    assert scheme is None or scheme.native_format in ("INT4", "INT4_ZP", "INT8_GROUP", "MXFP4")
 
 
 @SHORT

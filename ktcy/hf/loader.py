@@ -20,7 +20,8 @@ import torch
 import transformers
 
 from ktcy import gguf_blocks
-from ktcy.checkpoint import Checkpoint, check_fp8_tensor, dequantize
+from ktcy.checkpoint import Checkpoint, check_fp8_tensor, dequantize, released_tensor
+from ktcy.quant_readers import READERS
 from ktcy.config import checked_isa
 from ktcy.formats import canonical_format
 from ktcy.gguf_checkpoint import GGUFCheckpoint
@@ -38,6 +39,7 @@ log = logging.getLogger("ktcy")
 
 _PATCH_LOCK = threading.Lock()
 _SCALE_SUFFIXES = ("_scale_inv", "_scale")
+_INT_PART_SUFFIXES = ("_zero_point", "_g_idx")
 # keywords of transformers' from_pretrained that cannot hold here: the model runs on the CPU, with
 # transformers' own implementation of the architecture (whose experts module ktcy replaces)
 _NOT_APPLICABLE = ("device_map", "quantization_config", "load_in_8bit", "load_in_4bit", "state_dict",
@@ -366,8 +368,15 @@ def _to_torch(a):
 
 
 def _stored_weight(ckpt, name):
-    """Tensor `name` as stored, FP8 codes multiplied by their scales (torch runs them as floats)."""
+    """Tensor `name` as stored, FP8 codes multiplied by their scales and compressed-tensors'
+    int-quantized int8 codes dequantized exactly (torch runs them as floats)."""
     t = ckpt.get(name)
+    if t.dtype.name == "int8":
+        if not released_tensor(ckpt, ckpt.quant, name) or t.ndim != 2:
+            raise CheckpointError(f"{ckpt.path}: {name} holds int8 values, but config.json's quantization_config "
+                                  "does not say how to dequantize them (compressed-tensors int-quantized does)")
+        q = ckpt.quant
+        return READERS[q.method](ckpt, name[: -len(".weight")], *t.shape, q).dequantize()
     if t.dtype.name != "float8_e4m3fn":
         return t
     for suffix in _SCALE_SUFFIXES:
@@ -379,7 +388,8 @@ def _stored_weight(ckpt, name):
 
 
 def _is_scale_of_stored_weight(ckpt, name):
-    return any(name.endswith(s) and name[: -len(s)] in ckpt for s in _SCALE_SUFFIXES)
+    """A weight's scale (FP8, integer) or compressed-tensors' zero points / group index of it."""
+    return any(name.endswith(s) and name[: -len(s)] in ckpt for s in _SCALE_SUFFIXES + _INT_PART_SUFFIXES)
 
 
 def _beyond_layers(name, num_layers):
