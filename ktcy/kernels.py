@@ -79,14 +79,11 @@ def _check_finite_scales(fmt, scale, what="scale"):
 
 def _check_colsum(p):
     """The column sums the VNNI kernels subtract (they add 128 to the activations) must be the
-    codes' own, and the codes symmetric: a damaged or foreign file would otherwise give wrong
-    numbers on some kernels only.  One pass over the codes, once per weight."""
+    codes' own: a damaged or foreign file would otherwise give wrong numbers on some kernels
+    only.  One pass over the codes, once per weight."""
     n_pad, k_pad, _ = _padded(p.format, int(p.shape[0]), int(p.shape[1]), p.group_size)
     codes = np.asarray(p.data).reshape(-1).view(np.int8)
     sums = _native.int8_column_sums(codes, n_pad, k_pad)
-    if codes.size and codes.min() == -128:  # symmetric codes; the AVX-512BW kernel's sign trick needs -w to fit a byte
-        raise ValueError(f"{p.format} weight {tuple(p.shape)} holds code -128, outside [-127, 127] "
-                         "(damaged or foreign data)")
     stored = np.asarray(p.colsum).reshape(-1)[:n_pad]
     if not np.array_equal(sums, stored):
         bad = int(np.flatnonzero(sums != stored)[0])
@@ -345,7 +342,7 @@ def _refuse_non_finite(w):
 
 def pack_quantized(codes: np.ndarray, scale: Optional[np.ndarray], format: str, group_size: Optional[int] = None,
                    zero_points: Optional[np.ndarray] = None, mins: Optional[np.ndarray] = None) -> PackedWeight:
-    """Pack codes that are already quantized: int8 [N,K] + scale [N] (INT8); int8 [N,K] + scale
+    """Pack codes that are already quantized: int8 [N,K] in -128..127 + scale [N] (INT8); int8 [N,K] + scale
     [K_pad/group, N_pad] or [N, K/group] (INT8_GROUP: w = s * q, q in -128..127, llama.cpp's Q8_0,
     Q6_K, Q5_0, GPTQ's symmetric 8-bit); int8 in [-8,7] +
     scale [K_pad/group, N_pad] or [N, K/group] (INT4); unsigned codes 0..15 [N,K] + scale and
@@ -393,8 +390,6 @@ def pack_quantized(codes: np.ndarray, scale: Optional[np.ndarray], format: str, 
         _expect_dtype(codes, np.int8, f"{fmt} codes")
         if code == "s8" and d["scale"] != "group" and k > INT8_MAX_K:
             raise ValueError(f"{fmt} weights with K = {k} > {INT8_MAX_K} would overflow the int32 sums; use BF16 or INT4")
-        if code == "s8" and d["scale"] != "group" and codes.size and codes.min() == -128:
-            raise ValueError(f"{fmt} codes must lie in [-127, 127] (symmetric); -128 is not a code ktcy packs")
         if code == "u4" and (codes.min() < -8 or codes.max() > 7):
             raise ValueError(f"{fmt} codes must lie in [-8, 7]")
     kind = d["scale"]

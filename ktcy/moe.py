@@ -408,7 +408,7 @@ def _checked_bias(bias, E, H, I):
 
 
 def _pack_released(w, spec, fmt, group):
-    """Codes as released (INT4 / INT4_ZP / INT4_MIN / INT8_GROUP / MXFP4 with their spec dict): packed as
+    """Codes as released (INT4 / INT4_ZP / INT4_MIN / INT8 / INT8_GROUP / MXFP4 with their spec dict): packed as
     stored when fmt is their format (in a smaller group than theirs: split exactly), else dequantized
     exactly and packed in fmt."""
     if not isinstance(spec, dict) or "format" not in spec:
@@ -416,7 +416,7 @@ def _pack_released(w, spec, fmt, group):
     stored = spec["format"]
     if stored == "MXFP4":
         packed = kernels.pack_quantized(w, spec.get("exponents"), fmt if keeps_codes(stored, fmt) else stored)
-    elif stored in ("INT4", "INT4_ZP", "INT4_MIN", "INT8_GROUP"):
+    elif stored in ("INT4", "INT4_ZP", "INT4_MIN", "INT8", "INT8_GROUP"):
         packed = kernels.pack_quantized(w, spec.get("scale"), stored, group_size=spec.get("group_size"),
                                         zero_points=spec.get("zero_points"), mins=spec.get("mins"))
     else:

@@ -6,11 +6,12 @@ A reader returns one projection as (codes [N, K], spec), the form MoE.from_exper
 re-quantizing: symmetric INT4 -> int8 codes in [-8, 7] with {"format": "INT4", "scale",
 "group_size"}; with zero points -> uint8 codes 0..15 with {"format": "INT4_ZP", "scale",
 "zero_points", "group_size"} (w = s * (q - z)); symmetric 8-bit -> int8 codes (-128 included:
-compressed-tensors' scale is amax / 127.5) with {"format": "INT8_GROUP", "scale", "group_size"};
-MXFP4 -> E2M1 codes 0..15 with {"format": "MXFP4", "exponents"}.  A scale per output channel
-(GPTQ group_size -1, compressed-tensors' channel strategy) is kept as groups of CHANNEL_GROUP,
-each scale repeated: the same values in a layout ktcy packs.  Every tensor's dtype and shape is
-checked against config.json first.
+compressed-tensors' scale is amax / 127.5) with {"format": "INT8_GROUP", "scale", "group_size"},
+or {"format": "INT8", "scale"} with a scale per output channel (GPTQ group_size -1,
+compressed-tensors' channel strategy); MXFP4 -> E2M1 codes 0..15 with {"format": "MXFP4",
+"exponents"}.  A 4-bit scale per output channel is kept as groups of CHANNEL_GROUP, each scale
+repeated: the same values in a layout ktcy packs.  Every tensor's dtype and shape is checked
+against config.json first.
 
 Packings (each documented by its library; written here from those descriptions):
   compressed-tensors  pack-quantized: weight_packed int32 [N, ceil(K/8)], value k at bits 4*(k % 8)
@@ -47,7 +48,7 @@ _FLOAT_SCALES = ("bfloat16", "float16", "float32")
 _FLOAT_METHODS = ("fp8",)
 _CT_FLOAT_FORMATS = ("float-quantized", "naive-quantized", "dense")
 _CT_INT_FORMATS = ("pack-quantized", "int-quantized")
-CHANNEL_GROUP = 128  # the group a scale per output channel is kept in (the largest: the fastest)
+CHANNEL_GROUP = 128  # the group a 4-bit scale per output channel is kept in (the largest: the fastest)
 
 
 @dataclass(frozen=True)
@@ -66,13 +67,14 @@ class QuantScheme:
         if self.method == "mxfp4":
             return "MXFP4"
         if self.bits == 8:  # asymmetric 8-bit has no ktcy twin: the reader says so (a method dequantizes it)
-            return "INT8_GROUP"
+            return "INT8" if self.group_size is None else "INT8_GROUP"
         return "INT4" if self.symmetric else "INT4_ZP"
 
     @property
     def kept_group_size(self):
-        """The group size the stored codes are kept in: a per-channel scale's is CHANNEL_GROUP."""
-        if self.method == "mxfp4":
+        """The group size the stored codes are kept in (None: no groups, MXFP4 and per-channel
+        INT8); a 4-bit per-channel scale's is CHANNEL_GROUP."""
+        if self.method == "mxfp4" or self.native_format == "INT8":
             return None
         return CHANNEL_GROUP if self.group_size is None else self.group_size
 
@@ -225,6 +227,8 @@ def dequantize_released(codes, spec):
     if spec["format"] == "MXFP4":
         exps = np.repeat(spec["exponents"].astype(np.float64) - 127, 32, axis=1)[:, :k]
         return (E2M1_VALUES[codes] * np.exp2(exps)).astype(np.float32)
+    if spec["format"] == "INT8":  # a scale per output channel
+        return (codes.astype(np.float64) * spec["scale"][:, None].astype(np.float64)).astype(np.float32)
     g_idx = spec.get("g_idx")
     if g_idx is None:
         g_idx = np.arange(k) // spec["group_size"]
@@ -354,9 +358,8 @@ def _read_compressed_tensors_8(ckpt, base, n, k, scheme):
             packed_zero = f"int32 {(-(-n // 4), groups)} (packed) or " if scheme.packing == "pack-quantized" else ""
             raise CheckpointError(f"{ckpt.path}: {zname} is {z.dtype} {tuple(z.shape)}; expected {packed_zero}int8 "
                                   f"{(n, groups)}")
-    g_kept, scale, zero = _per_channel_as_groups(k, g, np.asarray(scale, np.float32), zero)
-    result = _int8_result(ckpt, zname if not scheme.symmetric else base, f"{base}.weight_scale", codes, scale, zero,
-                          g_kept, scheme.symmetric)
+    result = _int8_result(ckpt, zname if not scheme.symmetric else base, f"{base}.weight_scale", codes,
+                          np.asarray(scale, np.float32), zero, g, scheme.symmetric, scheme.group_size is None)
     return _with_g_idx(ckpt, f"{base}.weight_g_idx", result, k, g, groups)
 
 
@@ -369,23 +372,30 @@ def _per_channel_as_groups(k, g, scale, zero):
     return CHANNEL_GROUP, np.repeat(scale, reps, axis=1), np.repeat(zero, reps, axis=1)
 
 
-def _int8_result(ckpt, name, scale_name, codes_u, scale, zero, g, symmetric):
-    """Released 8-bit GPTQ from unsigned codes [N, K], scale and zeros [N, groups]: symmetric
-    (z = 128) as INT8_GROUP codes q - 128; zero points otherwise, which no ktcy format keeps."""
+def _int8_result(ckpt, name, scale_name, codes_u, scale, zero, g, symmetric, per_channel):
+    """Released 8-bit weights from unsigned codes [N, K] (q + 128), scale and zeros [N, groups]:
+    symmetric (z = 128) as codes q - 128, INT8 where the scheme has a scale per output channel,
+    else INT8_GROUP; zero points otherwise, which no ktcy format keeps."""
     scale = np.asarray(scale, np.float32)
+    k = codes_u.shape[1]
     if not np.isfinite(scale).all():
         raise CheckpointError(f"{ckpt.path}: {scale_name} holds NaN or infinite scales")
-    problem = None if g in group_sizes("INT8_GROUP") else \
-        f"group size {g} (ktcy's INT8_GROUP takes {group_sizes('INT8_GROUP')})"
+    if per_channel:
+        problem = None if k <= _native.INT8_MAX_K else f"K = {k} (ktcy's INT8 sums overflow past {_native.INT8_MAX_K})"
+    else:
+        problem = None if g in group_sizes("INT8_GROUP") else \
+            f"group size {g} (ktcy's INT8_GROUP takes {group_sizes('INT8_GROUP')})"
     if symmetric and (zero != 128).any():
         r, c = (int(v) for v in np.argwhere(zero != 128)[0])
         raise CheckpointError(f"{ckpt.path}: {name}: the config says symmetric, but the zero point of channel {r}, "
-                              f"group {c} is {int(zero[r, c])}, not 128")
+                              f"group {c} is {int(zero[r, c]) - 128} (stored {int(zero[r, c])}), not 0")
     if not symmetric:  # s * (q - z): exact once dequantized, but no ktcy format keeps 8-bit zero points
         spec = {"format": "INT8_GROUP", "scale": scale, "group_size": g, "zero_points": zero}
         return Released(codes_u, spec, problem or f"{name}: 8-bit zero points (no ktcy format keeps them)")
-    spec = {"format": "INT8_GROUP", "scale": scale, "group_size": g}
-    return Released((codes_u.astype(np.int16) - 128).astype(np.int8), spec, problem)
+    codes = (codes_u.astype(np.int16) - 128).astype(np.int8)
+    if per_channel:
+        return Released(codes, {"format": "INT8", "scale": np.ascontiguousarray(scale[:, 0])}, problem)
+    return Released(codes, {"format": "INT8_GROUP", "scale": scale, "group_size": g}, problem)
 
 
 def read_gptq(ckpt, base, n, k, scheme):
@@ -398,10 +408,9 @@ def read_gptq(ckpt, base, n, k, scheme):
         zero = _unpack(_tensor(ckpt, f"{base}.qzeros", ("int32",), (groups, n // 4)), 1, 8)
         zero = zero.astype(np.int32) + scheme.zero_offset
         scale = _tensor(ckpt, f"{base}.scales", _FLOAT_SCALES, (groups, n))
-        g_kept, scale, zero = _per_channel_as_groups(k, g, np.asarray(scale, np.float32).T,
-                                                     np.ascontiguousarray(zero.T))
-        result = _int8_result(ckpt, f"{base}.qzeros", f"{base}.scales", np.ascontiguousarray(q.T), scale, zero, g_kept,
-                              scheme.symmetric)
+        result = _int8_result(ckpt, f"{base}.qzeros", f"{base}.scales", np.ascontiguousarray(q.T),
+                              np.asarray(scale, np.float32).T, np.ascontiguousarray(zero.T), g, scheme.symmetric,
+                              scheme.group_size is None)
         return _with_g_idx(ckpt, f"{base}.g_idx", result, k, g, groups)
     if k % 8 or n % 8:
         raise CheckpointError(f"{ckpt.path}: {base}: GPTQ packs 8 values per int32; N = {n} and K = {k} must be "

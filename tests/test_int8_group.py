@@ -122,7 +122,7 @@ def test_bad_input_is_refused(bad, match):
 
 def test_code_minus_128_is_a_code_as_released():
     """GPTQ's symmetric 8-bit codes (q - 128 with q in 0..255) reach -128; every kernel takes it
-    (the per-channel INT8 format refuses it: its AVX-512BW product negates the codes)."""
+    (per-channel INT8 too: tests/test_review_core.py)."""
     codes, scale = _released(np.random.default_rng(3), 16, 64, 32)
     codes[:, ::3] = -128
     p = kernels.pack_quantized(codes, scale, "INT8_GROUP", group_size=32)
@@ -130,8 +130,6 @@ def test_code_minus_128_is_a_code_as_released():
     X = np.random.default_rng(4).standard_normal((3, 64)).astype(np.float32)
     for v in runnable_variants("INT8_GROUP"):
         assert np.array_equal(kernels.linear_variant(X, p, v), int4_exact_reference(X, p)), v
-    with pytest.raises(ValueError, match=r"\[-127, 127\]"):
-        kernels.pack_quantized(codes, np.ones(16, np.float32), "INT8")
 
 
 def test_long_rows_are_not_limited_to_int8_per_channel_k():

@@ -21,14 +21,14 @@ CASES = {  # id: (kind, group, symmetric, stored format)
     "awq_g64": ("awq", 64, False, "INT4_ZP"),
     "gptq8_sym_g32": ("gptq8", 32, True, "INT8_GROUP"),   # 8-bit: codes q - 128, -128 included
     "gptq8_sym_g64": ("gptq8", 64, True, "INT8_GROUP"),
-    "gptq8_sym_channel": ("gptq8", None, True, "INT8_GROUP"),  # group_size -1: kept as groups of 128
-    "gptq_v1_sym_channel": ("gptq", None, True, "INT4"),
-    "ct8_sym_g32": ("ct8", 32, True, "INT8_GROUP"),             # compressed-tensors W8A16
-    "ct8_sym_channel": ("ct8", None, True, "INT8_GROUP"),
-    "ct8_int_sym_channel": ("ct8_int", None, True, "INT8_GROUP"),  # W8A8: int8 weights as they are
+    "gptq8_sym_channel": ("gptq8", None, True, "INT8"),       # group_size -1: a scale per channel
+    "gptq_v1_sym_channel": ("gptq", None, True, "INT4"),      # 4-bit: kept as groups of 128
+    "ct8_sym_g32": ("ct8", 32, True, "INT8_GROUP"),           # compressed-tensors W8A16
+    "ct8_sym_channel": ("ct8", None, True, "INT8"),
+    "ct8_int_sym_channel": ("ct8_int", None, True, "INT8"),   # W8A8: int8 weights as they are
     "ct8_int_sym_g64": ("ct8_int", 64, True, "INT8_GROUP"),
 }
-KEPT_GROUP = 128  # the group a scale per output channel is kept in
+KEPT_GROUP = 128  # the group a 4-bit scale per output channel is kept in
 E, H, I, K = 4, 128, 64, 2
 
 
@@ -38,6 +38,11 @@ class Quiet:
 
     def line(self, text):
         pass
+
+
+def _kept_group(case):
+    _, group, _, fmt = CASES[case]
+    return 0 if fmt == "INT8" else group or KEPT_GROUP
 
 
 def build(tmp_path, case, **kw):
@@ -68,7 +73,7 @@ def inputs(seed=1, T=6):
 def test_loaded_as_stored_with_exact_dequantization(tmp_path, case):
     path, truth = build(tmp_path, case)
     moe = ktcy.load_experts(path, 1)
-    assert moe.format == CASES[case][3] and moe.gate[0].group_size == (CASES[case][1] or KEPT_GROUP)
+    assert moe.format == CASES[case][3] and moe.gate[0].group_size == _kept_group(case)
     for proj in ("gate", "up", "down"):
         for e in range(E):
             assert np.array_equal(getattr(moe, proj)[e].dequantize(), truth[1][proj][e]), (proj, e)
@@ -88,7 +93,7 @@ def test_convert_keeps_the_codes_bit_exact(tmp_path, case):
     assert convert(path, out, progress=Quiet()) == [1]
     x, ids, w = inputs(2)
     original, packed = ktcy.load_experts(path, 1), ktcy.load_experts(out, 1)
-    group = CASES[case][1] or KEPT_GROUP
+    group = _kept_group(case)
     assert packed.format == original.format and packed.gate[0].group_size == group
     assert np.array_equal(packed.forward(x, ids, w), original.forward(x, ids, w))
     for proj in ("gate", "up", "down"):

@@ -1,4 +1,5 @@
-/* INT8 traits: s8 codes, one symmetric scale per output channel, int8 activations.
+/* INT8 traits: s8 codes in the whole int8 range (-128 included: compressed-tensors' symmetric
+ * scale is amax / 127.5), one scale per output channel, int8 activations.
  *   y[m][n] = (float)sum_k(q_x[m][k] * q_w[n][k]) * x_scale[m] * w_scale[n]   (this order on every ISA)
  * Included by a skeleton instantiation (KT_SKEL says which); no include guard. */
 #define KT_ROW KTCY_ROW_INT8

@@ -91,7 +91,6 @@ KT_AI void KT_(rows)(const KT_(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2
 }
 #else
 #define KT_WKIND KT_W_S8
-#define KT_S8_FULL_RANGE 1 /* code -128 too: |w| * (a * sign w) */
 KT_AI void KT_(rows)(const KT_(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2]) {
     (void)c;
     out[0].v0 = _mm512_loadu_si512(blk + r * 64);

@@ -173,8 +173,8 @@ KT_AI kt_w256 KT_(pre_half)(const uint8_t *blk, int r, int h) {
 KT_AI __m256i KT_(dp)(__m256i acc, KT_(avec) a, kt_w256 w) {
 #if KT_INT_ACT
     if (KT_WKIND == KT_W_S8) {
-        /* |w| * (a * sign w): activations lie in [-127, 127], so negating them never wraps (and
-         * -128 codes would stay exact, though the boundary refuses them); pairs fit int16 */
+        /* |w| * (a * sign w): activations lie in [-127, 127], so negating them never wraps, and
+         * code -128 stays exact (|-128| is 128 unsigned); pairs fit int16 (2 * 128 * 127) */
         __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w.i), _mm256_sign_epi8(a.i, w.i));
         return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
     }

@@ -36,7 +36,6 @@
  *   0 to leave the call to the tiles below.
  * KT_GROUP_ROWS n: a group may end every n block rows (default 8: groups of 32 K or more; 4
  *   for 16-K groups: INT8_GROUP).
- * KT_S8_FULL_RANGE 1: s8 codes may be -128; the F+BW variant then multiplies |w| * (a * sign w).
  * KT_MAX_ROWS n: prefill tiles of at most n rows (4 or 6) instead of the skeleton's choice below.
  *
  * Every packed block has 16 rows of 64 bytes once loaded; row r pairs with the activation dword
@@ -101,18 +100,13 @@ KT_AI KT_(acc_t) KT_(dp)(KT_(acc_t) acc, kt_vec2 a, kt_vec2 w) {
     if (KT_WKIND == KT_W_S8) {
 #if KT_FAST
         return _mm512_dpbusd_epi32(acc, a.v0, w.v0); /* (a + 128) * w; the skeleton subtracts 128 * colsum */
-#elif KT_S8_FULL_RANGE
+#else
         /* |w| * (a * sign w), as AVX2 does: exact for code -128 too (|-128| is 128 as vpmaddubsw's
-         * unsigned operand; activations lie in [-127, 127]), pairs within int16 (2 * 128 * 127) */
+         * unsigned operand; activations lie in [-127, 127]), pairs within int16 (2 * 128 * 127).
+         * |a| * (w * sign a), whose |a| and sign mask serve all 4 panels, took the same time on
+         * Zen 4 (INT8, M = 1-512, 0.98-1.02x) but cannot hold -128. */
         __m512i as = _mm512_mask_sub_epi8(a.v0, _mm512_movepi8_mask(w.v0), _mm512_setzero_si512(), a.v0);
         __m512i pairs = _mm512_maddubs_epi16(_mm512_abs_epi8(w.v0), as);
-        return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
-#else
-        /* |a| * (w * sign a): exact because codes lie in [-127, 127] (-128 is refused when a
-         * weight is made native), and pairs stay within int16 (2 * 127 * 127).  Faster here than
-         * |w| * (a * sign w): the activation row's |a| and sign mask serve all 4 panels. */
-        __m512i ws = _mm512_mask_sub_epi8(w.v0, _mm512_movepi8_mask(a.v0), _mm512_setzero_si512(), w.v0);
-        __m512i pairs = _mm512_maddubs_epi16(_mm512_abs_epi8(a.v0), ws);
         return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
 #endif
     }
@@ -159,9 +153,6 @@ KT_AI void KT_(merge_split)(KT_(acc_t) acc[6][4], const int NP) {
 #endif
 #ifndef KT_GROUP_ROWS
 #define KT_GROUP_ROWS 8 /* block rows between the places a group may end (groups of 32 K or more) */
-#endif
-#ifndef KT_S8_FULL_RANGE
-#define KT_S8_FULL_RANGE 0 /* 1: s8 codes may be -128 (the F+BW product takes |w|, not |a|) */
 #endif
 
 /* MB rows from m0, NP panels from p0.  PRE: the panels were decoded to blocks beforehand,
@@ -392,7 +383,6 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_SHARED_ROW_BYTES
 #undef KT_FEW_ROWS
 #undef KT_GROUP_ROWS
-#undef KT_S8_FULL_RANGE
 #undef KT_MAX_ROWS
 #undef KT_FEW_ROWS_MAX
 #undef KT_FEW_ROWS_CHOICE
