@@ -14,7 +14,7 @@ cdef extern from "ktcy/ktcy.h" nogil:
 
     enum:
         KTCY_FMT_BF16, KTCY_FMT_INT8, KTCY_FMT_INT4, KTCY_FMT_FP8_PERCHANNEL, KTCY_FMT_FP8_BLOCK, KTCY_FMT_INT4_ZP, KTCY_FMT_MXFP4,
-        KTCY_FMT_MXFP4_A8, KTCY_FMT_INT4_MIN, KTCY_FMT_INT8_GROUP
+        KTCY_FMT_MXFP4_A8, KTCY_FMT_INT4_MIN, KTCY_FMT_INT8_GROUP, KTCY_FMT_INT8_MIN
         KTCY_NUM_FORMATS
         KTCY_CODE_S8, KTCY_CODE_U4, KTCY_CODE_BF16, KTCY_CODE_E4M3, KTCY_CODE_E2M1
         KTCY_ACT_INT8, KTCY_ACT_BF16
@@ -113,6 +113,9 @@ cdef extern from "ktcy/ktcy.h" nogil:
                                     int64_t n1, int8_t *q, int64_t ldq, float *scale, int64_t ld_scale)
     int64_t ktcy_quantize_int8_group_rows(const float *w, int64_t ldw, int64_t k, int group, int64_t n0,
                                           int64_t n1, int8_t *q, int64_t ldq, float *scale, int64_t ld_scale)
+    int64_t ktcy_quantize_int8_min_rows(const float *w, int64_t ldw, int64_t k, int group, int64_t n0,
+                                        int64_t n1, int8_t *q, int64_t ldq, float *scale, float *mins,
+                                        int64_t ld_scale)
     int64_t ktcy_quantize_int4_asym_rows(const float *w, int64_t ldw, int64_t k, int group, int64_t n0,
                                          int64_t n1, int8_t *q, int64_t ldq, float *scale, uint8_t *zero,
                                          float *mins, int64_t ld_scale)

@@ -352,7 +352,7 @@ def get_num_threads():
 cdef int64_t _quantize_unit(int fmt, const float *w, int64_t n, int64_t k, int group, int64_t i, void *q,
                             int64_t ldq, float *scale, uint8_t *aux, float *mins, int64_t ld_scale) noexcept nogil:
     """Quantizes unit i (a row; for FP8 blocks a stripe of 128 rows) by the format's rule
-    (include/ktcy/quantize.h); aux: zero points or E8M0 exponents; mins: INT4_MIN's.  >= 0 names
+    (include/ktcy/quantize.h); aux: zero points or E8M0 exponents; mins: INT4_MIN's and INT8_MIN's.  >= 0 names
     a bad row."""
     if fmt == KTCY_FMT_INT8:
         return ktcy_quantize_int8_rows(w, k, k, i, i + 1, <int8_t *>q, ldq, scale)
@@ -364,6 +364,8 @@ cdef int64_t _quantize_unit(int fmt, const float *w, int64_t n, int64_t k, int g
         return ktcy_quantize_int4_asym_rows(w, k, k, group, i, i + 1, <int8_t *>q, ldq, scale, NULL, mins, ld_scale)
     if fmt == KTCY_FMT_INT8_GROUP:
         return ktcy_quantize_int8_group_rows(w, k, k, group, i, i + 1, <int8_t *>q, ldq, scale, ld_scale)
+    if fmt == KTCY_FMT_INT8_MIN:
+        return ktcy_quantize_int8_min_rows(w, k, k, group, i, i + 1, <int8_t *>q, ldq, scale, mins, ld_scale)
     if fmt == KTCY_FMT_MXFP4 or fmt == KTCY_FMT_MXFP4_A8:
         return ktcy_quantize_mxfp4_rows(w, k, k, i, i + 1, <uint8_t *>q, ldq, aux, ld_scale)
     if fmt == KTCY_FMT_FP8_PERCHANNEL:
@@ -377,7 +379,7 @@ def quantize_weights(int fmt, const float[:, ::1] w, int group=0):
     per-channel scales [n]; INT4 and INT8_GROUP codes [n][k_pad] with scales [k_pad/group][n_pad]; FP8 block
     scales [ceil(n/128)][ceil(k/128)]; formats with zero points return (codes, scales, zero
     points [k_pad/group][n_pad]) with codes minus 8, INT4_MIN (codes minus 8, scales, mins
-    [k_pad/group][n_pad]); MXFP4 returns (E2M1 codes, E8M0 exponents
+    [k_pad/group][n_pad]), INT8_MIN (codes minus 128, scales, mins); MXFP4 returns (E2M1 codes, E8M0 exponents
     [n][ceil(k/32)]).  Rows are quantized in parallel."""
     _check_format_code(fmt)
     cdef const ktcy_format_desc *d = ktcy_format(fmt)

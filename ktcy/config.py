@@ -12,9 +12,9 @@ from ktcy.formats import AMX_BACKENDS, DEFAULT_INT4_GROUP, canonical_format, gro
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """How expert weights are stored: method BF16 | INT8 | INT8_GROUP | INT4 | INT4_ZP | INT4_MIN | FP8 |
+    """How expert weights are stored: method BF16 | INT8 | INT8_GROUP | INT8_MIN | INT4 | INT4_ZP | INT4_MIN | FP8 |
     MXFP4 | MXFP4_A8 (KTransformers names work too); per_channel picks FP8 per-channel scales (else
-    128x128 blocks); group_size is the grouped formats' (INT4 family 32/64/128, INT8_GROUP also 16;
+    128x128 blocks); group_size is the grouped formats' (INT4 family 32/64/128, INT8_GROUP and INT8_MIN also 16;
     other formats ignore it)."""
     method: str = "BF16"
     per_channel: Optional[bool] = None

@@ -29,7 +29,7 @@ from ktcy.safetensors_io import CheckpointError
 from ktcy.version import __version__
 
 MANIFEST_VERSION = "2"  # ktcy_model.json's; each layer file records its own layout
-METHODS = ("AMXINT8", "AMXBF16", "AMXINT4", "INT8", "INT8_GROUP", "INT4", "INT4_ZP", "INT4_MIN", "MXFP4", "MXFP4_A8", "BF16",
+METHODS = ("AMXINT8", "AMXBF16", "AMXINT4", "INT8", "INT8_GROUP", "INT8_MIN", "INT4", "INT4_ZP", "INT4_MIN", "MXFP4", "MXFP4_A8", "BF16",
            "FP8", "FP8_PERCHANNEL")
 _LAYER_PART = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 

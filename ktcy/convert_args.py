@@ -59,7 +59,7 @@ def build_parser(prog="convert_cpu_weights.py"):
                          "layer file there converted differently goes, not only those of --layers "
                          "(never allowed for the input folder)")
     q = p.add_argument_group("quantization")
-    q.add_argument("--method", help="target format: AMXINT8, AMXINT4, AMXBF16, INT8, INT8_GROUP, INT4, INT4_ZP, INT4_MIN, BF16, "
+    q.add_argument("--method", help="target format: AMXINT8, AMXINT4, AMXBF16, INT8, INT8_GROUP, INT8_MIN, INT4, INT4_ZP, INT4_MIN, BF16, "
                                     "FP8 (128x128 blocks), FP8_PERCHANNEL, MXFP4, MXFP4_A8 (default: keep the "
                                     "checkpoint's precision)")
     q.add_argument("--quant-method", metavar="METHOD",

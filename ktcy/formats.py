@@ -24,7 +24,7 @@ def has_groups(fmt):
 
 
 def group_sizes(fmt):
-    """The group sizes a grouped format takes (INT4 family: 32, 64, 128; INT8_GROUP also 16)."""
+    """The group sizes a grouped format takes (INT4 family: 32, 64, 128; INT8_GROUP and INT8_MIN also 16)."""
     return tuple(DESCRIPTORS[fmt]["group_sizes"])
 
 
@@ -53,6 +53,7 @@ _ALIASES = {
     "INT8": "INT8", "AMXINT8": "INT8",
     "INT4": "INT4", "AMXINT4": "INT4",
     "INT4_ZP": "INT4_ZP", "INT4_ASYM": "INT4_ZP", "INT4_MIN": "INT4_MIN", "INT8_GROUP": "INT8_GROUP",
+    "INT8_MIN": "INT8_MIN",
     "MXFP4": "MXFP4", "MXFP4_A8": "MXFP4_A8", "MXFP4_INT8ACT": "MXFP4_A8",
     "FP8": "FP8_BLOCK", "FP8_BLOCK": "FP8_BLOCK", "AMXFP8": "FP8_BLOCK",
     "FP8_PERCHANNEL": "FP8_PERCHANNEL", "AMXFP8_PERCHANNEL": "FP8_PERCHANNEL", "FP8PERCHANNEL": "FP8_PERCHANNEL",

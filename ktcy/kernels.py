@@ -54,6 +54,8 @@ def c_array(a, dtype=None):
 # INT4_ZP, INT4_MIN, whose mins multiply group sums of at most 2^14 by the same bound; INT8
 # applies the activation scale first, see README "Numbers worth knowing").
 _MAX_INT_SCALE = 2.0 ** 96
+# Formats whose codes are unsigned (zero points, mins) store code - offset: nibbles 0..15, bytes 0..255.
+_CODE_OFFSET = {"u4": 8, "s8": 128}
 
 
 def _scale_problem(fmt, scale, what="scale"):
@@ -123,7 +125,7 @@ class PackedWeight:
     #                                      "none" (group scales panel-major [N_pad/16][groups][16]: see group_scales();
     #                                      INT4_MIN's [N_pad/16][groups][32], 16 scales then 16 mins: group_mins())
     colsum: Optional[np.ndarray] = None  # formats whose descriptor keeps colsum (INT8)
-    group_size: int = 0                  # formats with group scales (INT4, INT4_ZP, INT4_MIN, INT8_GROUP)
+    group_size: int = 0                  # formats with group scales (INT4, INT4_ZP, INT4_MIN, INT8_GROUP, INT8_MIN)
     zero: Optional[np.ndarray] = None    # formats with zero points (INT4_ZP): uint8, laid out like the group scales
     _view: object = field(default=None, init=False, repr=False)  # the C descriptor, and what it was
     _made_from: Optional[tuple] = field(default=None, init=False, repr=False)  # made from (native())
@@ -166,7 +168,7 @@ class PackedWeight:
         return self._view
 
     def codes(self):
-        """The stored codes as [N, K]: int8 (INT8, INT8_GROUP, INT4), uint8 nibbles 0..15 (INT4_ZP, INT4_MIN,
+        """The stored codes as [N, K]: int8 (INT8, INT8_GROUP, INT4), uint8 0..255 (INT8_MIN), uint8 nibbles 0..15 (INT4_ZP, INT4_MIN,
         MXFP4's E2M1), E4M3 bytes (FP8) or bf16 bits (BF16).  Read back from the block layout with numpy,
         independently of the C packer."""
         n, k = self.shape
@@ -185,6 +187,8 @@ class PackedWeight:
                 codes = codes.astype(np.int8) - 8
         elif d["code"] == "s8":
             codes = self.data.view(np.int8)
+            if d["mins"]:  # INT8_MIN: the unsigned code u, stored as u - 128
+                codes = (codes.astype(np.int16) + 128).astype(np.uint8)
         elif d["code"] == "bf16":
             codes = self.data.view(np.uint16)
         else:
@@ -204,7 +208,8 @@ class PackedWeight:
         if n == n_pad and k == k_pad:
             return True
         d = descriptor(self.format)
-        zero = 8 if d["zero_points"] or d["mins"] else 0  # raw nibbles (INT4_ZP, INT4_MIN); padding is nibble 8
+        # unsigned codes (INT4_ZP, INT4_MIN nibbles, INT8_MIN bytes): padding is the stored zero, code + offset
+        zero = _CODE_OFFSET[d["code"]] if d["zero_points"] or d["mins"] else 0
         panels = n_pad // 16
         per_panel = self.data.size // panels
 
@@ -289,7 +294,7 @@ class PackedWeight:
 def pack(W: np.ndarray, format: str = "INT8", group_size: int = DEFAULT_INT4_GROUP) -> PackedWeight:
     """Quantize (if the format asks) and pack a float weight matrix W[N][K] (out x in).
     format: a format or KTransformers backend name (ktcy.FORMATS); group_size: for grouped formats
-    (INT4, INT4_ZP, INT4_MIN: 32, 64, 128; INT8_GROUP also 16).  Raises ValueError for unknown formats, bad group sizes or
+    (INT4, INT4_ZP, INT4_MIN: 32, 64, 128; INT8_GROUP and INT8_MIN also 16).  Raises ValueError for unknown formats, bad group sizes or
     non-finite weights, TypeError for non-float input."""
     fmt = canonical_format(format)
     group = group_size if has_groups(fmt) else weight_group(fmt)
@@ -320,7 +325,8 @@ def pack(W: np.ndarray, format: str = "INT8", group_size: int = DEFAULT_INT4_GRO
     if descriptor(fmt)["mins"]:
         codes, scale, mins = quantized
         _refuse_unrepresentable(fmt, np.concatenate([scale, mins]), w)
-        return pack_quantized((codes[:, :k] + 8).astype(np.uint8), scale, fmt, group_size=group, mins=mins)
+        unsigned = codes[:, :k].astype(np.int16) + _CODE_OFFSET[descriptor(fmt)["code"]]
+        return pack_quantized(unsigned.astype(np.uint8), scale, fmt, group_size=group, mins=mins)
     codes, scale = quantized
     _refuse_unrepresentable(fmt, scale, w)
     return pack_quantized(codes[:, :k], scale, fmt, group_size=group or None)
@@ -350,6 +356,8 @@ def pack_quantized(codes: np.ndarray, scale: Optional[np.ndarray], format: str, 
     weight's own are group_scales() and group_zero_points(), not .scale/.zero, which are panel-major);
     unsigned codes 0..15 [N,K] + scale and float mins, each [K_pad/group, N_pad] or [N, K/group]
     (INT4_MIN: w = s * q + min, llama.cpp's Q4_K and Q4_1; group_mins() gives them back);
+    unsigned codes 0..255 [N,K] + scale and float mins likewise (INT8_MIN: w = s * u + min,
+    llama.cpp's Q5_K and Q5_1);
     E4M3 bytes or float8_e4m3fn [N,K] + scale [N] / [N,1] (FP8 per channel) or
     [ceil(N/128), ceil(K/128)] (FP8 block); bf16 bits (BF16); E2M1 codes 0..15 [N,K] + E8M0
     exponents uint8 [N, ceil(K/32)] (MXFP4 and MXFP4_A8, the scale 2^(e - 127) of each channel's 32
@@ -381,11 +389,12 @@ def pack_quantized(codes: np.ndarray, scale: Optional[np.ndarray], format: str, 
             codes = codes.view(np.uint8)
         _expect_dtype(codes, np.uint8, f"{fmt} codes (E4M3 bytes or float8_e4m3fn)")
     elif d["zero_points"] or d["mins"]:
+        offset = _CODE_OFFSET[code]  # the layout stores the unsigned code minus the offset
         if not np.issubdtype(codes.dtype, np.integer):
-            raise TypeError(f"{fmt} codes must be integers 0..15, got {codes.dtype}")
-        if codes.min() < 0 or codes.max() > 15:
-            raise ValueError(f"{fmt} codes must lie in [0, 15]")
-        codes = (codes.astype(np.int16) - 8).astype(np.int8)  # the layout stores code + 8
+            raise TypeError(f"{fmt} codes must be integers 0..{2 * offset - 1}, got {codes.dtype}")
+        if codes.min() < 0 or codes.max() > 2 * offset - 1:
+            raise ValueError(f"{fmt} codes must lie in [0, {2 * offset - 1}]")
+        codes = (codes.astype(np.int16) - offset).astype(np.int8)
     else:
         _expect_dtype(codes, np.int8, f"{fmt} codes")
         if code == "s8" and d["scale"] != "group" and k > INT8_MAX_K:

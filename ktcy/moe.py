@@ -45,10 +45,11 @@ log = logging.getLogger("ktcy")
 # 0.95-1.05x and stays at 8.  BF16 from 5 rows too (two runs, 7 rounds: T = 64 0.95x, T = 128
 # 0.89-0.91x, T = 32 and 256 0.99-1.0x; from 6 rows 0.95-1.03x).
 # INT4_MIN runs INT4_ZP's tiles with one more float add per group and takes its rows (not
-# measured on AMX apart); INT8_GROUP folds a group per K step as they do, and takes their rows
-# too (not measured on AMX).
+# measured on AMX apart); INT8_GROUP and INT8_MIN fold a group per K step as they do, and take
+# their rows too (not measured on AMX).
 AMX_MIN_ROWS = {"BF16": 5, "INT8": 8, "FP8_PERCHANNEL": 8, "FP8_BLOCK": 8, "MXFP4": 5,
-                "INT4": 32, "INT4_ZP": 32, "MXFP4_A8": 64, "INT4_MIN": 32, "INT8_GROUP": 32}
+                "INT4": 32, "INT4_ZP": 32, "MXFP4_A8": 64, "INT4_MIN": 32, "INT8_GROUP": 32,
+                "INT8_MIN": 32}
 
 _DECODE_LADDER = ("avx512", "avx2", "ref")
 
@@ -408,7 +409,7 @@ def _checked_bias(bias, E, H, I):
 
 
 def _pack_released(w, spec, fmt, group):
-    """Codes as released (INT4 / INT4_ZP / INT4_MIN / INT8 / INT8_GROUP / MXFP4 with their spec dict): packed as
+    """Codes as released (INT4 / INT4_ZP / INT4_MIN / INT8 / INT8_GROUP / INT8_MIN / MXFP4 with their spec dict): packed as
     stored when fmt is their format (in a smaller group than theirs: split exactly), else dequantized
     exactly and packed in fmt."""
     if not isinstance(spec, dict) or "format" not in spec:
@@ -416,7 +417,7 @@ def _pack_released(w, spec, fmt, group):
     stored = spec["format"]
     if stored == "MXFP4":
         packed = kernels.pack_quantized(w, spec.get("exponents"), fmt if keeps_codes(stored, fmt) else stored)
-    elif stored in ("INT4", "INT4_ZP", "INT4_MIN", "INT8", "INT8_GROUP"):
+    elif stored in ("INT4", "INT4_ZP", "INT4_MIN", "INT8", "INT8_GROUP", "INT8_MIN"):
         packed = kernels.pack_quantized(w, spec.get("scale"), stored, group_size=spec.get("group_size"),
                                         zero_points=spec.get("zero_points"), mins=spec.get("mins"))
     else:

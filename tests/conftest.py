@@ -104,8 +104,8 @@ def per_channel_group_pairs(a, n):
 
 
 def int4_exact_reference(x, packed):
-    """INT4 / INT4_ZP / INT4_MIN by the documented epilogue, from integers: per group the int32
-    sum of q_x * (code - zero point), acc = acc + float(sum) * scale, and for INT4_MIN then
+    """INT4 / INT4_ZP / INT4_MIN / INT8_GROUP / INT8_MIN by the documented epilogue, from integers:
+    per group the int32 sum of q_x * (code - zero point), acc = acc + float(sum) * scale, and with mins then
     acc = fma(float(sum of q_x), min, acc) (float32, groups in order), then times the row scale."""
     n, k = packed.shape
     g, k_pad = packed.group_size, packed.k_pad
@@ -117,7 +117,7 @@ def int4_exact_reference(x, packed):
     if packed.zero is not None:  # INT4's codes() are already code - 8
         qw[:, :k] -= np.repeat(per_channel_groups(packed.zero, n).astype(np.int64), g, axis=1)[:, :k]
     mins = None
-    if packed.format == "INT4_MIN":
+    if packed.format in ("INT4_MIN", "INT8_MIN"):
         scale, mins = per_channel_group_pairs(packed.scale, n)
     else:
         scale = per_channel_groups(packed.scale, n)

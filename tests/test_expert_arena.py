@@ -45,7 +45,7 @@ def _root(a):
     return a
 
 
-@pytest.mark.parametrize("fmt", ["BF16", "INT8", "INT4", "INT4_ZP", "INT4_MIN", "INT8_GROUP", "FP8_PERCHANNEL", "FP8_BLOCK",
+@pytest.mark.parametrize("fmt", ["BF16", "INT8", "INT4", "INT4_ZP", "INT4_MIN", "INT8_GROUP", "INT8_MIN", "FP8_PERCHANNEL", "FP8_BLOCK",
                                  "MXFP4"])
 def test_from_weights_puts_every_expert_in_one_aligned_buffer(fmt):
     gate, up, down = _sources()

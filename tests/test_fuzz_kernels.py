@@ -16,7 +16,7 @@ from conftest import I16_PATH_OFF, I16_PATH_ON, MXFP4_I16_PATHS, bf16_round, i16
 from ktcy import kernels
 from ktcy.formats import descriptor, has_groups
 
-INT_FORMATS = ("INT8", "INT4", "INT4_ZP", "INT4_MIN", "MXFP4_A8", "INT8_GROUP")
+INT_FORMATS = ("INT8", "INT4", "INT4_ZP", "INT4_MIN", "MXFP4_A8", "INT8_GROUP", "INT8_MIN")
 FLOAT_FORMATS = ("BF16", "FP8_PERCHANNEL", "FP8_BLOCK", "MXFP4")
 FORMATS = INT_FORMATS + FLOAT_FORMATS
 ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 31, 32, 33, 36, 37, 64, 100)

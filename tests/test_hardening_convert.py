@@ -315,7 +315,7 @@ def test_converter_arguments_fuzz(text, qc):
 @pytest.mark.parametrize("text,needle", [
     ('{"method": "FP8", "per_channel": "no"}', "true or false"), ('{"method": "FP8", "per_channel": 1}', "true or false"),
     ('{"method": "INT8", "grop_size": 32}', "unknown key(s) 'grop_size'"), ('{"method": "INT4", "group_size": 48}', "32, 64, 128"),
-    ('{"method": "INT8", "group_size": 32}', "INT4 / INT4_ZP / INT4_MIN / INT8_GROUP only"), ('{"per_channel": true}', '"method"'),
+    ('{"method": "INT8", "group_size": 32}', "INT4 / INT4_ZP / INT4_MIN / INT8_GROUP / INT8_MIN only"), ('{"per_channel": true}', '"method"'),
     ('["INT8"]', "JSON object"), ('{"method": "INT8"', "not valid JSON"), ('{"method": "BF16", "per_channel": true}', "does not fit"),
     ('{"method": "FP8_PERCHANNEL", "per_channel": false}', "does not fit"),
     ('{"method": "INT8", "method": "INT4"}', "lists 'method' twice"), ("[" * 100000, "not valid JSON"),
@@ -339,7 +339,7 @@ def test_quant_config_group_size_is_honoured(src, tmp_path):
     assert parse_quant_config('{"method": "int4"}') == ("INT4", None)
     assert_one_line_error(cli("--input", src, "--output", out, "--quant-config", '{"method": "INT4", "group_size": 32}',
                               "--group-size", "128"), "disagree")
-    assert_one_line_error(cli("--input", src, "--output", out, "--method", "INT8", "--group-size", "32"), "INT4 / INT4_ZP / INT4_MIN / INT8_GROUP only")
+    assert_one_line_error(cli("--input", src, "--output", out, "--method", "INT8", "--group-size", "32"), "INT4 / INT4_ZP / INT4_MIN / INT8_GROUP / INT8_MIN only")
 
 
 # -- item 15 and issue 17: command lines ---------------------------------------------------------

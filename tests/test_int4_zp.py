@@ -88,7 +88,7 @@ def test_bad_codes_and_zero_points_are_refused(bad):
                                zero_points=None if bad == "missing" else zero)
 
 
-@pytest.mark.parametrize("fmt,group", [(f, 32) for f in ASYMMETRIC] + [("INT8_GROUP", 16)])
+@pytest.mark.parametrize("fmt,group", [(f, 32) for f in ASYMMETRIC] + [("INT8_GROUP", 16), ("INT8_MIN", 16)])
 def test_moe_and_packed_file(tmp_path, fmt, group):
     rng = np.random.default_rng(7)
     E, k, H, I = 5, 2, 128, 96

@@ -465,7 +465,7 @@ GUARDED_GEMMS = GUARD_HELPER + textwrap.dedent("""
             rng = np.random.default_rng(m + n + k)
             W = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
             X = rng.standard_normal((m, k)).astype(np.float32)
-            group = 16 if fmt == "INT8_GROUP" else 32  # its 4-row groups and 16-byte AMX steps
+            group = 16 if fmt in ("INT8_GROUP", "INT8_MIN") else 32  # their 4-row groups and 16-byte AMX steps
             p = kernels.pack(W, fmt, group_size=group) if fmt in GROUPED_FORMATS else kernels.pack(W, fmt)
             moved = {f: at_page_end(getattr(p, f)) for f in ("data", "scale", "colsum", "zero")
                      if getattr(p, f) is not None}

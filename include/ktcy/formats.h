@@ -3,7 +3,8 @@
  * Cython layer exports it to Python (ktcy._native.format_descriptors()).
  *
  * Columns of a row (KTCY_ROW_<id>; <id> is the enum suffix KTCY_FMT_<id> and the Python name):
- *   code          how one weight is stored:  S8 int8 | U4 4-bit code (+8 when symmetric) | BF16 bits |
+ *   code          how one weight is stored:  S8 int8 (with mins: the unsigned code u as u - 128) |
+ *                 U4 4-bit code (+8 when symmetric) | BF16 bits |
  *                 E4M3 byte | E2M1 4-bit float (MXFP4, OCP microscaling)
  *   block_k       K values of one channel in a packed block (16 channels per block)
  *   block_bytes   bytes of one packed block
@@ -19,7 +20,8 @@
  *                 laid out like the GROUP scales; 0: the code's fixed bias (INT4: z = 8)
  *   colsum        1 when the packed weight keeps each channel's code sum [n_pad] (s8 codes on VNNI)
  *   mins          1: each (K group, channel) also has a float offset, w = s * code + min (the value of
- *                 code 0: llama.cpp's Q4_K and Q4_1), kept in the GROUP scale array beside the scales
+ *                 code 0: llama.cpp's Q4_K and Q4_1 (U4), Q5_K and Q5_1 (S8: codes 0..255)), kept in
+ *                 the GROUP scale array beside the scales
  *                 (each panel's group holds its 16 scales, then its 16 mins: ktcy_side_width 2)
  *
  * Adding a format: a row and a KTCY_FORMAT_LIST entry here, one traits header fmt_<id>.h, its
@@ -56,9 +58,10 @@
 #define KTCY_ROW_MXFP4_A8       KTCY_CODE_E2M1, 64, 544,  KTCY_ACT_INT8, KTCY_SCALE_IN_BLOCK, 32,                    0, 0, 0
 #define KTCY_ROW_INT4_MIN       KTCY_CODE_U4,   64, 512,  KTCY_ACT_INT8, KTCY_SCALE_GROUP,    KTCY_GROUPS_32_64_128, 0, 0, 1
 #define KTCY_ROW_INT8_GROUP     KTCY_CODE_S8,   64, 1024, KTCY_ACT_INT8, KTCY_SCALE_GROUP,    KTCY_GROUPS_16_TO_128, 0, 0, 0
+#define KTCY_ROW_INT8_MIN       KTCY_CODE_S8,   64, 1024, KTCY_ACT_INT8, KTCY_SCALE_GROUP,    KTCY_GROUPS_16_TO_128, 0, 0, 1
 
 /* Every format, in enum order (the numbers are part of the packed-file metadata: append only). */
-#define KTCY_FORMAT_LIST(X) X(BF16) X(INT8) X(INT4) X(FP8_PERCHANNEL) X(FP8_BLOCK) X(INT4_ZP) X(MXFP4) X(MXFP4_A8) X(INT4_MIN) X(INT8_GROUP)
+#define KTCY_FORMAT_LIST(X) X(BF16) X(INT8) X(INT4) X(FP8_PERCHANNEL) X(FP8_BLOCK) X(INT4_ZP) X(MXFP4) X(MXFP4_A8) X(INT4_MIN) X(INT8_GROUP) X(INT8_MIN)
 
 /* One column of a row, usable in #if: KTCY_ROW_COL(BLOCK_BYTES, KTCY_ROW_INT8) -> 1024 (the
  * columns the skeletons read; add an accessor when another is needed). */

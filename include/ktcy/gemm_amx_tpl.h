@@ -28,6 +28,9 @@
  *   KT_(has_mins)(w)                  whether this weight has it (group_cols then writes the
  *                                     columns' values KT_AMX_MIN_COLS floats after the factors)
  *   KT_(min_row)(a, m, g, groups)     row m's value for group g, added times the column's to acc
+ *   and with KT_AMX_CODE_BIAS 1 too, for weights with mins:
+ *   KT_(code_bias_row)(a, m, g, groups) an int32 added to row m's C elements of group g before
+ *                                     they are folded (INT8_MIN: 128 x the group sum)
  * The epilogues run a row at a time over contiguous columns with the factors hoisted, so the
  * compiler vectorizes them: on real tiles they follow every group's TDPs and would otherwise
  * cost more than the TDPs themselves.
@@ -63,6 +66,9 @@ static const int KT_(formats) = KT_FORMATS; /* the descriptor rows this variant 
 #endif
 #ifndef KT_AMX_DECODE_IN_LOOP
 #define KT_AMX_DECODE_IN_LOOP 0
+#endif
+#ifndef KT_AMX_CODE_BIAS
+#define KT_AMX_CODE_BIAS 0
 #endif
 #ifndef KT_AMX_GROUP_MINS
 #define KT_AMX_GROUP_MINS 0
@@ -162,10 +168,15 @@ KT_AI void KT_(fold_rows)(float *restrict acc, const KT_C_T *restrict c, int row
         const float r = KT_(group_row)(a, m0 + i);
         float *restrict ar = acc + i * 32;
         const KT_C_T *restrict cr = c + i * 32;
+#if KT_AMX_GROUP_MINS && KT_AMX_CODE_BIAS
+        const KT_C_T cb = mins_groups ? KT_(code_bias_row)(a, m0 + i, g, mins_groups) : 0;
+#else
+        const KT_C_T cb = 0;
+#endif
         if (g == 0)
-            for (int j = 0; j < cols; ++j) ar[j] = KT_(tile_group)(0.0f, cr[j], r, s[j]);
+            for (int j = 0; j < cols; ++j) ar[j] = KT_(tile_group)(0.0f, cr[j] + cb, r, s[j]);
         else
-            for (int j = 0; j < cols; ++j) ar[j] = KT_(tile_group)(ar[j], cr[j], r, s[j]);
+            for (int j = 0; j < cols; ++j) ar[j] = KT_(tile_group)(ar[j], cr[j] + cb, r, s[j]);
 #if KT_AMX_GROUP_MINS
         if (mins_groups) { /* added after the group's product, as the vector kernels do: the same bits */
             const float mr = KT_(min_row)(a, m0 + i, g, mins_groups);
@@ -355,6 +366,7 @@ KT_TARGET static int KT_GEMM(const ktcy_act *a, const ktcy_weight *w, float *y, 
 #undef KT_DECODE_AHEAD
 #undef KT_B_AHEAD
 #undef KT_AMX_GROUP_MINS
+#undef KT_AMX_CODE_BIAS
 #undef KT_AMX_MIN_COLS
 #undef KT_COLS
 #include "traits_end.h"
