@@ -10,11 +10,13 @@ and must agree with the metadata (`{arch}.expert_count`, `.expert_used_count`,
 Codes a ktcy format holds exactly are kept: Q4_0 (d * (q - 8) over 32 values) is INT4 with group
 32, Q4_K (d * sc * q - dmin * m per 32 values) and Q4_1 (d * q + m) are INT4_MIN with group 32,
 Q8_0 (d * q) and Q5_0 (d * (q - 16)) are INT8_GROUP with group 32, Q6_K (d * sc * (q - 32) per
-16 values) INT8_GROUP with group 16, MXFP4 is MXFP4, BF16 is BF16 (F16 and F32 round to BF16, as
-from safetensors).  A layer stored in these loads with method=None: one format takes the
-smallest group of its tensors (Q8_0 beside Q6_K: 16), and down may have a format of its own
-(Q4_K_M: Q4_K gate and up as INT4_MIN, Q6_K down as INT8_GROUP).  Every other ggml type (Q5_K,
-Q2_K, ...) has no ktcy twin, and neither have gate and up of two formats: loading needs a method.
+16 values) INT8_GROUP with group 16, Q5_K (d * sc * q - dmin * m) and Q5_1 (d * q + m) INT8_MIN
+with group 32, MXFP4 is MXFP4, BF16 is BF16 (F16 and F32 round to BF16, as from safetensors).  A
+layer stored in these loads with method=None: one format takes the smallest group of its tensors
+(Q8_0 beside Q6_K: 16), and down may have a format of its own (Q4_K_M: Q4_K gate and up as
+INT4_MIN, Q6_K down as INT8_GROUP; Q5_K_M: Q5_K as INT8_MIN, Q6_K as INT8_GROUP).  Every other
+ggml type (Q2_K, Q3_K, ...) has no ktcy twin, and neither have gate and up of two formats:
+loading needs a method.
 With a method, each tensor a kept type holds in that very format stays as stored (Q4_K_M's
 gate and up with INT4_MIN); the others are dequantized exactly (ktcy.gguf_quants) and quantized.
 Routers and shared experts (MoEModel) are read by ktcy.gguf_blocks."""
@@ -26,7 +28,7 @@ import numpy as np
 from ktcy.checkpoint import MAX_LAYERS, MoEArchitecture, check_expert_index, layer_number
 from ktcy.gguf_io import ArrayValue, GGUFModel
 from ktcy.formats import keeps_codes
-from ktcy.gguf_quants import dequantize, int8_group_parts, q4_01_parts, q4_k_parts, require_decodable
+from ktcy.gguf_quants import dequantize, int8_group_parts, int8_min_parts, q4_01_parts, q4_k_parts, require_decodable
 from ktcy.log import warn_once
 from ktcy.safetensors_io import CheckpointError
 
@@ -40,10 +42,11 @@ ARCHITECTURES = {
 }
 PROJECTIONS = ("gate", "up", "down")
 KEPT = {"Q4_0": "INT4", "Q4_K": "INT4_MIN", "Q4_1": "INT4_MIN", "Q8_0": "INT8_GROUP", "Q5_0": "INT8_GROUP",
-        "Q6_K": "INT8_GROUP", "MXFP4": "MXFP4", "BF16": "BF16", "F16": "BF16", "F32": "BF16"}
+        "Q6_K": "INT8_GROUP", "Q5_K": "INT8_MIN", "Q5_1": "INT8_MIN", "MXFP4": "MXFP4", "BF16": "BF16", "F16": "BF16",
+        "F32": "BF16"}
 # the group each kept grouped type has (INT8_GROUP takes both: a layer mixing them uses 16, each
 # group-32 scale twice, which is exact)
-KEPT_GROUP = {"Q4_0": 32, "Q4_K": 32, "Q4_1": 32, "Q8_0": 32, "Q5_0": 32, "Q6_K": 16}
+KEPT_GROUP = {"Q4_0": 32, "Q4_K": 32, "Q4_1": 32, "Q8_0": 32, "Q5_0": 32, "Q6_K": 16, "Q5_K": 32, "Q5_1": 32}
 _LAYER = re.compile(r"blk\.(\d+)\.ffn_gate(?:_exps|_up_exps|\.\d+)\.weight")
 # a layer's expert tensors: blk.L.ffn_<proj>_exps.<kind> or blk.L.ffn_<proj>.<e>.<kind>
 _EXPERT_TENSOR = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down|gate_up)(?:_exps|\.(\d+))\.(\w+)")
@@ -86,7 +89,8 @@ def _meta_int(meta, key, where, required=True):
 def stored_form(type_name, raw, shape):
     """One [N, K] tensor as ktcy keeps it: Q4_0 as INT4 codes with their group-32 scales, Q4_K and
     Q4_1 as INT4_MIN codes with scales and mins (w = s * q + min), Q8_0 and Q5_0 (group 32) and
-    Q6_K (group 16) as INT8_GROUP codes with their scales, MXFP4 as its nibbles and
+    Q6_K (group 16) as INT8_GROUP codes with their scales, Q5_K and Q5_1 as INT8_MIN codes 0..31
+    with scales and mins (group 32), MXFP4 as its nibbles and
     exponents (each with the spec dict MoE.from_experts reads), any other type as the float32
     values llama.cpp decodes (spec None)."""
     n, k = shape
@@ -101,6 +105,9 @@ def stored_form(type_name, raw, shape):
     if KEPT.get(type_name) == "INT8_GROUP":
         codes, scale, group = int8_group_parts(type_name, raw, n, k)
         return codes, {"format": "INT8_GROUP", "scale": scale, "group_size": group}
+    if KEPT.get(type_name) == "INT8_MIN":
+        codes, scale, mins = int8_min_parts(type_name, raw, n, k)
+        return codes, {"format": "INT8_MIN", "scale": scale, "mins": mins, "group_size": 32}
     if type_name != "MXFP4":
         return dequantize(type_name, raw, shape), None
     blocks = raw.reshape(n * k // 32, -1)

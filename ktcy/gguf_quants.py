@@ -68,9 +68,13 @@ def _q5_0(b):
     return _f16(b, 0) * _q5_0_codes(b).astype(np.float32)
 
 
+def _q5_1_codes(b):
+    """Q5_1's codes 0..31 (uint8 [nb, 32]): the nibbles with their fifth bits on top."""
+    return _nibbles(b[:, 8:24]) | (_high_bits(b, 4, 32) << 4)
+
+
 def _q5_1(b):
-    q = _nibbles(b[:, 8:24]) | (_high_bits(b, 4, 32) << 4)
-    return _f16(b, 0) * q.astype(np.float32) + _f16(b, 2)
+    return _f16(b, 0) * _q5_1_codes(b).astype(np.float32) + _f16(b, 2)
 
 
 def _q8_0(b):
@@ -184,10 +188,32 @@ def int8_group_parts(type_name, raw, n, k):
     return codes.reshape(n, k), _f16(b, 0).reshape(n, k // 32), 32
 
 
-def _q5_k(b):
+def _q5_k_codes(b):
+    """Q5_K's codes 0..31 (uint8 [nb, 256]): Q4_K's nibbles with bit t of high byte i on top of
+    value 32t + i."""
     nb = b.shape[0]
-    bits = _high_bits(b, 16, 256).reshape(nb, 32, 8).transpose(0, 2, 1).reshape(nb, 256)  # bit t of byte i -> 32t + i
-    return _k_quant(b, _k_nibbles(b[:, 48:176]) | (bits << 4))
+    bits = _high_bits(b, 16, 256).reshape(nb, 32, 8).transpose(0, 2, 1).reshape(nb, 256)
+    return _k_nibbles(b[:, 48:176]) | (bits << 4)
+
+
+def _q5_k(b):
+    return _k_quant(b, _q5_k_codes(b))
+
+
+def int8_min_parts(type_name, raw, n, k):
+    """Q5_K's or Q5_1's [n, k] tensor as (codes 0..31 uint8 [n, k], scale [n, k/32], min
+    [n, k/32]) in float32: Q5_K d * sc and -(dmin * m), Q5_1 d and m.  Each is exact (an 11-bit
+    significand times a 6-bit integer), so s * q + min rounded as the decoders round is their
+    value bit for bit."""
+    if type_name == "Q5_K":
+        b = raw.reshape(n * k // 256, 176)
+        sc, low = _k_scale_min(b[:, 4:16])
+        return (_q5_k_codes(b).reshape(n, k), (_f16(b, 0) * sc).reshape(n, k // 32),
+                -(_f16(b, 2) * low).reshape(n, k // 32))
+    if type_name != "Q5_1":
+        raise ValueError(f"{type_name} has no 5-bit codes with a scale and a min per group")
+    b = raw.reshape(n * k // 32, 24)
+    return _q5_1_codes(b).reshape(n, k), _f16(b, 0).reshape(n, k // 32), _f16(b, 2).reshape(n, k // 32)
 
 
 def _q6_k_codes(b):

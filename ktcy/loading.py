@@ -52,7 +52,7 @@ def load_experts(path: PathLike, layer: int, method: Optional[str] = None, isa: 
         compressed-tensors / GPTQ -> INT4, INT4 with zero points of GPTQ / AWQ / compressed-tensors
         -> INT4_ZP, GPT-OSS's MXFP4 -> MXFP4, each with its own group size; GGUF's Q4_0 -> INT4
         group 32, Q4_K and Q4_1 -> INT4_MIN group 32, Q8_0 and Q5_0 -> INT8_GROUP group 32, Q6_K ->
-        INT8_GROUP group 16, MXFP4 -> MXFP4, BF16/F16/F32 -> BF16, down in its own format where it
+        INT8_GROUP group 16, Q5_K and Q5_1 -> INT8_MIN group 32, MXFP4 -> MXFP4, BF16/F16/F32 -> BF16, down in its own format where it
         differs (Q4_K_M), and its other types need a method, which keeps the tensors it holds as stored); a format or
         KTransformers backend name ("INT8", "AMXINT4", "FP8", ...) quantizes on load (released
         codes are dequantized exactly first).  A converted folder is loaded as it was packed (gate

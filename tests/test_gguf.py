@@ -165,8 +165,9 @@ def test_float_types_load_as_bf16(tmp_path, types):
         assert rel(ktcy.load_experts(path, 1, isa=isa).forward(x, ids, wts), ref) < 6e-3, isa
 
 
-@pytest.mark.parametrize("types", [("Q4_K", "Q6_K", "Q6_K"), ("Q8_0", "Q8_0", "Q5_1"), ("Q5_K", "Q2_K", "Q3_K"),
-                                   ("Q4_1", "Q5_0", "Q5_1"), ("Q4_0", "Q4_0", "Q5_K"), ("IQ4_XS", "IQ4_XS", "IQ4_NL")])
+@pytest.mark.parametrize("types", [("Q4_K", "Q6_K", "Q6_K"), ("Q8_0", "Q8_0", "Q2_K"), ("Q5_K", "Q2_K", "Q3_K"),
+                                   ("Q4_1", "Q5_0", "Q5_1"), ("Q4_0", "Q4_0", "Q3_K"), ("IQ4_XS", "IQ4_XS", "IQ4_NL"),
+                                   ("Q5_K", "Q6_K", "Q8_0")])
 def test_other_types_need_a_method_and_dequantize_exactly(tmp_path, types, caplog):
     path = str(tmp_path / "m.gguf")
     truth = write_model(path, dict(zip(("gate", "up", "down"), types)))
@@ -242,6 +243,66 @@ def test_q4_k_and_q4_1_are_kept_as_int4_min_group_32(tmp_path, type_name):
     assert rel(y, silu_reference(x, ids, wts, truth, 1)) < 0.03  # the int8 activations' error only
     for isa in isas():  # the same bits everywhere
         assert np.array_equal(ktcy.load_experts(path, 1, isa=isa).forward(x, ids, wts), y), isa
+
+
+def _q5_fields(type_name, raw, n, k):
+    """Q5_K's and Q5_1's codes, scales and mins read from ggml's block structs, written here from
+    the format apart from the reader: (codes 0..31 [n, k], scale [n, k/32], min [n, k/32]).
+      block_q5_1: f16 d, f16 m, uint32 high bits (bit j: value j's fifth bit), 16 bytes of
+        nibbles (value j the low nibble of byte j, value j + 16 its high one); w = d * q + m.
+      block_q5_K: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins (as Q4_K), 32 bytes qh,
+        128 bytes qs: value 64c + i is the low nibble of qs byte 32c + i, 64c + 32 + i its high
+        one, and bit 2c (resp. 2c + 1) of qh byte i on top; w = d * sc * q - dmin * m."""
+    if type_name == "Q5_1":
+        b = raw.reshape(-1, 24)
+        high = b[:, 4:8].copy().view(np.uint32)[:, 0]
+        codes = np.zeros((len(b), 32), np.uint8)
+        for j in range(32):
+            nib = b[:, 8 + j % 16] & 0xF if j < 16 else b[:, 8 + j % 16] >> 4
+            codes[:, j] = nib | (((high >> j) & 1) << 4)
+        half = lambda at: b[:, at:at + 2].copy().view(np.float16).astype(np.float32).reshape(n, k // 32)  # noqa: E731
+        return codes.reshape(n, k), half(0), half(2)
+    b = raw.reshape(-1, 176)
+    as_q4_k = np.concatenate([b[:, :16], b[:, 48:]], axis=1)  # d, dmin, scales, nibbles: Q4_K's block
+    nibbles, scale, mins = _q4_k_fields(np.ascontiguousarray(as_q4_k), n, k)
+    codes = nibbles.reshape(-1, 256).copy()
+    for c in range(4):
+        for i in range(32):
+            codes[:, 64 * c + i] |= ((b[:, 16 + i] >> (2 * c)) & 1) << 4
+            codes[:, 64 * c + 32 + i] |= ((b[:, 16 + i] >> (2 * c + 1)) & 1) << 4
+    return codes.reshape(n, k), scale, mins
+
+
+@pytest.mark.parametrize("types", [("Q5_K",) * 3, ("Q5_1",) * 3, ("Q5_K", "Q5_K", "Q6_K"), ("Q5_1", "Q5_1", "Q8_0")])
+def test_q5_k_and_q5_1_are_kept_as_int8_min_group_32(tmp_path, types, caplog):
+    """Kept as stored with method=None: the file's codes, scales and mins; s * q + min in float32
+    is llama.cpp's value bit for bit.  Q5_K_M's Q6_K down (and Q8_0 beside Q5_1) keeps its own
+    format, INT8_GROUP."""
+    path = str(tmp_path / "m.gguf")
+    truth = write_model(path, dict(zip(("gate", "up", "down"), types)))
+    with caplog.at_level("WARNING", logger="ktcy"):
+        moe = ktcy.load_experts(path, 1)
+    assert "quantizes it again" not in caplog.text
+    assert moe.format == "INT8_MIN" and moe.gate[0].group_size == 32
+    assert moe.down_format == ("INT8_MIN" if types[2] == types[0] else "INT8_GROUP")
+    layer = GGUFCheckpoint(path).layer(1)
+    for proj, type_name in zip(("gate", "up", "down"), types):
+        for e in range(E):
+            p = getattr(moe, proj)[e]
+            if type_name.startswith("Q5"):
+                codes, scale, mins = _q5_fields(type_name, layer._raw(proj, e)[1], *p.shape)
+                assert np.array_equal(p.codes(), codes), (proj, e)
+                assert np.array_equal(p.group_scales()[:, :p.shape[0]].T, scale), (proj, e)
+                assert np.array_equal(p.group_mins()[:, :p.shape[0]].T, mins), (proj, e)
+            assert np.array_equal(p.dequantize(np.float32), truth[1, proj][e]), (proj, e)
+    assert max(int(p.codes().max()) for p in moe.gate) == 31  # five bits, kept in bytes
+    x, ids, wts = inputs()
+    y = moe.forward(x, ids, wts)
+    assert rel(y, silu_reference(x, ids, wts, truth, 1)) < 0.03  # the int8 activations' error only
+    for isa in isas():  # the same bits everywhere
+        other = ktcy.load_experts(path, 1, isa=isa)
+        assert np.array_equal(other.forward(x, ids, wts), y), isa
+        assert np.array_equal(other.forward(x[:1], ids[:1], wts[:1]), y[:1]), isa
 
 
 def _int8_group_fields(type_name, raw, n, k):
@@ -563,7 +624,8 @@ def test_a_converted_q4_k_m_layer_is_loaded_as_packed_and_its_down_format_checke
                                                  ("qwen3moe", ("Q4_K", "Q4_K", "Q6_K"), "INT4_MIN"),
                                                  ("qwen3moe", ("Q4_K", "Q4_K", "Q6_K"), None),
                                                  ("qwen3moe", ("Q4_0", "Q4_0", "Q8_0"), None),
-                                                 ("qwen3moe", ("Q8_0", "Q8_0", "Q6_K"), None)])
+                                                 ("qwen3moe", ("Q8_0", "Q8_0", "Q6_K"), None),
+                                                 ("qwen3moe", ("Q5_K", "Q5_K", "Q6_K"), None)])
 def test_convert_round_trip_equals_loading_the_gguf(tmp_path, arch, types, method):
     """A converted layer is the GGUF layer as load_experts packs it, byte for byte: Q4_K_M's Q6_K
     down too, in a format of its own (layout 3), and Q8_0 beside Q6_K in one format (group 16)."""
@@ -756,14 +818,14 @@ def test_gguf_rewritten_in_place_during_convert_is_refused(tmp_path):
 
 
 def test_convert_checks_every_layer_before_writing(tmp_path):
-    """Layer 1 Q4_0 (kept as INT4), layer 2 Q5_K (needs a method), method=None: convert packs
+    """Layer 1 Q4_0 (kept as INT4), layer 2 Q2_K (needs a method), method=None: convert packs
     and writes layer 1, then fails on layer 2, leaving a layer file and no manifest; a rerun
     with --method INT4 then meets a 'differs from this conversion' conflict.  wanted(L) can be
     evaluated for every chosen layer before any work."""
     path, out = str(tmp_path / "m.gguf"), tmp_path / "out"
     rng = np.random.default_rng(0)
     w = _writer(path, blocks=3)
-    for L, t in ((1, "Q4_0"), (2, "Q5_K")):
+    for L, t in ((1, "Q4_0"), (2, "Q2_K")):
         for proj in ("gate", "up", "down"):
             w.add_tensor(f"blk.{L}.ffn_{proj}_exps.weight", random_blocks(t, E * 256 * 256, rng).reshape(E, 256, -1),
                          raw_dtype=T[t])

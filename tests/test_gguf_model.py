@@ -207,7 +207,7 @@ def bf16_round(x):
 
 def write_block_model(path, arch, meta=None, bias=False, shared=None, shared_gate=False, layers=(1,), blocks=2,
                       seed=0, expert_type="BF16", router=None, extra=None, shared_type=None, skip=()):
-    """A GGUF model of `arch` with MoE layers `layers`: BF16 (or Q4_0) experts, an F32 router,
+    """A GGUF model of `arch` with MoE layers `layers`: BF16 (or Q4_0, Q8_0, Q5_1) experts, an F32 router,
     exp_probs_b when `bias`, `shared`-wide shared experts (and their gate); `meta` adds or (None)
     removes `{arch}.` keys; `extra` adds tensors.  Returns the values written, per layer."""
     rng = np.random.default_rng(seed)
@@ -231,7 +231,7 @@ def write_block_model(path, arch, meta=None, bias=False, shared=None, shared_gat
         if values.size == 0:  # a zero-width tensor, as a hostile file may hold one
             w.add_tensor(name, values)
             return values
-        if kind in ("Q4_0", "Q8_0"):
+        if kind in ("Q4_0", "Q8_0", "Q5_1"):
             raw = gguf.quants.quantize(values.reshape(-1, values.shape[-1]), T[kind])
             w.add_tensor(name, raw.reshape(values.shape[:-1] + (-1,)), raw_dtype=T[kind])
             return gguf.quants.dequantize(raw, T[kind]).reshape(values.shape).astype(np.float32)
@@ -484,7 +484,8 @@ def test_run_block_reads_a_gguf_model(tmp_path):
 
 
 @pytest.mark.parametrize("routed, shared, kept", [("Q4_0", "BF16", "BF16"), ("Q4_0", "Q8_0", "INT8_GROUP"),
-                                                  ("BF16", "Q4_0", "INT4"), ("BF16", "F32", "BF16")])
+                                                  ("BF16", "Q4_0", "INT4"), ("BF16", "F32", "BF16"),
+                                                  ("Q4_0", "Q5_1", "INT8_MIN")])
 def test_shared_experts_keep_their_own_precision_without_a_backend(tmp_path, routed, shared, kept):
     path = str(tmp_path / "m.gguf")
     truth = write_block_model(path, "deepseek2", {"expert_gating_func": 2}, bias=True, shared=64,

@@ -260,9 +260,9 @@ def test_quantize_q4_k_writes_what_llama_cpp_decodes():
 
 
 @pytest.mark.parametrize("expert_type,fmt", [("Q4_0", "INT4"), ("Q4_K", "INT4_MIN"), ("Q4_1", "INT4_MIN"),
-                                             ("Q8_0", "INT8_GROUP"), ("Q5_0", "INT8_GROUP"),
+                                             ("Q8_0", "INT8_GROUP"), ("Q5_0", "INT8_GROUP"), ("Q5_1", "INT8_MIN"),
                                              ({"gate": "Q4_K", "up": "Q4_K", "down": "Q8_0"}, ("INT4_MIN", "INT8_GROUP"))],
-                         ids=["Q4_0", "Q4_K", "Q4_1", "Q8_0", "Q5_0", "Q4_K+Q8_0"])
+                         ids=["Q4_0", "Q4_K", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K+Q8_0"])
 def test_quantized_experts_run_as_stored(tmp_path, expert_type, fmt):
     # K-quants store rows in blocks of 256 values: every type at that width
     folder = ckpts.build("qwen3_moe", tmp_path / "hf", seed=0, hidden_size=256, moe_intermediate_size=256)
