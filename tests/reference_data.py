@@ -16,6 +16,10 @@ ASYM_CASES = [("INT4_ZP", 32), ("INT4_ZP", 128), ("INT4_MIN", 32), ("INT4_MIN", 
 INT8_GROUP_REFERENCE = DATA / "int8_group_reference_v1.npz"
 INT8_GROUP_CASES = [("INT8_GROUP", 16), ("INT8_GROUP", 128)]
 MIXED_LAYER = (("INT4_MIN", 32), ("INT8_GROUP", 16))  # gate and up, down
+# INT8_MIN's, and Q5_K_M's pair, made by int8_min_reference_arrays() when it came in, 2026-12-08
+INT8_MIN_REFERENCE = DATA / "int8_min_reference_v1.npz"
+INT8_MIN_CASES = [("INT8_MIN", 16), ("INT8_MIN", 32)]
+MIXED_LAYER_Q5_K_M = (("INT8_MIN", 32), ("INT8_GROUP", 16))
 GEMM_SHAPES = [(1, 40, 200), (17, 72, 300), (33, 48, 520)]
 
 MOE_SHAPE = dict(E=5, k=3, H=136, I=48, T=9)      # H, I not multiples of 64; expert 4 gets no token
@@ -61,24 +65,33 @@ def asym_reference_arrays():
     return _stored_arrays(ASYM_CASES, "int4_ref")
 
 
+def _mixed_layer_output(layer):
+    """MoE.forward on moe_inputs() of a layer (gate and up, down) = ((format, group), (format,
+    group)) on the portable kernels."""
+    import ktcy
+    gate, up, down, x, ids, w = moe_inputs()
+    s = MOE_SHAPE
+    (gu, gu_group), (dn, dn_group) = layer
+    cfg = ktcy.MoeConfig(s["E"], s["k"], s["H"], s["I"], ktcy.QuantConfig(gu, group_size=gu_group), isa="ref",
+                         down_quant_config=ktcy.QuantConfig(dn, group_size=dn_group))
+    return ktcy.MoE.from_weights(cfg, gate, up, down).forward(x, ids, w)
+
+
 def int8_group_reference_arrays():
     """_stored_arrays for INT8_GROUP_CASES, plus "MOE_MIXED": MoE.forward of MIXED_LAYER on the
     portable kernels."""
-    import ktcy
-    out = _stored_arrays(INT8_GROUP_CASES, "int8_group_ref")
-    gate, up, down, x, ids, w = moe_inputs()
-    s = MOE_SHAPE
-    (gu, gu_group), (dn, dn_group) = MIXED_LAYER
-    cfg = ktcy.MoeConfig(s["E"], s["k"], s["H"], s["I"], ktcy.QuantConfig(gu, group_size=gu_group), isa="ref",
-                         down_quant_config=ktcy.QuantConfig(dn, group_size=dn_group))
-    out["MOE_MIXED"] = ktcy.MoE.from_weights(cfg, gate, up, down).forward(x, ids, w)
-    return out
+    return dict(_stored_arrays(INT8_GROUP_CASES, "int8_group_ref"), MOE_MIXED=_mixed_layer_output(MIXED_LAYER))
 
 
-if __name__ == "__main__":  # python tests/reference_data.py [asym|int8_group]: writes that file
+def int8_min_reference_arrays():
+    """_stored_arrays for INT8_MIN_CASES, plus "MOE_MIXED": MoE.forward of MIXED_LAYER_Q5_K_M."""
+    return dict(_stored_arrays(INT8_MIN_CASES, "int8_group_ref"), MOE_MIXED=_mixed_layer_output(MIXED_LAYER_Q5_K_M))
+
+
+if __name__ == "__main__":  # python tests/reference_data.py [asym|int8_group|int8_min]: writes that file
     import sys
     which = sys.argv[1] if len(sys.argv) > 1 else "asym"
-    if which == "asym":
-        np.savez(ASYM_REFERENCE, **asym_reference_arrays())
-    else:
-        np.savez(INT8_GROUP_REFERENCE, **int8_group_reference_arrays())
+    made = {"asym": (ASYM_REFERENCE, asym_reference_arrays), "int8_group": (INT8_GROUP_REFERENCE, int8_group_reference_arrays),
+            "int8_min": (INT8_MIN_REFERENCE, int8_min_reference_arrays)}
+    path, arrays = made[which]
+    np.savez(path, **arrays())

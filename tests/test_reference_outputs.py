@@ -3,7 +3,7 @@
 gemm_reference_v1.npz holds kernels.linear outputs computed on the portable path by the build
 before the format-descriptor redesign; moe_reference_v1.npz holds MoE.forward outputs computed
 with isa="ref"; int4_asym_reference_v1.npz both for INT4_ZP and INT4_MIN, int8_group_reference_v1.npz
-for INT8_GROUP and a layer whose down has its own format (reference_data.py).  Integer formats must match them bit for bit on every ISA this host runs plus
+for INT8_GROUP, INT8_MIN and layers whose down has its own format (reference_data.py).  Integer formats must match them bit for bit on every ISA this host runs plus
 amx_emu (so a file made on an AVX-512 host checks an AVX2-only one, and the other way round);
 BF16/FP8 within 1e-6."""
 import numpy as np
@@ -13,7 +13,8 @@ import ktcy
 from conftest import runnable_variants
 from ktcy import kernels
 from reference_data import (ASYM_CASES, ASYM_REFERENCE, GEMM_REFERENCE, GEMM_SHAPES, INT8_GROUP_CASES,
-                            INT8_GROUP_REFERENCE, MIXED_LAYER, MOE_REFERENCE, MOE_SHAPE, formula, moe_inputs)
+                            INT8_GROUP_REFERENCE, INT8_MIN_CASES, INT8_MIN_REFERENCE, MIXED_LAYER, MIXED_LAYER_Q5_K_M,
+                            MOE_REFERENCE, MOE_SHAPE, formula, moe_inputs)
 
 GEMM_CASES = [("INT8", 0), ("INT4", 32), ("INT4", 64), ("INT4", 128), ("BF16", 0), ("FP8_PERCHANNEL", 0),
               ("FP8_BLOCK", 0)]
@@ -54,9 +55,9 @@ def test_moe_integer_formats_match_the_portable_reference_on_every_isa(fmt, grou
             assert np.array_equal(layer.forward(x[:T], ids[:T], w[:T]), expect[:T]), (isa, T)
 
 
-@pytest.mark.parametrize("fmt,group", ASYM_CASES + INT8_GROUP_CASES)
+@pytest.mark.parametrize("fmt,group", ASYM_CASES + INT8_GROUP_CASES + INT8_MIN_CASES)
 def test_asymmetric_int4_matches_its_stored_reference_on_every_variant_and_isa(fmt, group):
-    stored = np.load(ASYM_REFERENCE if fmt in ("INT4_ZP", "INT4_MIN") else INT8_GROUP_REFERENCE)
+    stored = np.load({"INT8_GROUP": INT8_GROUP_REFERENCE, "INT8_MIN": INT8_MIN_REFERENCE}.get(fmt, ASYM_REFERENCE))
     for i, (m, n, k) in enumerate(GEMM_SHAPES):
         packed = kernels.pack(formula((n, k), 10 + i, 1.0), fmt, group_size=group)
         X = formula((m, k), 20 + i, 1.0)
@@ -87,11 +88,13 @@ def test_swiglu_gives_the_same_bits_on_every_isa(isa):
     assert np.isnan(nan).all()
 
 
-def test_a_layer_with_down_in_its_own_format_matches_its_stored_reference_on_every_isa():
-    stored = np.load(INT8_GROUP_REFERENCE)["MOE_MIXED"]
+@pytest.mark.parametrize("layer,reference", [(MIXED_LAYER, INT8_GROUP_REFERENCE), (MIXED_LAYER_Q5_K_M, INT8_MIN_REFERENCE)],
+                         ids=["Q4_K_M", "Q5_K_M"])
+def test_a_layer_with_down_in_its_own_format_matches_its_stored_reference_on_every_isa(layer, reference):
+    stored = np.load(reference)["MOE_MIXED"]
     gate, up, down, x, ids, w = moe_inputs()
     s = MOE_SHAPE
-    (gu, gu_group), (dn, dn_group) = MIXED_LAYER
+    (gu, gu_group), (dn, dn_group) = layer
     for isa in moe_isas():
         cfg = ktcy.MoeConfig(s["E"], s["k"], s["H"], s["I"], ktcy.QuantConfig(gu, group_size=gu_group), isa=isa,
                              down_quant_config=ktcy.QuantConfig(dn, group_size=dn_group))
