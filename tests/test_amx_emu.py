@@ -162,7 +162,7 @@ def test_amx_and_amx_emu_kernels_come_from_one_source():
     body = (INCLUDE / "gemm_amx_tpl.h").read_text()
     emu, real = binder.split("/* ---- real AMX tiles ---- */")
     # the binder includes the one skeleton once per (format, binding), with no kernel code of its own
-    formats = ("int8", "int4", "bf16", "fp8", "mxfp4", "mxfp4_a8", "int8_group")
+    formats = ("int8", "int4", "bf16", "fp8", "mxfp4", "mxfp4_a8", "int8_group", "int8_min")
     for part, prefix in ((emu, "amx_emu"), (real, "amx")):
         assert part.count('#include "gemm_amx_tpl.h"') == len(formats)
         for f in formats:

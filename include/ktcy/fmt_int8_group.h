@@ -11,14 +11,24 @@
  * plus 128 (an xor: u itself for INT8_MIN) as vpdpbusd's unsigned operand and, for INT8_GROUP,
  * takes 128 x the activation group sum off; AVX2, AVX-512 BW and AMX multiply the signed byte
  * (|w| * (a * sign w) on the vector units) and, for INT8_MIN, add 128 x the group sum.  Those are
- * exact int32 corrections.  Included by a skeleton instantiation; no include guard. */
+ * exact int32 corrections.  Each row is its own variant (fmt_int8_min.h sets KT_I8G_MINS_ROW):
+ * one variant serving both, with the row chosen per weight, took INT8_GROUP's M = 512 tiles on
+ * AVX-512 to 2-2.5x the time (Zen 4).  Included by a skeleton instantiation; no include guard. */
+#ifndef KT_I8G_MINS_ROW
+#define KT_I8G_MINS_ROW 0 /* 1: the INT8_MIN row (fmt_int8_min.h) */
+#endif
+#if KT_I8G_MINS_ROW
+#define KT_ROW KTCY_ROW_INT8_MIN
+#define KT_FORMATS (1 << KTCY_FMT_INT8_MIN)
+#else
 #define KT_ROW KTCY_ROW_INT8_GROUP
-#define KT_FORMATS ((1 << KTCY_FMT_INT8_GROUP) | (1 << KTCY_FMT_INT8_MIN))
+#define KT_FORMATS (1 << KTCY_FMT_INT8_GROUP)
+#endif
 #include "traits_begin.h"
 
 #define KT_I8G_GROUPS(w) ((w)->k_pad >> __builtin_ctz((unsigned)(w)->group))
 #define KT_I8G_AT(w, g, n) ktcy_group_index(KT_I8G_GROUPS(w), (g), (n))
-#define KT_I8G_MINS(w) ((w)->format == KTCY_FMT_INT8_MIN)
+#define KT_I8G_MINS(w) ((void)(w), KT_I8G_MINS_ROW)
 /* Where (group g, channel n)'s scale sits; INT8_MIN's min is 16 floats on. */
 #define KT_I8G_SAT(w, g, n) (KT_I8G_MINS(w) ? 2 * KT_I8G_AT(w, g, n) - (n) % KTCY_PANEL : KT_I8G_AT(w, g, n))
 /* The group sums are those of int8 codes: at most 127 x 128 in magnitude, so 128 x one fits int32. */
@@ -125,44 +135,68 @@ KT_AI void KT_(rows)(const KT_(ctx) *c, const uint8_t *blk, int r, kt_vec2 out[2
     out[1].v0 = _mm512_loadu_si512(blk + r * 64 + 64);
 }
 #endif
-KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const int MB, const int NP,
-                               const ktcy_act *a, const ktcy_weight *w, int64_t m0, int64_t p0, int64_t g) {
-    const int mins = KT_I8G_MINS(w), width = mins ? 2 : 1;
+/* INT8_MIN's epilogue: the exact sum(a * u) from what was multiplied (VNNI: the stored byte +
+ * 128, u itself; BW: the stored byte, plus 128 x the group sum), then the min term. */
+KT_AI void KT_(min_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const int MB, const int NP,
+                             const ktcy_act *a, const ktcy_weight *w, int64_t m0, int64_t p0, int64_t g) {
     const int64_t groups = KT_I8G_GROUPS(w), sat0 = KT_I8G_SAT(w, g, p0 * 16);
-    __m512 s[4];
+    __m512 s[4], mn[4];
     _Pragma("GCC unroll 8")
     for (int p = 0; p < NP; ++p) { /* the next panel's row */
-        KT_I8G_FETCH_SCALES(w, sat0 + p * groups * 16 * width, g, NP);
-        s[p] = _mm512_loadu_ps(w->scale + sat0 + p * groups * 16 * width);
+        KT_I8G_FETCH_SCALES(w, sat0 + p * groups * 32, g, NP);
+        s[p] = _mm512_loadu_ps(w->scale + sat0 + p * groups * 32);
+        mn[p] = _mm512_loadu_ps(w->scale + sat0 + p * groups * 32 + 16);
     }
     _Pragma("GCC unroll 8")
     for (int m = 0; m < MB; ++m) {
-        /* the exact sum(a * q) (INT8_GROUP) or sum(a * u) (INT8_MIN) from what was multiplied:
-         * VNNI the stored byte + 128, the others the stored byte */
+        const int32_t sum = KT_I8G_SUM(a, m0 + m, w, g);
+        const __m512 gs = _mm512_set1_ps((float)sum);
+#if !KT_FAST
+        const __m512i bias = _mm512_set1_epi32(sum * 128);
+#endif
+        _Pragma("GCC unroll 8")
+        for (int p = 0; p < NP; ++p) {
 #if KT_FAST
-        const int biased = !mins;
-        const __m512i bias = _mm512_set1_epi32(-KT_I8G_SUM(a, m0 + m, w, g) * 128);
+            const __m512i exact = acc[m][p];
 #else
-        const int biased = mins;
+            const __m512i exact = _mm512_add_epi32(acc[m][p], bias);
+#endif
+            const __m512 f = _mm512_add_ps(facc[m][p], _mm512_mul_ps(_mm512_cvtepi32_ps(exact), s[p]));
+            facc[m][p] = _mm512_fmadd_ps(gs, mn[p], f);
+            acc[m][p] = _mm512_setzero_si512();
+        }
+    }
+}
+KT_AI void KT_(group_epilogue)(KT_(acc_t) acc[6][4], __m512 facc[6][4], const int MB, const int NP,
+                               const ktcy_act *a, const ktcy_weight *w, int64_t m0, int64_t p0, int64_t g) {
+#if KT_I8G_MINS_ROW
+    KT_(min_epilogue)(acc, facc, MB, NP, a, w, m0, p0, g);
+#else
+    const int64_t groups = KT_I8G_GROUPS(w), sat0 = KT_I8G_AT(w, g, p0 * 16);
+    (void)a; (void)m0; (void)groups;
+    __m512 s[4];
+    _Pragma("GCC unroll 8")
+    for (int p = 0; p < NP; ++p) { /* the next panel's row */
+        KT_I8G_FETCH_SCALES(w, sat0 + p * groups * 16, g, NP);
+        s[p] = _mm512_loadu_ps(w->scale + sat0 + p * groups * 16);
+    }
+    _Pragma("GCC unroll 8")
+    for (int m = 0; m < MB; ++m) {
+#if KT_FAST
         const __m512i bias = _mm512_set1_epi32(KT_I8G_SUM(a, m0 + m, w, g) * 128);
 #endif
         _Pragma("GCC unroll 8")
         for (int p = 0; p < NP; ++p) {
-            const __m512i exact = biased ? _mm512_add_epi32(acc[m][p], bias) : acc[m][p];
+#if KT_FAST
+            const __m512i exact = _mm512_sub_epi32(acc[m][p], bias);
+#else
+            const __m512i exact = acc[m][p];
+#endif
             facc[m][p] = _mm512_add_ps(facc[m][p], _mm512_mul_ps(_mm512_cvtepi32_ps(exact), s[p]));
             acc[m][p] = _mm512_setzero_si512();
         }
     }
-    if (mins) { /* the min term after the group's product, as the reference adds it */
-        _Pragma("GCC unroll 8")
-        for (int p = 0; p < NP; ++p) s[p] = _mm512_loadu_ps(w->scale + sat0 + p * groups * 32 + 16);
-        _Pragma("GCC unroll 8")
-        for (int m = 0; m < MB; ++m) {
-            const __m512 gs = _mm512_set1_ps((float)KT_I8G_SUM(a, m0 + m, w, g));
-            _Pragma("GCC unroll 8")
-            for (int p = 0; p < NP; ++p) facc[m][p] = _mm512_fmadd_ps(gs, s[p], facc[m][p]);
-        }
-    }
+#endif
 }
 KT_AI __m512 KT_(final)(KT_(acc_t) acc, __m512 facc, const ktcy_act *a, const ktcy_weight *w, int64_t m, int64_t n0) {
     (void)acc; (void)w; (void)n0;
@@ -186,23 +220,26 @@ KT_AI void KT_(group_cols)(const ktcy_weight *w, int64_t p, int np, int64_t g, f
             for (int nn = 0; nn < KTCY_PANEL; ++nn) s[KT_AMX_MIN_COLS + q * KTCY_PANEL + nn] = from[KTCY_PANEL + nn];
     }
 }
+#if KT_I8G_MINS_ROW
 /* INT8_MIN: the tiles multiply the stored byte u - 128, so each row adds 128 x its group sum to
  * the group's int32 sums (sum(a * u), exact), then its group sum times each column's min */
 #define KT_AMX_GROUP_MINS 1
 #define KT_AMX_CODE_BIAS 1
-KT_AI int KT_(has_mins)(const ktcy_weight *w) { return KT_I8G_MINS(w); }
+KT_AI int KT_(has_mins)(const ktcy_weight *w) { (void)w; return 1; }
 KT_AI float KT_(min_row)(const ktcy_act *a, int64_t m, int64_t g, int64_t groups) {
     return (float)a->group_sum[m * groups + g];
 }
 KT_AI int32_t KT_(code_bias_row)(const ktcy_act *a, int64_t m, int64_t g, int64_t groups) {
     return a->group_sum[m * groups + g] * 128;
 }
+#endif
 #include "traits_amx_column_groups.h"
 
 #else
 #error "fmt_int8_group.h: no traits for this skeleton"
 #endif
 
+#undef KT_I8G_MINS_ROW
 #undef KT_I8G_SUM
 #undef KT_I8G_SAT
 #undef KT_I8G_MINS

@@ -36,6 +36,11 @@
 #include "gemm_ref_tpl.h"
 #undef KT_GEMM
 #undef KT_TRAITS
+#define KT_GEMM ktcy_gemm_int8_min_ref
+#define KT_TRAITS "fmt_int8_min.h"
+#include "gemm_ref_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
 #define KT_GEMM ktcy_gemm_bf16_ref
 #define KT_TRAITS "fmt_bf16.h"
 #include "gemm_ref_tpl.h"
@@ -74,6 +79,13 @@
 #undef KT_TARGET
 #define KT_GEMM ktcy_gemm_int8_group_avx2
 #define KT_TRAITS "fmt_int8_group.h"
+#define KT_TARGET __attribute__((target(KTCY_AVX2_BASE)))
+#include "gemm_avx2_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#undef KT_TARGET
+#define KT_GEMM ktcy_gemm_int8_min_avx2
+#define KT_TRAITS "fmt_int8_min.h"
 #define KT_TARGET __attribute__((target(KTCY_AVX2_BASE)))
 #include "gemm_avx2_tpl.h"
 #undef KT_GEMM
@@ -153,6 +165,17 @@
 #undef KT_TARGET
 #undef KT_FAST
 #undef KT_VBMI
+#define KT_GEMM ktcy_gemm_int8_min_avx512_vnni
+#define KT_TRAITS "fmt_int8_min.h"
+#define KT_TARGET __attribute__((target(KTCY_AVX512_BASE ",avx512vnni")))
+#define KT_FAST 1
+#define KT_VBMI 0
+#include "gemm_avx512_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#undef KT_TARGET
+#undef KT_FAST
+#undef KT_VBMI
 #define KT_GEMM ktcy_gemm_int4_avx512bw
 #define KT_TRAITS "fmt_int4.h"
 #define KT_TARGET __attribute__((target(KTCY_AVX512_BASE)))
@@ -166,6 +189,17 @@
 #undef KT_VBMI
 #define KT_GEMM ktcy_gemm_int8_group_avx512bw
 #define KT_TRAITS "fmt_int8_group.h"
+#define KT_TARGET __attribute__((target(KTCY_AVX512_BASE)))
+#define KT_FAST 0
+#define KT_VBMI 0
+#include "gemm_avx512_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#undef KT_TARGET
+#undef KT_FAST
+#undef KT_VBMI
+#define KT_GEMM ktcy_gemm_int8_min_avx512bw
+#define KT_TRAITS "fmt_int8_min.h"
 #define KT_TARGET __attribute__((target(KTCY_AVX512_BASE)))
 #define KT_FAST 0
 #define KT_VBMI 0
@@ -324,6 +358,11 @@
 #include "gemm_amx_tpl.h"
 #undef KT_GEMM
 #undef KT_TRAITS
+#define KT_GEMM ktcy_gemm_amx_emu_int8_min
+#define KT_TRAITS "fmt_int8_min.h"
+#include "gemm_amx_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
 #define KT_GEMM ktcy_gemm_amx_emu_bf16
 #define KT_TRAITS "fmt_bf16.h"
 #include "gemm_amx_tpl.h"
@@ -379,6 +418,11 @@
 #undef KT_TRAITS
 #define KT_GEMM ktcy_gemm_amx_int8_group
 #define KT_TRAITS "fmt_int8_group.h"
+#include "gemm_amx_tpl.h"
+#undef KT_GEMM
+#undef KT_TRAITS
+#define KT_GEMM ktcy_gemm_amx_int8_min
+#define KT_TRAITS "fmt_int8_min.h"
 #include "gemm_amx_tpl.h"
 #undef KT_GEMM
 #undef KT_TRAITS

@@ -48,6 +48,7 @@ enum ktcy_need {
     KTCY_IF_AMX(X(amx_int8, KTCY_AMX, KTCY_NEED_AMX_I8))                                       \
     KTCY_IF_AMX(X(amx_int4, KTCY_AMX, KTCY_NEED_AMX_I8))                                       \
     KTCY_IF_AMX(X(amx_int8_group, KTCY_AMX, KTCY_NEED_AMX_I8))                                 \
+    KTCY_IF_AMX(X(amx_int8_min, KTCY_AMX, KTCY_NEED_AMX_I8))                                   \
     KTCY_IF_AMX(X(amx_bf16, KTCY_AMX, KTCY_NEED_AMX_B16))                                      \
     KTCY_IF_AMX(X(amx_fp8, KTCY_AMX, KTCY_NEED_AMX_B16))                                       \
     KTCY_IF_AMX(X(amx_mxfp4, KTCY_AMX, KTCY_NEED_AMX_B16))                                     \
@@ -57,7 +58,9 @@ enum ktcy_need {
     X(int4_avx512_vnni, KTCY_AVX512, KTCY_NEED_AVX512 | KTCY_NEED_VNNI)                        \
     X(int4_avx512bw, KTCY_AVX512, KTCY_NEED_AVX512)                                            \
     X(int8_group_avx512_vnni, KTCY_AVX512, KTCY_NEED_AVX512 | KTCY_NEED_VNNI)                  \
+    X(int8_min_avx512_vnni, KTCY_AVX512, KTCY_NEED_AVX512 | KTCY_NEED_VNNI)                    \
     X(int8_group_avx512bw, KTCY_AVX512, KTCY_NEED_AVX512)                                      \
+    X(int8_min_avx512bw, KTCY_AVX512, KTCY_NEED_AVX512)                                        \
     KTCY_IF_AVX512_BF16(X(bf16_avx512_bf16, KTCY_AVX512, KTCY_NEED_AVX512 | KTCY_NEED_BF16))   \
     X(bf16_avx512f, KTCY_AVX512, KTCY_NEED_AVX512)                                             \
     KTCY_IF_AVX512_BF16_VBMI(X(fp8_avx512_vbmi, KTCY_AVX512,                                   \
@@ -74,6 +77,7 @@ enum ktcy_need {
     X(int8_avx2, KTCY_AVX2, KTCY_NEED_AVX2)                                                    \
     X(int4_avx2, KTCY_AVX2, KTCY_NEED_AVX2)                                                    \
     X(int8_group_avx2, KTCY_AVX2, KTCY_NEED_AVX2)                                              \
+    X(int8_min_avx2, KTCY_AVX2, KTCY_NEED_AVX2)                                                \
     X(bf16_avx2, KTCY_AVX2, KTCY_NEED_AVX2)                                                    \
     X(fp8_avx2, KTCY_AVX2, KTCY_NEED_AVX2)                                                     \
     X(mxfp4_avx2, KTCY_AVX2, KTCY_NEED_AVX2)                                                   \
@@ -81,6 +85,7 @@ enum ktcy_need {
     X(int8_ref, KTCY_REF, 0)                                                                   \
     X(int4_ref, KTCY_REF, 0)                                                                   \
     X(int8_group_ref, KTCY_REF, 0)                                                             \
+    X(int8_min_ref, KTCY_REF, 0)                                                               \
     X(bf16_ref, KTCY_REF, 0)                                                                   \
     X(fp8_ref, KTCY_REF, 0)                                                                    \
     X(mxfp4_ref, KTCY_REF, 0)                                                                  \
@@ -88,6 +93,7 @@ enum ktcy_need {
     X(amx_emu_int8, KTCY_AMX_EMU, 0)                                                           \
     X(amx_emu_int4, KTCY_AMX_EMU, 0)                                                           \
     X(amx_emu_int8_group, KTCY_AMX_EMU, 0)                                                     \
+    X(amx_emu_int8_min, KTCY_AMX_EMU, 0)                                                       \
     X(amx_emu_bf16, KTCY_AMX_EMU, 0)                                                           \
     X(amx_emu_fp8, KTCY_AMX_EMU, 0)                                                            \
     X(amx_emu_mxfp4, KTCY_AMX_EMU, 0)                                                          \
