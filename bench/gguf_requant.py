@@ -7,13 +7,14 @@ quantized by the gguf package in each type it can write; "own" is that type's re
 (Frobenius norm) against the weight, and each ktcy column the error ktcy's packing adds against
 the GGUF values it is given (what `load_experts(gguf, L, method=...)` packs).  0 means kept.
 Values are quantized again here even where `method=None` keeps the codes (Q8_0 and Q5_0 as
-INT8_GROUP, Q4_0 as INT4, Q4_1 as INT4_MIN: 0 added)."""
+INT8_GROUP, Q5_1 as INT8_MIN, Q4_0 as INT4, Q4_1 as INT4_MIN: 0 added)."""
 import numpy as np
 from gguf import GGMLQuantizationType, quants
 
 from ktcy import kernels
 
-TARGETS = (("INT4", 32), ("INT4_ZP", 32), ("INT4_MIN", 32), ("INT8", None), ("INT8_GROUP", 16), ("BF16", None))
+TARGETS = (("INT4", 32), ("INT4_ZP", 32), ("INT4_MIN", 32), ("INT8", None), ("INT8_GROUP", 16), ("INT8_GROUP", 32),
+           ("INT8_MIN", 32), ("BF16", None))
 
 
 def relative(a, b):
