@@ -245,6 +245,17 @@ def test_q4_k_and_q4_1_are_kept_as_int4_min_group_32(tmp_path, type_name):
         assert np.array_equal(ktcy.load_experts(path, 1, isa=isa).forward(x, ids, wts), y), isa
 
 
+def _five_bit_codes(high_bytes, nibble_bytes):
+    """Q5_0's and Q5_1's codes 0..31 [blocks, 32]: value j is the low nibble of byte j (j < 16) or
+    the high nibble of byte j - 16, with bit j of the little-endian uint32 of high bits on top."""
+    high = np.ascontiguousarray(high_bytes).view(np.uint32)[:, 0]
+    codes = np.zeros((len(high), 32), np.uint8)
+    for j in range(32):
+        nib = nibble_bytes[:, j % 16] & 0xF if j < 16 else nibble_bytes[:, j % 16] >> 4
+        codes[:, j] = nib | (((high >> j) & 1) << 4)
+    return codes
+
+
 def _q5_fields(type_name, raw, n, k):
     """Q5_K's and Q5_1's codes, scales and mins read from ggml's block structs, written here from
     the format apart from the reader: (codes 0..31 [n, k], scale [n, k/32], min [n, k/32]).
@@ -255,11 +266,7 @@ def _q5_fields(type_name, raw, n, k):
         one, and bit 2c (resp. 2c + 1) of qh byte i on top; w = d * sc * q - dmin * m."""
     if type_name == "Q5_1":
         b = raw.reshape(-1, 24)
-        high = b[:, 4:8].copy().view(np.uint32)[:, 0]
-        codes = np.zeros((len(b), 32), np.uint8)
-        for j in range(32):
-            nib = b[:, 8 + j % 16] & 0xF if j < 16 else b[:, 8 + j % 16] >> 4
-            codes[:, j] = nib | (((high >> j) & 1) << 4)
+        codes = _five_bit_codes(b[:, 4:8], b[:, 8:24])
         half = lambda at: b[:, at:at + 2].copy().view(np.float16).astype(np.float32).reshape(n, k // 32)  # noqa: E731
         return codes.reshape(n, k), half(0), half(2)
     b = raw.reshape(-1, 176)
@@ -320,11 +327,7 @@ def _int8_group_fields(type_name, raw, n, k):
         return b[:, 2:].copy().view(np.int8).reshape(n, k), half(b, 0).reshape(n, k // 32)
     if type_name == "Q5_0":
         b = raw.reshape(-1, 22)
-        high = b[:, 2:6].copy().view(np.uint32)[:, 0]
-        codes = np.zeros((len(b), 32), np.int16)
-        for j in range(32):
-            nib = b[:, 6 + j % 16] & 0xF if j < 16 else b[:, 6 + j % 16] >> 4
-            codes[:, j] = (nib | (((high >> j) & 1) << 4)) - 16
+        codes = _five_bit_codes(b[:, 2:6], b[:, 6:22]).astype(np.int16) - 16
         return codes.astype(np.int8).reshape(n, k), half(b, 0).reshape(n, k // 32)
     b = raw.reshape(-1, 210)
     codes = np.zeros((len(b), 256), np.int16)

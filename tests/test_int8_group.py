@@ -33,17 +33,20 @@ def test_codes_and_scales_round_trip_exactly(group):
     assert p.padding_is_clear()
 
 
+@pytest.mark.parametrize("fmt", ["INT8_GROUP", "INT8_MIN"])
 @pytest.mark.parametrize("group", GROUPS)
 @pytest.mark.parametrize("m,n,k", [(1, 16, 64), (3, 48, 100), (17, 80, 192), (40, 130, 300), (512, 32, 256),
                                    (2, 1000, 520), (6, 40, 160), (12, 96, 448), (13, 48, 16)])
-def test_gemm_bit_identical_on_every_isa(group, m, n, k):
+def test_gemm_bit_identical_on_every_isa(fmt, group, m, n, k):
+    """INT8_GROUP and INT8_MIN (tests/test_int8_min.py: its layout and quantizer)."""
     rng = np.random.default_rng(m * 1000 + n + k + group)
-    W = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
+    W = (rng.standard_normal((n, k)) * 0.02 + rng.uniform(-0.01, 0.01, (n, 1))).astype(np.float32)
     X = rng.standard_normal((m, k)).astype(np.float32)
-    p = kernels.pack(W, "INT8_GROUP", group_size=group)
+    p = kernels.pack(W, fmt, group_size=group)
     ref = int4_exact_reference(X, p)
-    variants = runnable_variants("INT8_GROUP")
-    assert {"int8_group_ref", "amx_emu_int8_group"} <= set(variants)
+    variants = runnable_variants(fmt)
+    row = fmt.lower()
+    assert {f"{row}_ref", f"amx_emu_{row}"} <= set(variants)
     for v in variants:
         assert np.array_equal(kernels.linear_variant(X, p, v), ref), v
     exact = X.astype(np.float64) @ p.dequantize().T

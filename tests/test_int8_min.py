@@ -1,6 +1,7 @@
 """INT8 with a scale and a min per (K group, channel) (w = s * u + min, u in 0..255: llama.cpp's
 Q5_K and Q5_1 as group 32): layout round trip, the same bits on every ISA as a float32 reference
-built from the integers, the quantizer, bad input.  GGUF: tests/test_gguf.py."""
+built from the integers (with INT8_GROUP's: tests/test_int8_group.py), the quantizer, bad input.
+GGUF: tests/test_gguf.py."""
 import numpy as np
 import pytest
 
@@ -34,23 +35,6 @@ def test_codes_scales_and_mins_round_trip_exactly(group):
     assert np.array_equal(got_s[:, :-(-k // group)], scale) and np.array_equal(got_m[:, :-(-k // group)], mins)
     assert np.array_equal(p.group_mins()[:, :n][:-(-k // group)], mins.T)
     assert p.padding_is_clear()
-
-
-@pytest.mark.parametrize("group", GROUPS)
-@pytest.mark.parametrize("m,n,k", [(1, 16, 64), (3, 48, 100), (17, 80, 192), (40, 130, 300), (512, 32, 256),
-                                   (2, 1000, 520), (6, 40, 160), (12, 96, 448), (13, 48, 16)])
-def test_gemm_bit_identical_on_every_isa(group, m, n, k):
-    rng = np.random.default_rng(m * 1000 + n + k + group)
-    W = (rng.standard_normal((n, k)) * 0.02 + rng.uniform(-0.01, 0.01, (n, 1))).astype(np.float32)
-    X = rng.standard_normal((m, k)).astype(np.float32)
-    p = kernels.pack(W, "INT8_MIN", group_size=group)
-    ref = int4_exact_reference(X, p)
-    variants = runnable_variants("INT8_MIN")
-    assert {"int8_min_ref", "amx_emu_int8_min"} <= set(variants)
-    for v in variants:
-        assert np.array_equal(kernels.linear_variant(X, p, v), ref), v
-    exact = X.astype(np.float64) @ p.dequantize().T
-    assert np.linalg.norm(ref - exact) / np.linalg.norm(exact) < 0.01  # the int8 activations' error
 
 
 @pytest.mark.parametrize("group", GROUPS)
