@@ -427,7 +427,8 @@ class LayerExperts:
 
     @property
     def group_size(self):
-        """The stored INT4 group size (None for other formats)."""
+        """The group size the released codes are kept in (None: no released integer codes, MXFP4,
+        per-channel INT8)."""
         return self.quant.kept_group_size if self.quant is not None else None
 
     def kept_group(self, fmt, projections=None):
