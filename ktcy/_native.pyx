@@ -778,8 +778,8 @@ def _checked(a, dtype, shape, what):
         raise ValueError(f"{what} must be aligned (its address a multiple of {a.dtype.alignment} bytes)")
     return a.reshape(-1)
 
-# INT8 sums (q_x + 128) * q_w in int32 on VNNI (then subtracts 128 * column sum): 255 * 127 * K
-# stays below 2^31 up to K = 66311.
+# INT8 sums (q_x + 128) * q_w in int32 on VNNI (then subtracts 128 * column sum): 255 * 128 * K
+# (code -128) stays below 2^31 up to K = 65793.
 INT8_MAX_K = 65536
 
 cdef int _gemm_parallel(ktcy_gemm_fn fn, const ktcy_act *a, const ktcy_weight *w, float *y, int64_t ldy,

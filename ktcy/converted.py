@@ -188,7 +188,12 @@ class ConvertedFolder:
         layer = self.ckpt.layer(L)
         target = {"gate": (moe.format, moe.gate[0].group_size), "up": (moe.format, moe.up[0].group_size),
                   "down": (moe.down_format, moe.down[0].group_size)}
-        source = layer.source(moe.format, strict=False, down_fmt=moe.down_format)
+        try:
+            source = layer.source(moe.format, strict=False, down_fmt=moe.down_format)
+        except ValueError:  # down in a format of its own, which this checkpoint's layers cannot hold
+            raise CheckpointError(f"{self.path}: layer {L} was converted from other weights than {self.ckpt.path} "
+                                  f"(it holds down as {moe.down_format} beside {moe.format}, which this checkpoint "
+                                  f"does not store; {os.path.basename(f)} records another source fingerprint)") from None
         bias = layer.bias()
         for e in sorted({0, moe.config.num_experts - 1}):
             for proj, (w, scale) in source(e).items():

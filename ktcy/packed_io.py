@@ -194,15 +194,18 @@ def _stacked(f, path, name, dtype, experts, shape, flat_ok=True, source="the met
     return a.reshape(flat)
 
 
-def _group_array(f, path, name, dtype, experts, shape, layout_1, wanted):
+def _group_array(f, path, name, dtype, experts, shape, layout_1, wanted, flat_ok=True):
     """A stacked scale or zero-point array (None when the format has none); from a layout-1 file,
     whose group arrays are [E, groups, N_pad] (that shape exactly, never flat: the element count
     cannot tell the layouts apart), the experts in `wanted` rearranged panel-major as the kernels
-    read them, {expert: copy} (a few experts copy only theirs)."""
+    read them, {expert: copy} (a few experts copy only theirs).  flat_ok: a layout-2 group array
+    may be one flat row per expert; layout 3's (panels, groups, 16 or 32) are exactly as written
+    (flat, INT8_MIN group 32 and INT8_GROUP group 16 hold as many floats, so a relabelled down
+    would pass).  Per-channel scales are flat in every layout."""
     if not shape:
         return None
     if not layout_1:
-        return _stacked(f, path, name, dtype, experts, shape)
+        return _stacked(f, path, name, dtype, experts, shape, flat_ok=flat_ok or len(shape) != 3)
     panels, groups, _ = shape
     old = _stacked(f, path, name, dtype, experts, (groups, panels * 16), flat_ok=False, source="a layout-1 file holds")
     return {int(e): panel_major(old[e].reshape(groups, -1)).reshape(-1) for e in wanted}
@@ -254,9 +257,10 @@ def map_layer(path, isa=None, experts=None) -> MappedLayer:
             layout_1 = m["layout_version"] == "1" and DESCRIPTORS[fmt]["scale"] == "group"
             if layout_1 and DESCRIPTORS[fmt]["mins"]:
                 raise CheckpointError(f"{path}: layout version 1 predates {fmt}; no ktcy wrote such a file")
-            scale = _group_array(f, path, f"{proj}.scale", np.float32, E, want["scale"], layout_1, wanted)
+            exact = m["layout_version"] == DOWN_FORMAT_LAYOUT
+            scale = _group_array(f, path, f"{proj}.scale", np.float32, E, want["scale"], layout_1, wanted, not exact)
             colsum = _stacked(f, path, f"{proj}.colsum", np.int32, E, want["colsum"]) if want["colsum"] else None
-            zero = _group_array(f, path, f"{proj}.zero", np.uint8, E, want["zero"], layout_1, wanted)
+            zero = _group_array(f, path, f"{proj}.zero", np.uint8, E, want["zero"], layout_1, wanted, not exact)
             weights[proj] = [None] * E
             for e in map(int, wanted):
                 w = PackedWeight(fmt, shapes[proj], data[e], None if scale is None else scale[e],

@@ -358,7 +358,7 @@ def _read_compressed_tensors_8(ckpt, base, n, k, scheme):
             packed_zero = f"int32 {(-(-n // 4), groups)} (packed) or " if scheme.packing == "pack-quantized" else ""
             raise CheckpointError(f"{ckpt.path}: {zname} is {z.dtype} {tuple(z.shape)}; expected {packed_zero}int8 "
                                   f"{(n, groups)}")
-    result = _int8_result(ckpt, zname if not scheme.symmetric else base, f"{base}.weight_scale", codes,
+    result = _int8_result(ckpt, zname, f"{base}.weight_scale", codes,
                           np.asarray(scale, np.float32), zero, g, scheme.symmetric, scheme.group_size is None)
     return _with_g_idx(ckpt, f"{base}.weight_g_idx", result, k, g, groups)
 
@@ -457,8 +457,10 @@ def read_awq(ckpt, base, n, k, scheme):
     q = channels(_tensor(ckpt, f"{base}.qweight", ("int32",), (k, n // 8)))          # [K, N]
     zero = channels(_tensor(ckpt, f"{base}.qzeros", ("int32",), (groups, n // 8)))   # [groups, N]
     scale = _tensor(ckpt, f"{base}.scales", _FLOAT_SCALES, (groups, n))
-    return _int4_result(ckpt, f"{base}.qzeros", f"{base}.scales", np.ascontiguousarray(q.T), np.asarray(scale, np.float32).T,
-                        np.ascontiguousarray(zero.T).astype(np.int32), g, symmetric=False)
+    g_kept, scale, zero = _per_channel_as_groups(k, g, np.asarray(scale, np.float32).T,
+                                                 np.ascontiguousarray(zero.T).astype(np.int32))
+    return _int4_result(ckpt, f"{base}.qzeros", f"{base}.scales", np.ascontiguousarray(q.T), scale, zero, g_kept,
+                        symmetric=False)
 
 
 READERS = {"compressed-tensors": read_compressed_tensors, "gptq": read_gptq, "awq": read_awq}

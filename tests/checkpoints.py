@@ -136,7 +136,7 @@ RELEASED_CONFIG = {
                             "checkpoint_format": "gptq"},
     "gptq_v2": lambda g, sym: {"quant_method": "gptq", "bits": 4, "group_size": g, "sym": sym, "desc_act": False,
                                "checkpoint_format": "gptq_v2"},
-    "awq": lambda g, sym: {"quant_method": "awq", "bits": 4, "group_size": g, "zero_point": True, "version": "gemm"},
+    "awq": lambda g, sym: {"quant_method": "awq", "bits": 4, "group_size": g or -1, "zero_point": True, "version": "gemm"},
     "gptq8": lambda g, sym: {"quant_method": "gptq", "bits": 8, "group_size": g or -1, "sym": sym, "desc_act": False,
                              "checkpoint_format": "gptq"},
     "ct8": lambda g, sym: _ct8("pack-quantized", g, sym, None),  # W8A16

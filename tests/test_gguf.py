@@ -577,10 +577,13 @@ class Quiet:
         pass
 
 
-def _rewritten(path, **changes):
-    """The packed layer file at `path` written again with its metadata changed (None: removed)."""
+def _rewritten(path, flat=None, **changes):
+    """The packed layer file at `path` written again with its metadata changed (None: removed)
+    and the tensor `flat` as one row per expert."""
     old = SafetensorsFile(path)
     tensors = {k: np.array(old.get(k)) for k in old.keys()}
+    if flat:
+        tensors[flat] = tensors[flat].reshape(len(tensors[flat]), -1)
     meta = {k: v for k, v in dict(old.metadata, **changes).items() if v is not None}
     write(path, tensors, meta)
 
@@ -609,7 +612,8 @@ def test_a_converted_q4_k_m_layer_is_loaded_as_packed_and_its_down_format_checke
                 ({"down_scale_kind": "channel"}, "down_scale_kind 'channel' contradicts INT8_GROUP"),
                 ({"down_weight_format": "INT4_MIN", "down_group_size": "32"}, "down.data is uint8"),
                 ({"down_weight_format": "INT4_MIN"}, "down: group size 16 is not valid for INT4_MIN"),
-                ({"down_group_size": "32"}, "down.scale is float32")]
+                ({"down_group_size": "32"}, "down.scale is float32"),
+                ({"flat": "down.scale"}, "down.scale is float32")]  # layout 3's group arrays as written
     for changes, message in refusals:
         _rewritten(f, **changes)
         with pytest.raises(CheckpointError, match=re.escape(message)):
@@ -618,6 +622,15 @@ def test_a_converted_q4_k_m_layer_is_loaded_as_packed_and_its_down_format_checke
             w.write(good)
     x, ids, wts = inputs(4)
     assert np.array_equal(ktcy.load_experts(out, 2).forward(x, ids, wts), ktcy.load_experts(path, 2).forward(x, ids, wts))
+    # the folder against another checkpoint of the same shape (a Hugging Face one, whose layers
+    # hold one format): named as converted from other weights
+    from checkpoints import make_checkpoint
+    from ktcy.checkpoint import Checkpoint
+    from ktcy.converted import ConvertedFolder
+    hf = tmp_path / "hf"
+    make_checkpoint(hf, E=E, H=H, I=I, top_k=TOP_K, num_layers=3)
+    with pytest.raises(CheckpointError, match="converted from other weights than .*down as INT8_GROUP beside INT4_MIN"):
+        ConvertedFolder(out, Checkpoint(str(hf))).load(1)
 
 
 @pytest.mark.parametrize("arch, types, method", [("qwen3moe", ("Q4_0",) * 3, None), ("gpt-oss", ("MXFP4",) * 3, None),

@@ -23,6 +23,7 @@ CASES = {  # id: (kind, group, symmetric, stored format)
     "gptq8_sym_g64": ("gptq8", 64, True, "INT8_GROUP"),
     "gptq8_sym_channel": ("gptq8", None, True, "INT8"),       # group_size -1: a scale per channel
     "gptq_v1_sym_channel": ("gptq", None, True, "INT4"),      # 4-bit: kept as groups of 128
+    "awq_channel": ("awq", None, False, "INT4_ZP"),
     "ct8_sym_g32": ("ct8", 32, True, "INT8_GROUP"),           # compressed-tensors W8A16
     "ct8_sym_channel": ("ct8", None, True, "INT8"),
     "ct8_int_sym_channel": ("ct8_int", None, True, "INT8"),   # W8A8: int8 weights as they are
