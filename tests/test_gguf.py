@@ -188,6 +188,18 @@ def test_other_types_need_a_method_and_dequantize_exactly(tmp_path, types, caplo
     assert f"{types[2]} (" in caplog.text
 
 
+def assert_kept_layer_runs_everywhere(path, moe, truth):
+    """moe, layer 1 of the GGUF at path as stored: within the int8 activations' error of float64
+    on the file's values, and the same bits on every ISA, prefill and decode (T = 1)."""
+    x, ids, wts = inputs()
+    y = moe.forward(x, ids, wts)
+    assert rel(y, silu_reference(x, ids, wts, truth, 1)) < 0.03
+    for isa in isas():
+        other = ktcy.load_experts(path, 1, isa=isa)
+        assert np.array_equal(other.forward(x, ids, wts), y), isa
+        assert np.array_equal(other.forward(x[:1], ids[:1], wts[:1]), y[:1]), isa
+
+
 def _q4_k_fields(raw, n, k):
     """Q4_K's fields read from ggml's block_q4_K (144 bytes per 256 values: f16 d, f16 dmin, 12
     bytes of 6-bit scales and mins, 128 bytes of nibbles), written here from the format, apart
@@ -303,13 +315,7 @@ def test_q5_k_and_q5_1_are_kept_as_int8_min_group_32(tmp_path, types, caplog):
                 assert np.array_equal(p.group_mins()[:, :p.shape[0]].T, mins), (proj, e)
             assert np.array_equal(p.dequantize(np.float32), truth[1, proj][e]), (proj, e)
     assert max(int(p.codes().max()) for p in moe.gate) == 31  # five bits, kept in bytes
-    x, ids, wts = inputs()
-    y = moe.forward(x, ids, wts)
-    assert rel(y, silu_reference(x, ids, wts, truth, 1)) < 0.03  # the int8 activations' error only
-    for isa in isas():  # the same bits everywhere
-        other = ktcy.load_experts(path, 1, isa=isa)
-        assert np.array_equal(other.forward(x, ids, wts), y), isa
-        assert np.array_equal(other.forward(x[:1], ids[:1], wts[:1]), y[:1]), isa
+    assert_kept_layer_runs_everywhere(path, moe, truth)
 
 
 def _int8_group_fields(type_name, raw, n, k):
@@ -389,13 +395,7 @@ def test_q4_k_m_layer_keeps_every_tensor_as_stored(tmp_path, caplog):
     for e in range(E):
         for proj in ("gate", "up", "down"):
             assert np.array_equal(getattr(moe, proj)[e].dequantize(np.float32), truth[1, proj][e]), (proj, e)
-    x, ids, wts = inputs()
-    y = moe.forward(x, ids, wts)
-    assert rel(y, silu_reference(x, ids, wts, truth, 1)) < 0.03  # the int8 activations' error only
-    for isa in isas():  # the same bits everywhere
-        other = ktcy.load_experts(path, 1, isa=isa)
-        assert np.array_equal(other.forward(x, ids, wts), y), isa
-        assert np.array_equal(other.forward(x[:1], ids[:1], wts[:1]), y[:1]), isa  # decode kernels too
+    assert_kept_layer_runs_everywhere(path, moe, truth)
     caplog.clear()
     with caplog.at_level("WARNING", logger="ktcy"):  # a group that is not the stored one's divisor: said once
         regrouped = ktcy.load_experts(path, 1, group_size=64)
