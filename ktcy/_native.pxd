@@ -113,12 +113,9 @@ cdef extern from "ktcy/ktcy.h" nogil:
                                     int64_t n1, int8_t *q, int64_t ldq, float *scale, int64_t ld_scale)
     int64_t ktcy_quantize_int8_group_rows(const float *w, int64_t ldw, int64_t k, int group, int64_t n0,
                                           int64_t n1, int8_t *q, int64_t ldq, float *scale, int64_t ld_scale)
-    int64_t ktcy_quantize_int8_min_rows(const float *w, int64_t ldw, int64_t k, int group, int64_t n0,
-                                        int64_t n1, int8_t *q, int64_t ldq, float *scale, float *mins,
-                                        int64_t ld_scale)
-    int64_t ktcy_quantize_int4_asym_rows(const float *w, int64_t ldw, int64_t k, int group, int64_t n0,
-                                         int64_t n1, int8_t *q, int64_t ldq, float *scale, uint8_t *zero,
-                                         float *mins, int64_t ld_scale)
+    int64_t ktcy_quantize_asym_rows(const float *w, int64_t ldw, int64_t k, int group, int64_t n0,
+                                    int64_t n1, int8_t *q, int64_t ldq, float *scale, uint8_t *zero,
+                                    float *mins, int64_t ld_scale, int top)
     int64_t ktcy_quantize_mxfp4_rows(const float *w, int64_t ldw, int64_t k, int64_t n0, int64_t n1,
                                      uint8_t *q, int64_t ldq, uint8_t *exps, int64_t ld_exp)
     int64_t ktcy_quantize_fp8_rows(const float *w, int64_t ldw, int64_t k, int64_t n0, int64_t n1,

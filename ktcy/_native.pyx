@@ -359,13 +359,13 @@ cdef int64_t _quantize_unit(int fmt, const float *w, int64_t n, int64_t k, int g
     if fmt == KTCY_FMT_INT4:
         return ktcy_quantize_int4_rows(w, k, k, group, i, i + 1, <int8_t *>q, ldq, scale, ld_scale)
     if fmt == KTCY_FMT_INT4_ZP:
-        return ktcy_quantize_int4_asym_rows(w, k, k, group, i, i + 1, <int8_t *>q, ldq, scale, aux, NULL, ld_scale)
+        return ktcy_quantize_asym_rows(w, k, k, group, i, i + 1, <int8_t *>q, ldq, scale, aux, NULL, ld_scale, 15)
     if fmt == KTCY_FMT_INT4_MIN:
-        return ktcy_quantize_int4_asym_rows(w, k, k, group, i, i + 1, <int8_t *>q, ldq, scale, NULL, mins, ld_scale)
+        return ktcy_quantize_asym_rows(w, k, k, group, i, i + 1, <int8_t *>q, ldq, scale, NULL, mins, ld_scale, 15)
     if fmt == KTCY_FMT_INT8_GROUP:
         return ktcy_quantize_int8_group_rows(w, k, k, group, i, i + 1, <int8_t *>q, ldq, scale, ld_scale)
     if fmt == KTCY_FMT_INT8_MIN:
-        return ktcy_quantize_int8_min_rows(w, k, k, group, i, i + 1, <int8_t *>q, ldq, scale, mins, ld_scale)
+        return ktcy_quantize_asym_rows(w, k, k, group, i, i + 1, <int8_t *>q, ldq, scale, NULL, mins, ld_scale, 255)
     if fmt == KTCY_FMT_MXFP4 or fmt == KTCY_FMT_MXFP4_A8:
         return ktcy_quantize_mxfp4_rows(w, k, k, i, i + 1, <uint8_t *>q, ldq, aux, ld_scale)
     if fmt == KTCY_FMT_FP8_PERCHANNEL:

@@ -106,46 +106,21 @@ static inline int64_t ktcy_quantize_int8_group_rows(const float *w, int64_t ldw,
     return -1;
 }
 
-/* INT8_MIN, per group (llama.cpp's Q5_1 rule over 256 levels): min = the group's least value,
- * s = (max - min) / 255, u = clamp(rint((w - min) / s), 0, 255), so w ~ s * u + min with both
- * ends exact; a constant group is s = 0, u = 0, exactly min.  Writes u - 128 (the layout's signed
- * byte) and scale and min [k_pad/group][ld_scale]; the zero-padded tail of the last group gets
- * byte 0, as the packer pads (activations are zero there).  Returns the first row in [n0, n1)
- * that is not finite, or -1. */
-static inline int64_t ktcy_quantize_int8_min_rows(const float *w, int64_t ldw, int64_t k, int group, int64_t n0,
-                                                  int64_t n1, int8_t *q, int64_t ldq, float *scale, float *mins,
-                                                  int64_t ld_scale) {
-    for (int64_t n = n0; n < n1; ++n) {
-        const float *row = w + n * ldw;
-        if (!ktcy_row_finite(row, k)) return n;
-        for (int64_t k0 = 0, g = 0; k0 < k; k0 += group, ++g) {
-            const int64_t len = k - k0 < group ? k - k0 : group;
-            float lo = row[k0], hi = lo;
-            for (int64_t i = 0; i < len; ++i) { lo = fminf(lo, row[k0 + i]); hi = fmaxf(hi, row[k0 + i]); }
-            const float s = (hi - lo) / 255.0f;
-            for (int64_t i = 0; i < group && k0 + i < ldq; ++i) {
-                const float u = i >= len ? 128.0f : s > 0.0f ? ktcy_rint_small((row[k0 + i] - lo) / s) : 0.0f;
-                q[n * ldq + k0 + i] = (int8_t)(fminf(255.0f, fmaxf(0.0f, u)) - 128.0f);
-            }
-            scale[g * ld_scale + n] = s;
-            mins[g * ld_scale + n] = lo;
-        }
-    }
-    return -1;
-}
-
-/* INT4 asymmetric, per group, with zero points (zero != NULL) or with float mins (mins != NULL).
- *   zero points: the range [min, max] widened to contain 0 (so 0 is exact), s = (max - min) / 15,
- *     z = rint(-min / s) in [0, 15], q = clamp(rint(w / s) + z, 0, 15); the zero-padded tail of the
- *     last group is quantized as the kernels see it (code z).
- *   mins (llama.cpp's Q4_1 rule): min = the group's least value, s = (max - min) / 15,
- *     q = clamp(rint((w - min) / s), 0, 15), so w ~ s * q + min with both ends exact; a constant
+/* Asymmetric, per group, codes 0..top (top 15: INT4_ZP, INT4_MIN; 255: INT8_MIN), with zero
+ * points (zero != NULL) or with float mins (mins != NULL).
+ *   zero points: the range [min, max] widened to contain 0 (so 0 is exact), s = (max - min) / top,
+ *     z = rint(-min / s) in [0, top], q = clamp(rint(w / s) + z, 0, top); the zero-padded tail of
+ *     the last group is quantized as the kernels see it (code z).
+ *   mins (llama.cpp's Q4_1 and Q5_1 rule): min = the group's least value, s = (max - min) / top,
+ *     q = clamp(rint((w - min) / s), 0, top), so w ~ s * q + min with both ends exact; a constant
  *     group is s = 0, q = 0, exactly min; the padded tail gets code 0 (activations are zero there).
- * Writes q - 8 (the layout's signed convention: the nibble stored is q), and scale and zero or
- * min [k_pad/group][ld_scale].  Returns the first row in [n0, n1) that is not finite, or -1. */
-static inline int64_t ktcy_quantize_int4_asym_rows(const float *w, int64_t ldw, int64_t k, int group, int64_t n0,
-                                                   int64_t n1, int8_t *q, int64_t ldq, float *scale, uint8_t *zero,
-                                                   float *mins, int64_t ld_scale) {
+ * Writes q - (top + 1) / 2 (the layout's signed convention: the nibble or byte stored is q), and
+ * scale and zero or min [k_pad/group][ld_scale].  Returns the first row in [n0, n1) that is not
+ * finite, or -1. */
+static inline int64_t ktcy_quantize_asym_rows(const float *w, int64_t ldw, int64_t k, int group, int64_t n0,
+                                              int64_t n1, int8_t *q, int64_t ldq, float *scale, uint8_t *zero,
+                                              float *mins, int64_t ld_scale, int top) {
+    const float levels = (float)top, offset = (float)((top + 1) / 2);
     for (int64_t n = n0; n < n1; ++n) {
         const float *row = w + n * ldw;
         if (!ktcy_row_finite(row, k)) return n;
@@ -153,12 +128,12 @@ static inline int64_t ktcy_quantize_int4_asym_rows(const float *w, int64_t ldw, 
             const int64_t len = k - k0 < group ? k - k0 : group;
             float lo = zero ? 0.0f : row[k0], hi = lo;
             for (int64_t i = 0; i < len; ++i) { lo = fminf(lo, row[k0 + i]); hi = fmaxf(hi, row[k0 + i]); }
-            const float s = (hi - lo) / 15.0f;
-            const float z = !zero ? 0.0f : s > 0.0f ? fminf(15.0f, fmaxf(0.0f, ktcy_rint_small(-lo / s))) : 8.0f;
+            const float s = (hi - lo) / levels;
+            const float z = !zero ? 0.0f : s > 0.0f ? fminf(levels, fmaxf(0.0f, ktcy_rint_small(-lo / s))) : offset;
             for (int64_t i = 0; i < group && k0 + i < ldq; ++i) {
                 const float v = !(i < len && s > 0.0f) ? z
                                 : zero ? ktcy_rint_small(row[k0 + i] / s) + z : ktcy_rint_small((row[k0 + i] - lo) / s);
-                q[n * ldq + k0 + i] = (int8_t)(fminf(15.0f, fmaxf(0.0f, v)) - 8.0f);
+                q[n * ldq + k0 + i] = (int8_t)(fminf(levels, fmaxf(0.0f, v)) - offset);
             }
             scale[g * ld_scale + n] = s;
             if (zero) zero[g * ld_scale + n] = (uint8_t)z;
